@@ -1,0 +1,1 @@
+"""Backends compute the speculative attention; `sim` simulates it in torch, `tt` runs it through ttnn."""

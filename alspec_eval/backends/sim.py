@@ -1,0 +1,202 @@
+"""The simulated reference backend: an attention function for transformers' AttentionInterface.
+
+Every hooked attention call first runs the model's own attention implementation
+(so exact positions are bit-identical to the plain model), then, for positions in
+the decode region, attends over the first and last S keys only, verifies in float32
+and commits the approximation where accepted (DESIGN.md, Semantics 1-5).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..config import ConfigError, SpeculationConfig
+from ..region import DecodeRegion, Trace
+from ..stats import ACCEPTED, REJECTED, TRIVIAL
+
+ATTR = "alspec_speculator"
+
+
+class Speculator:
+    """Holds the config, the active decode region and the decisions recorded during it."""
+
+    def __init__(self, config: SpeculationConfig, num_layers: int, skipped_layers: dict[int, str],
+                 base_attention: Callable) -> None:
+        self.config = config
+        self.num_layers = num_layers
+        self.skipped_layers = skipped_layers
+        self.base_attention = base_attention
+        self.region: DecodeRegion | None = None
+        self._calls: list[tuple[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = []
+
+    @contextmanager
+    def speculating(self, region: DecodeRegion) -> Iterator[Trace]:
+        """Speculate inside ``region`` for the forward passes run in this block; the trace fills on exit."""
+        if self.region is not None:
+            raise RuntimeError("speculating() blocks cannot nest")
+        self.region, self._calls = region, []
+        trace = Trace(torch.empty(0), torch.empty(0))
+        try:
+            yield trace
+        finally:
+            trace.codes, trace.ratios = self._assemble(len(region.pad))
+            self.region, self._calls = None, []
+
+    def new_forward(self, *_: object) -> None:
+        """Forward pre-hook of the model: each forward pass appends its query positions to the trace."""
+        if self.region is not None:
+            self._calls.append((0, {}))
+
+    def _assemble(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        codes, ratios = [], []
+        for q_len, layers in self._calls:
+            c = torch.zeros(batch, q_len, self.num_layers, dtype=torch.int8)
+            r = torch.full((batch, q_len, self.num_layers), float("nan"))
+            for layer, (layer_codes, layer_ratios) in layers.items():
+                c[:, :, layer] = layer_codes.cpu()
+                r[:, :, layer] = layer_ratios.cpu()
+            codes.append(c)
+            ratios.append(r)
+        if not codes:
+            return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
+        return torch.cat(codes, 1), torch.cat(ratios, 1)
+
+    def _record(self, layer: int, codes: torch.Tensor, ratios: torch.Tensor) -> None:
+        q_len, layers = self._calls[-1]
+        self._calls[-1] = (codes.shape[1], layers)
+        layers[layer] = (codes, ratios)
+
+    def commit(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               exact: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Return the committed attention output (batch, q_len, heads, head_dim) and record the decisions."""
+        cfg, region = self.config, self.region
+        assert region is not None
+        batch, _, q_len, _ = query.shape
+        k_len = key.shape[2]
+        window = cfg.window
+        phys = torch.arange(k_len - q_len, k_len, device=query.device)
+        pos = phys - region.pad[:, None]  # (B, Tq) position within the sequence
+        in_region = (phys >= region.spec_start[:, None]) & (phys < region.row_end[:, None])
+        trivial = in_region & (pos + 1 <= 2 * window)
+        speculate = in_region & ~trivial
+
+        codes = trivial.to(torch.int8) * TRIVIAL
+        ratios = torch.full((batch, q_len), float("nan"), device=query.device)
+        rows, cols = speculate.nonzero(as_tuple=True)
+        approximate = cfg.policy != "static" or layer in cfg.static_layers
+        if rows.numel() and approximate:
+            approx = sink_attention(query[rows, :, cols], key, value, rows, pos[rows, cols], region.pad[rows],
+                                    window, cfg.window_align, scaling)
+            exact_rows = exact[rows, cols]
+            d = (approx.float() - exact_rows.float()).flatten(1).norm(dim=-1)
+            n = exact_rows.float().flatten(1).norm(dim=-1)
+            if cfg.policy == "dynamic" and cfg.lam != float("inf"):
+                accept = d <= cfg.lam * n
+            else:
+                accept = torch.ones_like(d, dtype=torch.bool)
+            exact[rows, cols] = torch.where(accept[:, None, None], approx, exact_rows)
+            codes[rows, cols] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
+            ratios[rows, cols] = d / n
+        elif rows.numel():
+            codes[rows, cols] = REJECTED
+        self._record(layer, codes, ratios)
+        return exact
+
+
+def sink_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+                   pad: torch.Tensor, window: int, window_align: int, scaling: float) -> torch.Tensor:
+    """A~ for R query rows: attention over the first S and last S positions of each row's sequence.
+
+    q: (R, Hq, D); key/value: (B, Hkv, L, D); rows: batch index of each query; pos: its position in
+    the sequence (>= 2S, so the windows are disjoint). Gathers 2S keys per row: no O(L^2) buffer.
+    Returns (R, Hq, D) in the model dtype.
+    """
+    offsets = torch.arange(window, device=q.device)
+    last_end = pos + 1 if window_align == 1 else (pos + window_align) // window_align * window_align
+    logical = torch.cat([offsets.expand(len(pos), -1), (last_end - window)[:, None] + offsets], dim=1)  # (R, 2S)
+    physical = (logical + pad[:, None]).clamp_max(key.shape[2] - 1)
+    k = key[rows[:, None], :, physical].transpose(1, 2)  # (R, Hkv, 2S, D)
+    v = value[rows[:, None], :, physical].transpose(1, 2)
+    mask = None if window_align == 1 else (logical <= pos[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=scaling,
+                                         enable_gqa=k.shape[1] != q.shape[1])
+    return out[:, :, 0, :]
+
+
+def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """AttentionInterface entry: the model's own attention, then speculation inside the active region."""
+    speculator: Speculator = getattr(module, ATTR)
+    out, weights = speculator.base_attention(module, query, key, value, attention_mask, scaling=scaling,
+                                             dropout=dropout, **kwargs)
+    layer = module.layer_idx
+    if speculator.region is None or speculator.config.policy == "exact" or layer in speculator.skipped_layers:
+        return out, weights
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    return speculator.commit(layer, query, key, value, out, scaling), weights
+
+
+def _attention_modules(model: PreTrainedModel) -> dict[int, torch.nn.Module]:
+    """Self-attention modules by layer index (the modules that call the attention interface)."""
+    found = {}
+    for module in model.modules():
+        if isinstance(getattr(module, "layer_idx", None), int) and hasattr(module, "o_proj") and hasattr(module, "config"):
+            found[module.layer_idx] = module
+    return found
+
+
+def _sliding_layers(model: PreTrainedModel, num_layers: int) -> dict[int, str]:
+    """Sliding-window layers are not speculated (their window already bounds the cache)."""
+    config = model.config.get_text_config()
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return {i: "sliding_window" for i, t in enumerate(layer_types) if t == "sliding_attention"}
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return dict.fromkeys(range(num_layers), "sliding_window")
+    return {}
+
+
+def _base_attention(model: PreTrainedModel, attention_module: torch.nn.Module) -> tuple[str, Callable]:
+    name = model.config._attn_implementation or "sdpa"
+    if name.startswith("alspec_"):
+        name = name.removeprefix("alspec_")
+    if name == "eager":  # eager attention is model-specific and lives in the modeling module
+        return name, sys.modules[type(attention_module).__module__].eager_attention_forward
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        raise ConfigError(f"attention implementation {name!r} cannot be wrapped; load the model with attn_implementation=sdpa or eager")
+    return name, ALL_ATTENTION_FUNCTIONS[name]
+
+
+def install(model: PreTrainedModel, config: SpeculationConfig) -> Speculator:
+    """Route the model's attention through ``alspec_attention``; returns the speculator that controls it."""
+    if not model._can_set_attn_implementation():
+        raise ConfigError(
+            f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
+            "so speculation cannot be hooked; use a model that does (Llama, Qwen2/3, Mistral, Gemma, ...)"
+        )
+    modules = _attention_modules(model)
+    num_layers = model.config.get_text_config().num_hidden_layers
+    if sorted(modules) != list(range(num_layers)):
+        raise ConfigError(f"found attention modules for layers {sorted(modules)} of {num_layers}; "
+                          f"{type(model).__name__} cannot be hooked layer by layer")
+    config.check_layers(num_layers)
+    base_name, base_fn = _base_attention(model, modules[0])
+    name = f"alspec_{base_name}"
+    AttentionInterface.register(name, alspec_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
+    speculator = Speculator(config, num_layers, _sliding_layers(model, num_layers), base_fn)
+    for module in modules.values():
+        setattr(module, ATTR, speculator)
+    model.register_forward_pre_hook(speculator.new_forward)
+    model.set_attn_implementation(name)
+    return speculator

@@ -1,0 +1,129 @@
+"""The speculation settings shared by every backend, validated before any model is loaded."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+Policy = Literal["dynamic", "sink", "static", "exact"]
+POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact")
+BACKENDS: tuple[str, ...] = ("sim", "tt")
+KERNELS: tuple[str, ...] = ("auto", "torch", "triton", "sdpa")
+WINDOW_ALIGNS: tuple[int, ...] = (1, 32)
+
+
+class ConfigError(ValueError):
+    """A bad `--model_args` value; the message names the value and the fix."""
+
+
+def parse_layers(spec: str | int | list[int] | tuple[int, ...] | None) -> tuple[int, ...]:
+    """Parse a layer set such as ``"0;3;7-9"`` (``,`` separates lm-eval's model_args, so it cannot)."""
+    if spec is None or spec == "":
+        return ()
+    if isinstance(spec, int):
+        return (spec,)
+    if isinstance(spec, (list, tuple)):
+        return tuple(sorted({int(x) for x in spec}))
+    layers: set[int] = set()
+    for part in re.split(r"[;+\s]+", str(spec).strip()):
+        if not part:
+            continue
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if match is None:
+            raise ConfigError(
+                f"static_layers: cannot read {part!r} in {spec!r}; "
+                "write layer indices separated by ';' with optional ranges, e.g. static_layers=0;3;7-9"
+            )
+        lo, hi = int(match[1]), int(match[2] or match[1])
+        if hi < lo:
+            raise ConfigError(f"static_layers: range {part!r} is reversed; write it as {hi}-{lo}")
+        layers.update(range(lo, hi + 1))
+    return tuple(sorted(layers))
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"{name}={value!r} is not a boolean; use {name}=true or {name}=false")
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """What to speculate and how to verify it (DESIGN.md, Semantics 1-7).
+
+    ``lam`` is the paper's lambda: a position is accepted iff ||A~ - A|| <= lam * ||A||.
+    """
+
+    lam: float = 0.1
+    window: int = 128
+    policy: Policy = "dynamic"
+    static_layers: tuple[int, ...] = ()
+    backend: str = "sim"
+    window_align: int = 1
+    speculate_prefill: bool = False
+    trace_tokens: bool = False
+    kernel: str = "auto"
+    stats_path: str | None = None
+
+    def __post_init__(self) -> None:
+        lam = self.lam
+        if isinstance(lam, str):
+            try:
+                lam = float(lam)
+            except ValueError:
+                raise ConfigError(f"lambda={self.lam!r} is not a number; use a float >= 0 or inf, e.g. lambda=0.1") from None
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or math.isnan(lam) or lam < 0:
+            raise ConfigError(f"lambda={self.lam!r} is invalid; use a float >= 0 or inf, e.g. lambda=0.1")
+        object.__setattr__(self, "lam", float(lam))
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ConfigError(f"window={self.window!r} is invalid; use an integer >= 1 (S, tokens per sink window), e.g. window=128")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy={self.policy!r} is unknown; use one of {', '.join(POLICIES)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend={self.backend!r} is unknown; use one of {', '.join(BACKENDS)}")
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"kernel={self.kernel!r} is unknown; use one of {', '.join(KERNELS)}")
+        if self.window_align not in WINDOW_ALIGNS:
+            raise ConfigError(f"window_align={self.window_align!r} is invalid; use 1 (exact windows) or 32 (the TT kernel's tile-aligned window)")
+        if self.window_align == 32 and self.window % 32:
+            raise ConfigError(f"window={self.window} with window_align=32 must be a multiple of 32; use e.g. window={max(32, self.window // 32 * 32)}")
+        object.__setattr__(self, "static_layers", parse_layers(self.static_layers))
+        if self.policy == "static" and not self.static_layers:
+            raise ConfigError("policy=static needs the layers to approximate; pass e.g. static_layers=0;3;7-9")
+        if self.policy != "static" and self.static_layers:
+            raise ConfigError(f"static_layers={';'.join(map(str, self.static_layers))} only applies to policy=static; drop it or set policy=static")
+        object.__setattr__(self, "speculate_prefill", _as_bool("speculate_prefill", self.speculate_prefill))
+        object.__setattr__(self, "trace_tokens", _as_bool("trace_tokens", self.trace_tokens))
+
+    @classmethod
+    def from_model_args(cls, args: dict[str, Any]) -> tuple["SpeculationConfig", dict[str, Any]]:
+        """Split lm-eval model_args into the speculation config and the rest (for HFLM)."""
+        names = {"lambda": "lam", "lam": "lam", "window": "window", "policy": "policy",
+                 "static_layers": "static_layers", "backend": "backend", "window_align": "window_align",
+                 "speculate_prefill": "speculate_prefill", "trace_tokens": "trace_tokens",
+                 "kernel": "kernel", "stats_path": "stats_path"}
+        ours = {names[k]: v for k, v in args.items() if k in names}
+        rest = {k: v for k, v in args.items() if k not in names}
+        return cls(**ours), rest
+
+    def check_layers(self, num_layers: int) -> None:
+        """Layer indices can only be checked once the model config is known (still before the weights load)."""
+        bad = [i for i in self.static_layers if i >= num_layers]
+        if bad:
+            raise ConfigError(
+                f"static_layers contains {bad}, but the model has {num_layers} layers (0..{num_layers - 1}); "
+                "drop the out-of-range indices"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (lambda under its paper name)."""
+        out = {k: v for k, v in asdict(self).items() if k != "lam"}
+        out = {"lambda": self.lam if math.isfinite(self.lam) else "inf", **out}
+        out["static_layers"] = list(self.static_layers)
+        return out

@@ -1,0 +1,111 @@
+"""Acceptance statistics, schema version 1 (DESIGN.md, Statistics).
+
+A run records, per batch row, token position and layer, one decision code and the
+ratio d/n. Reducing a row's codes gives a sample's counts and ratio histogram;
+summing samples gives a task's. Because every number is derived from per-row
+decisions, statistics do not depend on batch composition.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SCHEMA_VERSION = 1
+
+# Decision codes, one per (row, position, layer).
+OUTSIDE, TRIVIAL, REJECTED, ACCEPTED = 0, 1, 2, 3
+
+# Fixed log-spaced bins of d/n: 20 per decade from 1e-4 to 10, plus underflow [0, 1e-4) and overflow [10, inf).
+RATIO_EDGES: tuple[float, ...] = tuple(10 ** (k / 20) for k in range(-80, 21))
+NUM_BINS = len(RATIO_EDGES) + 1
+
+
+def ratio_bins(ratios: torch.Tensor) -> torch.Tensor:
+    """Bin index of each ratio: bin k holds edges[k-1] <= r < edges[k]."""
+    edges = torch.tensor(RATIO_EDGES, dtype=ratios.dtype, device=ratios.device)
+    return torch.bucketize(ratios, edges, right=True)
+
+
+@dataclass
+class AcceptanceStats:
+    """Per-layer counts and ratio histograms for a sample, a task or a whole run."""
+
+    speculated: torch.Tensor  # (L,) non-trivial decisions
+    accepted: torch.Tensor  # (L,)
+    trivial: torch.Tensor  # (L,)
+    hist: torch.Tensor  # (L, NUM_BINS) counts of d/n over non-trivial decisions
+
+    @classmethod
+    def zeros(cls, num_layers: int) -> "AcceptanceStats":
+        z = torch.zeros(num_layers, dtype=torch.long)
+        return cls(z.clone(), z.clone(), z.clone(), torch.zeros(num_layers, NUM_BINS, dtype=torch.long))
+
+    @classmethod
+    def from_trace(cls, codes: torch.Tensor, ratios: torch.Tensor) -> "AcceptanceStats":
+        """Reduce one row's (positions, layers) codes and ratios; NaN ratios (not measured) stay out of the histogram."""
+        codes, ratios = codes.cpu(), ratios.cpu()
+        num_layers = codes.shape[-1]
+        decided = (codes == ACCEPTED) | (codes == REJECTED)
+        measured = decided & ~torch.isnan(ratios)
+        layer_idx = torch.arange(num_layers).expand_as(codes)[measured]
+        flat = layer_idx * NUM_BINS + ratio_bins(ratios[measured].float())
+        hist = torch.bincount(flat, minlength=num_layers * NUM_BINS).view(num_layers, NUM_BINS)
+        return cls(
+            speculated=decided.sum(0),
+            accepted=(codes == ACCEPTED).sum(0),
+            trivial=(codes == TRIVIAL).sum(0),
+            hist=hist,
+        )
+
+    def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+        return AcceptanceStats(
+            self.speculated + other.speculated,
+            self.accepted + other.accepted,
+            self.trivial + other.trivial,
+            self.hist + other.hist,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Totals over layers, as logged per sample."""
+        spec, acc = int(self.speculated.sum()), int(self.accepted.sum())
+        return {"speculated": spec, "accepted": acc, "trivial": int(self.trivial.sum()), "hit_rate": _rate(acc, spec)}
+
+    def to_dict(self, skipped_layers: dict[int, str] | None = None) -> dict[str, Any]:
+        """Schema v1 form of one task: per-layer entries and totals."""
+        skipped_layers = skipped_layers or {}
+        layers = []
+        for i in range(len(self.speculated)):
+            spec, acc = int(self.speculated[i]), int(self.accepted[i])
+            entry: dict[str, Any] = {
+                "layer": i,
+                "speculated": spec,
+                "accepted": acc,
+                "trivial": int(self.trivial[i]),
+                "hit_rate": _rate(acc, spec),
+                "hist": self.hist[i].tolist(),
+            }
+            if i in skipped_layers:
+                entry["skipped"] = skipped_layers[i]
+            layers.append(entry)
+        total = {**self.summary(), "hist": self.hist.sum(0).tolist()}
+        return {"layers": layers, "total": total}
+
+
+def _rate(accepted: int, speculated: int) -> float | None:
+    """hit_rate = accepted / speculated; None (JSON null) when nothing was speculated."""
+    return accepted / speculated if speculated else None
+
+
+def open_loop_acceptance(hist: list[int], lam: float) -> float | None:
+    """Share of decisions with d/n below ``lam`` read off a schema-v1 histogram (exact at bin edges)."""
+    total = sum(hist)
+    if not total:
+        return None
+    if math.isinf(lam):
+        return 1.0
+    below = sum(count for k, count in enumerate(hist) if k < len(RATIO_EDGES) and RATIO_EDGES[k] <= lam * (1 + 1e-12))
+    return below / total
