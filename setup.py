@@ -2,24 +2,40 @@
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
-PTH = "alspec_eval_lmeval.pth"
+PTH = Path(__file__).parent / "alspec_eval_lmeval.pth"
 
 
 class BuildPyWithPth(build_py):
-    """Copy the registration .pth into the root of site-packages, for regular and editable installs."""
+    """Regular installs: the .pth lands in the root of the wheel, i.e. in site-packages."""
 
     def run(self) -> None:
         super().run()
-        self.copy_file(str(Path(__file__).parent / PTH), str(Path(self.build_lib) / PTH))
-
-    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
-        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PTH)]
-
-    def get_output_mapping(self) -> dict[str, str]:
-        return {**super().get_output_mapping(), str(Path(self.build_lib) / PTH): PTH}
+        self.copy_file(str(PTH), str(Path(self.build_lib) / PTH.name), preserve_mode=False)
 
 
-setup(cmdclass={"build_py": BuildPyWithPth})
+class EditableWheelWithPth(editable_wheel):
+    """Editable installs (`pip install -e .`) build their own wheel, without build_py's extra files."""
+
+    def _create_wheel_file(self, bdist_wheel):  # noqa: ANN001, ANN202 (setuptools' signature)
+        from wheel.wheelfile import WheelFile
+
+        wheel_path = super()._create_wheel_file(bdist_wheel)
+        with WheelFile(wheel_path, "a") as wheel:
+            wheel.writestr(PTH.name, PTH.read_bytes())
+        return wheel_path
+
+
+# Top-level folders installed inside the package: kernels/ as alspec_eval.kernels (the name `kernels`
+# is taken on PyPI) and tasks/ as alspec_eval.tasks (task YAMLs and data, found without --include_path).
+MAPPED = {"alspec_eval.kernels": "kernels", "alspec_eval.tasks": "tasks"}
+MAPPED_PACKAGES = [f"{name}.{sub}" if sub else name for name, folder in MAPPED.items() for sub in ["", *find_packages(folder)]]
+
+setup(
+    packages=[*find_packages(include=["alspec_eval", "alspec_eval.*"]), *MAPPED_PACKAGES],
+    package_dir=MAPPED,
+    cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
+)

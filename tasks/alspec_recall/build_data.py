@@ -1,0 +1,36 @@
+"""Builds recall.jsonl: passages of A Tale of Two Cities with a code hidden near the start.
+
+Answering needs attention far behind the last window, so approximating it costs score,
+and hit rates rise with lambda. Run once; the output is committed:
+    python tasks/alspec_recall/build_data.py ../shared/data/tale_of_two_cities.txt
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+
+def gutenberg_body(text: str) -> str:
+    start = text.index("*** START OF")
+    end = text.index("*** END OF")
+    return text[text.index("\n", start) + 1:end]
+
+
+def build(source: Path, out: Path, docs: int = 16, words: int = 420, seed: int = 1234) -> None:
+    rng = random.Random(seed)
+    body = gutenberg_body(source.read_text(encoding="utf-8")).split()
+    with out.open("w") as f:
+        for i in range(docs):
+            start = rng.randrange(len(body) - words)
+            passage = body[start:start + words]
+            code = str(rng.randrange(1000, 10000))
+            passage.insert(30, f"(Remember this: the secret code is {code}.)")
+            text = " ".join(passage)
+            f.write(json.dumps({"id": i, "passage": text, "code": code}) + "\n")
+
+
+if __name__ == "__main__":
+    build(Path(sys.argv[1]), Path(__file__).with_name("recall.jsonl"))

@@ -1,0 +1,81 @@
+"""Shared builders for the adapter tests: tiny models behind HFLM and ALSpecLM, and request lists."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.models.huggingface import HFLM
+from transformers import DynamicCache
+
+from alspec_eval.adapter import ALSpecLM
+from alspec_eval.region import DecodeRegion
+from tiny import char_tokenizer, tiny_model
+
+TOKENIZER = char_tokenizer()
+GEN_KWARGS = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
+PROMPTS = [
+    "It was the best of times, it was the worst of times, it was the age of wisdom",
+    "A wonderful fact to reflect upon, that every human creature is constituted to be",
+    "There were a king with a large jaw and a queen with a plain face, on the throne",
+    "Hundreds",
+]
+
+
+def hf_lm(model: torch.nn.Module, batch_size: int = 1) -> HFLM:
+    return HFLM(pretrained=copy.deepcopy(model), tokenizer=TOKENIZER, batch_size=batch_size, device="cpu",
+                max_length=1024)
+
+
+def alspec_lm(model: torch.nn.Module, batch_size: int = 1, **args: Any) -> ALSpecLM:
+    args = {"lambda": 0.1, "window": 8, **args}
+    return ALSpecLM(pretrained=copy.deepcopy(model), tokenizer=TOKENIZER, batch_size=batch_size, device="cpu",
+                    max_length=1024, **args)
+
+
+def gen_requests(prompts: list[str] = PROMPTS, task: str = "gen") -> list[Instance]:
+    return [Instance("generate_until", {}, (p, dict(GEN_KWARGS)), i, (task, i, 1)) for i, p in enumerate(prompts)]
+
+
+def ll_requests(task: str = "ll") -> list[Instance]:
+    pairs = [(p[:30], p[30:]) for p in PROMPTS[:3]] + [("Hundreds", " of people went by"), ("A", " wonderful fact")]
+    return [Instance("loglikelihood", {}, pair, i, (task, i, 1)) for i, pair in enumerate(pairs)]
+
+
+def sample_stats(requests: list[Instance]) -> list[dict[str, Any]]:
+    """The per-sample entry the adapter appended to each request's arguments."""
+    return [r.arguments[-1]["alspec"] for r in requests]
+
+
+def median_ratio(lm: ALSpecLM, text: str) -> float:
+    """A lambda near the median d/n of ``text`` (exact commits), halfway between two measured ratios so that
+    no decision sits on the threshold, where float noise between equivalent computations could flip it."""
+    ids = torch.tensor([TOKENIZER(text)["input_ids"]])
+    region = DecodeRegion.build([0], [ids.shape[1] // 3])
+    config = lm.speculator.config
+    lm.speculator.config = type(config)(lam=0.0, window=config.window)
+    try:
+        with torch.no_grad(), lm.speculator.speculating(region) as trace:
+            lm.model(ids)
+    finally:
+        lm.speculator.config = config
+    ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
+    middle = len(ratios) // 2
+    return float(ratios[middle - 1] + ratios[middle]) / 2
+
+
+def stepwise_logprob(lm: ALSpecLM, context: list[int], continuation: list[int]):
+    """Decode the continuation one token at a time with a KV cache; returns (log-prob, trace)."""
+    model = lm.model
+    cache = DynamicCache(config=model.config)
+    region = DecodeRegion.build([0], [len(context)])
+    total = 0.0
+    with torch.no_grad(), lm.speculator.speculating(region) as trace:
+        logits = model(torch.tensor([context]), past_key_values=cache, use_cache=True).logits[0, -1]
+        for i, token in enumerate(continuation):
+            total += float(torch.log_softmax(logits.double(), -1)[token])
+            if i + 1 < len(continuation):
+                logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0, -1]
+    return total, trace

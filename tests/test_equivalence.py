@@ -1,0 +1,130 @@
+"""The simulation against its definition: baseline at lambda 0, sink reference, trivial windows,
+teacher forcing against token-by-token decoding, batch invariance, and statistics that add up."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from alspec_eval.region import DecodeRegion
+from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
+from helpers import (PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, sample_stats,
+                     stepwise_logprob)
+from tiny import ARCHS, tiny_model
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def model(request):
+    return tiny_model(request.param)
+
+
+def test_lambda_zero_is_the_baseline(model):
+    baseline = hf_lm(model, batch_size=2)
+    spec = alspec_lm(model, batch_size=2, **{"lambda": 0.0})
+    assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())
+    assert spec.loglikelihood(ll_requests()) == baseline.loglikelihood(ll_requests())
+    total = spec.statistics()["tasks"]["gen"]["total"]
+    assert total["speculated"] > 0 and total["accepted"] == 0
+
+
+def _sink_mask(length: int, spec_start: int, window: int, align: int) -> torch.Tensor:
+    """Reference boolean mask: causal, except decode rows see only the first S and the last S positions."""
+    mask = torch.ones(length, length).tril().bool()
+    for pos in range(spec_start, length):
+        if pos + 1 > 2 * window:
+            end = pos + 1 if align == 1 else math.ceil((pos + 1) / align) * align
+            row = torch.zeros(length, dtype=torch.bool)
+            row[:window] = True
+            row[end - window:pos + 1] = True
+            mask[pos] = row
+    return mask[None, None]
+
+
+@pytest.mark.parametrize("align", [1, 32])
+def test_sink_policy_equals_reference_sink_attention(model, align):
+    window = 32 if align == 32 else 8
+    spec = alspec_lm(model, policy="sink", window=window, window_align=align)
+    plain = hf_lm(model).model
+    text = (" ".join(["the age of wisdom, the age of foolishness"] * 6))[:230]
+    ids = torch.tensor([TOKENIZER(text)["input_ids"]])
+    start = 40
+    with torch.no_grad():
+        reference = plain(ids, attention_mask=_sink_mask(ids.shape[1], start, window, align)).logits
+        with spec.speculator.speculating(DecodeRegion.build([0], [start])) as trace:
+            ours = spec.model(ids).logits
+    torch.testing.assert_close(ours, reference, atol=2e-5, rtol=1e-5)
+    decided = trace.codes[0, start:]
+    assert (decided == ACCEPTED).any() and not (decided == REJECTED).any()
+
+
+def test_window_covering_context_is_exact_and_trivial(model):
+    baseline = hf_lm(model)
+    spec = alspec_lm(model, policy="sink", window=512)
+    assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())
+    assert spec.loglikelihood(ll_requests()) == baseline.loglikelihood(ll_requests())
+    for task in ("gen", "ll"):
+        total = spec.statistics()["tasks"][task]["total"]
+        assert total["speculated"] == 0 and total["trivial"] > 0 and total["hit_rate"] is None
+
+
+def test_teacher_forcing_equals_token_by_token_decoding(model):
+    spec = alspec_lm(model, window=4)
+    context, continuation = "It was the best of times, it was the", " worst of times, it was the age of wisdom"
+    lam = median_ratio(spec, context + continuation)
+    spec = alspec_lm(model, window=4, **{"lambda": lam})
+    requests = ll_requests(task="tf")
+    requests[0].arguments = (context, continuation)
+    (teacher, _), *_ = spec.loglikelihood(requests[:1])
+    layers = spec.task_stats["tf"]
+    assert 0 < int(layers.accepted.sum()) < int(layers.speculated.sum()), "lambda should give mixed decisions"
+
+    ctx_ids, cont_ids = spec._encode_pair(context, continuation)
+    stepwise, trace = stepwise_logprob(spec, ctx_ids, cont_ids)
+    stats = trace.row_stats(0, len(ctx_ids), len(ctx_ids) + len(cont_ids) - 1)
+    assert teacher == pytest.approx(stepwise, abs=1e-4)
+    assert torch.equal(stats.accepted, layers.accepted)
+    assert torch.equal(stats.speculated, layers.speculated)
+
+
+@pytest.mark.parametrize("trace_tokens", [False, True])
+def test_batch_size_and_left_padding_do_not_change_decisions(model, trace_tokens):
+    probe = alspec_lm(model)
+    lam = median_ratio(probe, PROMPT_FOR_LAMBDA)
+    runs = {}
+    for batch_size in (1, 4):
+        spec = alspec_lm(model, batch_size=batch_size, trace_tokens=trace_tokens, **{"lambda": lam})
+        gen, ll = gen_requests(), ll_requests()
+        runs[batch_size] = (spec.generate_until(gen), sample_stats(gen), spec.loglikelihood(ll), sample_stats(ll))
+    assert runs[1][0] == runs[4][0]
+    assert runs[1][1] == runs[4][1]
+    assert [ll for ll, _ in runs[1][2]] == pytest.approx([ll for ll, _ in runs[4][2]], abs=1e-4)
+    assert runs[1][3] == runs[4][3]
+    accepted = sum(s["accepted"] for s in runs[1][1])
+    assert 0 < accepted < sum(s["speculated"] for s in runs[1][1])
+    if trace_tokens:
+        for sample, text in zip(runs[1][1], runs[1][0], strict=True):
+            assert len(sample["accepted_layers_per_token"]) >= len(TOKENIZER(text)["input_ids"])
+            assert sum(sample["accepted_layers_per_token"]) == sample["accepted"]
+
+
+PROMPT_FOR_LAMBDA = "It was the best of times, it was the worst of times, it was the age of wisdom, it was"
+
+
+def test_statistics_add_up(model):
+    spec = alspec_lm(model, **{"lambda": median_ratio(alspec_lm(model), PROMPT_FOR_LAMBDA)})
+    gen = gen_requests()
+    spec.generate_until(gen)
+    task = spec.statistics()["tasks"]["gen"]
+    for layer in task["layers"]:
+        assert 0 <= layer["accepted"] <= layer["speculated"]
+        assert sum(layer["hist"]) == layer["speculated"]
+        assert layer["hit_rate"] == pytest.approx(layer["accepted"] / layer["speculated"])
+    for key in ("speculated", "accepted", "trivial"):
+        assert task["total"][key] == sum(layer[key] for layer in task["layers"])
+        assert task["total"][key] == sum(s[key] for s in sample_stats(gen))
+    assert task["total"]["trivial"] > 0  # the first tokens after short prompts fit in 2S
+    assert task["total"]["hist"] == [sum(col) for col in zip(*(layer["hist"] for layer in task["layers"]))]
