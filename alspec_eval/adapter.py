@@ -8,6 +8,8 @@ sample's decisions are reduced to per-layer counts and logged with the sample.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +28,22 @@ from .sidecar import register_sidecar
 from .stats import RATIO_EDGES, SCHEMA_VERSION, AcceptanceStats
 
 RowKey = tuple[int, ...]
+_HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
+
+
+def _print_config_errors(hook: Callable) -> Callable:
+    """A bad model_arg ends the run with its one-line message instead of a traceback through lm-eval."""
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if issubclass(exc_type, ConfigError):
+            print(f"alspec: {exc}", file=sys.stderr)
+        else:
+            hook(exc_type, exc, tb)
+
+    return excepthook
+
+
+sys.excepthook = _print_config_errors(sys.excepthook)
 
 
 @register_model("alspec")
@@ -33,7 +51,7 @@ class ALSpecLM(HFLM):
     """HFLM whose attention speculates: see DESIGN.md for what every backend computes."""
 
     def __init__(self, pretrained: str | transformers.PreTrainedModel, **kwargs: Any) -> None:
-        self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs)
+        self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
         if self.spec_config.backend == "tt":
             raise ConfigError("backend=tt is not available in this release; use backend=sim (the simulated reference)")
         super().__init__(pretrained=pretrained, **hf_kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -12,6 +13,13 @@ POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact")
 BACKENDS: tuple[str, ...] = ("sim", "tt")
 KERNELS: tuple[str, ...] = ("auto", "torch", "triton", "sdpa")
 WINDOW_ALIGNS: tuple[int, ...] = (1, 32)
+
+
+MODEL_ARGS: dict[str, str] = {
+    "lambda": "lam", "lam": "lam", "window": "window", "policy": "policy", "static_layers": "static_layers",
+    "backend": "backend", "window_align": "window_align", "speculate_prefill": "speculate_prefill",
+    "trace_tokens": "trace_tokens", "kernel": "kernel", "stats_path": "stats_path",
+}
 
 
 class ConfigError(ValueError):
@@ -102,14 +110,18 @@ class SpeculationConfig:
         object.__setattr__(self, "trace_tokens", _as_bool("trace_tokens", self.trace_tokens))
 
     @classmethod
-    def from_model_args(cls, args: dict[str, Any]) -> tuple["SpeculationConfig", dict[str, Any]]:
-        """Split lm-eval model_args into the speculation config and the rest (for HFLM)."""
-        names = {"lambda": "lam", "lam": "lam", "window": "window", "policy": "policy",
-                 "static_layers": "static_layers", "backend": "backend", "window_align": "window_align",
-                 "speculate_prefill": "speculate_prefill", "trace_tokens": "trace_tokens",
-                 "kernel": "kernel", "stats_path": "stats_path"}
-        ours = {names[k]: v for k, v in args.items() if k in names}
-        rest = {k: v for k, v in args.items() if k not in names}
+    def from_model_args(cls, args: dict[str, Any], known: set[str] = frozenset()) -> tuple["SpeculationConfig", dict[str, Any]]:
+        """Split lm-eval model_args into the speculation config and the rest (for HFLM).
+
+        ``known`` names the other accepted arguments; an unknown one that looks like a misspelt
+        speculation argument is an error (it would otherwise reach from_pretrained and be ignored).
+        """
+        ours = {MODEL_ARGS[k]: v for k, v in args.items() if k in MODEL_ARGS}
+        rest = {k: v for k, v in args.items() if k not in MODEL_ARGS}
+        for key in rest:
+            close = difflib.get_close_matches(key, MODEL_ARGS, n=1, cutoff=0.75)
+            if close and key not in known:
+                raise ConfigError(f"unknown model_arg {key!r}; did you mean {close[0]!r}?")
         return cls(**ours), rest
 
     def check_layers(self, num_layers: int) -> None:

@@ -148,11 +148,11 @@ def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 
 def _attention_modules(model: PreTrainedModel) -> dict[int, torch.nn.Module]:
     """Self-attention modules by layer index (the modules that call the attention interface)."""
-    found = {}
-    for module in model.modules():
-        if isinstance(getattr(module, "layer_idx", None), int) and hasattr(module, "o_proj") and hasattr(module, "config"):
-            found[module.layer_idx] = module
-    return found
+    def has_layer_idx(module: torch.nn.Module) -> bool:
+        return isinstance(getattr(module, "layer_idx", None), int)
+
+    return {m.layer_idx: m for m in model.modules()
+            if has_layer_idx(m) and not any(has_layer_idx(c) for c in m.modules() if c is not m)}
 
 
 def _sliding_layers(model: PreTrainedModel, num_layers: int) -> dict[int, str]:
@@ -179,7 +179,7 @@ def _base_attention(model: PreTrainedModel, attention_module: torch.nn.Module) -
 
 def install(model: PreTrainedModel, config: SpeculationConfig) -> Speculator:
     """Route the model's attention through ``alspec_attention``; returns the speculator that controls it."""
-    if not model._can_set_attn_implementation():
+    if not (model._supports_attention_backend and model._can_set_attn_implementation()):
         raise ConfigError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
             "so speculation cannot be hooked; use a model that does (Llama, Qwen2/3, Mistral, Gemma, ...)"

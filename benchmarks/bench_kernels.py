@@ -1,0 +1,70 @@
+"""CPU time of the speculative flash decode reference against plain SDPA over the full cache.
+
+The speculative kernel returns the exact output, the approximation and the
+verdict; the claim is that this costs next to nothing over the exact attention
+alone. Timings interleave the candidates round by round (the machine is shared
+and noisy) and report medians. Run: python benchmarks/bench_kernels.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from alspec_eval.kernels import speculative_flash_decode
+
+SHAPES = [(9, 3, 64), (32, 8, 128)]  # (q heads, kv heads, head_dim): SmolLM2-135M, Llama-3-8B-like
+CONTEXTS = [1024, 4096, 16384, 32768]
+
+
+def median_ms(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 5) -> dict[str, float]:
+    """Median wall time per call of each function, measured in interleaved rounds."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--window", type=int, default=64, help="S, tokens per sink window")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, batch 1, 1 query token, S={args.window}")
+    print("ratio = speculative (exact + approximation + verification) / plain SDPA (exact only, enable_gqa=True)")
+    print(f"{'hq/hkv/d':>10} {'context':>8} {'sdpa ms':>9} {'spec ms':>9} {'ratio':>6}")
+    for hq, hkv, dim in SHAPES:
+        for ctx in CONTEXTS:
+            q = torch.randn(1, hq, dim, dtype=dtype)
+            k = torch.randn(1, hkv, ctx, dim, dtype=dtype)
+            v = torch.randn(1, hkv, ctx, dim, dtype=dtype)
+            cur_pos = torch.tensor([ctx - 1])
+            ms = median_ms(
+                {
+                    "sdpa": lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True),
+                    "spec": lambda: speculative_flash_decode(q, k, v, cur_pos, args.window, 0.1),
+                },
+                rounds=args.rounds,
+            )
+            print(f"{hq}/{hkv}/{dim:>3} {ctx:>8} {ms['sdpa']:>9.3f} {ms['spec']:>9.3f} {ms['spec'] / ms['sdpa']:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Torch reference of the speculative flash decode kernel.
+
+One decode query per sequence attends to its KV cache. The first and the last
+``window`` positions form the first chunk of a flash decode; its partial result
+(o, m, l) normalised is the speculative output (attention sink). The remaining
+middle positions are processed as one block and merged into that same partial,
+so the exact output costs one extra merge and the approximation comes for free.
+Verification compares the two in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+
+class SpecDecodeOutput(NamedTuple):
+    """Exact and speculative attention outputs plus the verification verdict."""
+
+    exact: torch.Tensor  # (B, Hq, D), input dtype
+    spec: torch.Tensor  # (B, Hq, D), input dtype
+    d: torch.Tensor  # (B,) float32, ||spec - exact||_2 over heads and head_dim
+    n: torch.Tensor  # (B,) float32, ||exact||_2
+    accept: torch.Tensor  # (B,) bool
+    trivial: torch.Tensor  # (B,) bool, context fits in the two windows
+
+
+def check_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: torch.Tensor, window: int, window_align: int
+) -> None:
+    """Fail early on shapes the kernels cannot interpret (they index blindly)."""
+    if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(f"expected q (B,Hq,D), k/v (B,Hkv,L,D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, hq, dim = q.shape
+    if k.shape[0] != b or k.shape[3] != dim or hq % k.shape[1] != 0:
+        raise ValueError(f"q {tuple(q.shape)} does not match k {tuple(k.shape)} (GQA needs Hq % Hkv == 0)")
+    if cur_pos.shape != (b,):
+        raise ValueError(f"cur_pos must have shape ({b},), got {tuple(cur_pos.shape)}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if window_align not in (1, 32):
+        raise ValueError(f"window_align must be 1 or 32, got {window_align}")
+
+
+def window_bounds(cur_pos: torch.Tensor, window: int, window_align: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Start of the last window and the trivial flag per sequence.
+
+    The last window is [end - S, end) with end = cur_pos + 1, or
+    ceil32(cur_pos + 1) for ``window_align=32`` (the TT op); positions past
+    cur_pos inside it are masked by the callers. Trivial rows (cur_pos + 1 <= 2S)
+    get last_start = S, so the two windows tile [0, 2S) without overlap.
+    """
+    ctx = cur_pos.long() + 1
+    end = (ctx + window_align - 1) // window_align * window_align
+    trivial = ctx <= 2 * window
+    last_start = torch.where(trivial, torch.full_like(end, window), end - window)
+    return last_start, trivial
+
+
+def decide(d: torch.Tensor, n: torch.Tensor, trivial: torch.Tensor, lam: float, window_align: int) -> torch.Tensor:
+    """Accept iff d <= lam * n; trivial rows always.
+
+    ``window_align=32`` compares squares, as the TT op does (no square root on
+    device); lam = inf accepts everything, also when n = 0.
+    """
+    if math.isinf(lam):
+        return torch.ones_like(trivial)
+    if window_align == 32:
+        return (d * d <= (lam * lam) * (n * n)) | trivial
+    return (d <= lam * n) | trivial
+
+
+def verify(
+    exact: torch.Tensor, spec: torch.Tensor, trivial: torch.Tensor, lam: float, window_align: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """d, n (float32, over all heads and head_dim of a sequence) and the decision."""
+    b = exact.shape[0]
+    e = exact.float().reshape(b, -1)
+    d = (spec.float().reshape(b, -1) - e).norm(dim=1)
+    n = e.norm(dim=1)
+    return d, n, decide(d, n, trivial, lam, window_align)
+
+
+def partial_math(
+    qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash partial of one chunk: normalised output and float32 log-sum-exp.
+
+    qg (B, Hkv, G, D) against k, v (B, Hkv, N, D); ``bias`` (B, 1, 1, N) is 0 or
+    -inf. Scores and softmax statistics are float32, the P @ V product runs in
+    the input dtype. Rows without a valid key get lse = -inf (a no-op in merges).
+    """
+    s = torch.matmul(qg, k.transpose(-1, -2)).float() * scale
+    if bias is not None:
+        s = s + bias
+    m = s.amax(dim=-1, keepdim=True)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m_safe)
+    l = p.sum(dim=-1, keepdim=True)
+    o = torch.matmul(p.to(v.dtype), v).float() / l.clamp(min=torch.finfo(torch.float32).tiny)
+    return o.to(qg.dtype), (m_safe + torch.log(l)).squeeze(-1)
+
+
+def partial_flash_cpu(
+    qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`partial_math`, through ATen's fused CPU flash kernel.
+
+    The fused kernel never materialises the score row, which is what keeps the
+    reference within a few percent of plain SDPA at long context. It reports
+    lse = 0 for fully masked rows; those are set to -inf here.
+    """
+    if bias is not None:
+        bias = bias.to(qg.dtype)
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, k, v, attn_mask=bias, scale=scale)
+    if bias is not None:
+        empty = torch.isinf(bias).all(dim=-1)  # (B, 1, 1)
+        lse = lse.masked_fill(empty, float("-inf"))
+    return o, lse
+
+
+def merge(
+    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two flash partials (the split-K reduction); lse2 = -inf is a no-op."""
+    lse = torch.logaddexp(lse1, lse2)
+    w1 = torch.exp(lse1 - lse).unsqueeze(-1)
+    w2 = torch.exp(lse2 - lse).unsqueeze(-1)
+    o = o1.float() * w1 + torch.where(w2 > 0, o2.float() * w2, torch.zeros_like(w2))
+    return o, lse
+
+
+def _bias(valid: torch.Tensor) -> torch.Tensor:
+    """(B, N) validity as an additive (B, 1, 1, N) float32 mask."""
+    zero = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+    return zero.masked_fill(~valid, float("-inf"))[:, None, None, :]
+
+
+def speculative_flash_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cur_pos: torch.Tensor,
+    window: int,
+    lam: float,
+    chunk_size: int | None = None,
+    window_align: int = 1,
+    scale: float | None = None,
+) -> SpecDecodeOutput:
+    """Exact and sink attention of one decode query per sequence, sharing work.
+
+    q (B, Hq, D); k, v (B, Hkv, L, D) with positions > cur_pos[b] ignored
+    (masked, not zeroed, so they must be finite); cur_pos (B,) index of the
+    current token. ``chunk_size`` bounds the number of middle keys scored at
+    once (None: the whole middle in one block, the fastest on CPU).
+    """
+    check_inputs(q, k, v, cur_pos, window, window_align)
+    b, hq, dim = q.shape
+    hkv, cache_len = k.shape[1], k.shape[2]
+    scale = dim**-0.5 if scale is None else scale
+    partial = partial_flash_cpu if q.device.type == "cpu" else partial_math
+    cur_pos = cur_pos.to(device=q.device, dtype=torch.long)
+    last_start, trivial = window_bounds(cur_pos, window, window_align)
+
+    # GQA without copying K/V: the query heads of one KV head become rows.
+    qg = q.reshape(b, hkv, hq // hkv, dim)
+
+    # Chunk 1: the two sink windows, gathered (B, Hkv, 2S, D).
+    ar = torch.arange(window, device=q.device)
+    idx = torch.cat([ar.expand(b, window), last_start[:, None] + ar], dim=1)
+    valid = (idx <= cur_pos[:, None]) & (idx < cache_len)
+    gidx = idx.clamp(max=cache_len - 1)[:, None, :, None].expand(b, hkv, 2 * window, dim)
+    keep = valid[:, None, :, None]  # zero masked garbage: 0 * inf would poison P @ V
+    k_w = torch.gather(k, 2, gidx).masked_fill(~keep, 0)
+    v_w = torch.gather(v, 2, gidx).masked_fill(~keep, 0)
+    o_w, lse = partial(qg, k_w, v_w, _bias(valid), scale)
+    spec = o_w.reshape(b, hq, dim)
+
+    # Remaining chunks: middle keys [S, stop), merged into the same partial.
+    mid_stop = torch.minimum(last_start, cur_pos + 1)  # a short aligned window may end past cur_pos
+    mid_end = int(mid_stop.max())
+    step = mid_end - window if chunk_size is None else max(int(chunk_size), 1)
+    uniform = bool((mid_stop == mid_end).all())
+    o: torch.Tensor = o_w
+    for lo in range(window, mid_end, step):
+        hi = min(lo + step, mid_end)
+        bias = None if uniform else _bias(torch.arange(lo, hi, device=q.device)[None, :] < mid_stop[:, None])
+        o_c, lse_c = partial(qg, k[:, :, lo:hi], v[:, :, lo:hi], bias, scale)
+        o, lse = merge(o, lse, o_c, lse_c)
+    exact = torch.where(trivial[:, None, None], spec, o.to(q.dtype).reshape(b, hq, dim))
+
+    d, n, accept = verify(exact, spec, trivial, lam, window_align)
+    return SpecDecodeOutput(exact, spec, d, n, accept, trivial)

@@ -1,0 +1,48 @@
+"""Unfused baseline: exact and speculative attention as two separate SDPA calls.
+
+Same contract as the fused kernels, without the shared partial; useful to
+cross-check them and to measure what the fusion saves.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .reference import SpecDecodeOutput, check_inputs, verify, window_bounds
+
+
+def sdpa_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cur_pos: torch.Tensor,
+    window: int,
+    lam: float,
+    chunk_size: int | None = None,
+    window_align: int = 1,
+    scale: float | None = None,
+) -> SpecDecodeOutput:
+    """Exact = SDPA over the cache masked to cur_pos; spec = SDPA over the two windows.
+
+    ``chunk_size`` is accepted for interface parity and unused.
+    """
+    check_inputs(q, k, v, cur_pos, window, window_align)
+    b, hq, dim = q.shape
+    cache_len = k.shape[2]
+    cur_pos = cur_pos.to(device=q.device, dtype=torch.long)
+    last_start, trivial = window_bounds(cur_pos, window, window_align)
+    pos = torch.arange(cache_len, device=q.device)
+    in_ctx = pos[None, :] <= cur_pos[:, None]
+    in_win = (pos[None, :] < window) | ((pos[None, :] >= last_start[:, None]) & (pos[None, :] < last_start[:, None] + window))
+
+    def attend(mask: torch.Tensor) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(
+            q[:, :, None], k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+        )
+        return out[:, :, 0]
+
+    exact = attend(in_ctx)
+    spec = torch.where(trivial[:, None, None], exact, attend(in_ctx & in_win))
+    d, n, accept = verify(exact, spec, trivial, lam, window_align)
+    return SpecDecodeOutput(exact, spec, d, n, accept, trivial)

@@ -1,0 +1,124 @@
+"""Torch reference kernel against SDPA computed independently (kernel_oracle)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from kernel_oracle import make_inputs, sdpa_over, window_positions
+
+from alspec_eval.kernels import select_kernel, speculative_flash_decode
+from alspec_eval.kernels.reference import partial_flash_cpu, partial_math
+from alspec_eval.kernels.sdpa import sdpa_decode
+
+S = 8
+# Per-sequence positions: deep context, 2S + 1 (first non-trivial), 2S (last trivial), short.
+POSITIONS = [150, 2 * S, 2 * S - 1, 5, 97]
+
+
+def oracle(q, k, v, cur_pos, align):
+    exact = sdpa_over(q, k, v, [list(range(p + 1)) for p in cur_pos.tolist()])
+    spec = sdpa_over(q, k, v, [window_positions(p, S, align) for p in cur_pos.tolist()])
+    return exact, spec
+
+
+@pytest.mark.parametrize("align", [1, 32])
+@pytest.mark.parametrize("chunk_size", [None, 13])
+@pytest.mark.parametrize("hq,hkv", [(6, 2), (4, 4), (3, 1)])
+def test_matches_sdpa(align: int, chunk_size: int | None, hq: int, hkv: int) -> None:
+    q, k, v, cur_pos = make_inputs(len(POSITIONS), hq, hkv, 160, 16, POSITIONS)
+    out = speculative_flash_decode(q, k, v, cur_pos, S, 0.5, chunk_size=chunk_size, window_align=align)
+    exact, spec = oracle(q, k, v, cur_pos, align)
+    torch.testing.assert_close(out.exact, exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.spec, spec, atol=1e-5, rtol=1e-5)
+    assert out.trivial.tolist() == [p + 1 <= 2 * S for p in POSITIONS]
+    e, s = exact.reshape(len(POSITIONS), -1), spec.reshape(len(POSITIONS), -1)
+    torch.testing.assert_close(out.n, e.norm(dim=1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.d, (s - e).norm(dim=1), atol=1e-5, rtol=1e-4)
+
+
+def test_trivial_rows_are_exact_copies() -> None:
+    q, k, v, cur_pos = make_inputs(3, 4, 2, 40, 8, [2 * S - 1, 0, 2 * S])
+    out = speculative_flash_decode(q, k, v, cur_pos, S, 0.0)
+    assert out.trivial.tolist() == [True, True, False]
+    assert torch.equal(out.spec[:2], out.exact[:2])
+    assert out.d[:2].tolist() == [0.0, 0.0]
+    assert out.accept.tolist() == [True, True, False]  # lambda = 0 rejects every real approximation
+
+
+def test_accept_around_measured_ratio() -> None:
+    q, k, v, cur_pos = make_inputs(len(POSITIONS), 6, 2, 160, 16, POSITIONS, seed=3)
+    nontrivial = torch.tensor([p + 1 > 2 * S for p in POSITIONS])
+    for align in (1, 32):
+        r = speculative_flash_decode(q, k, v, cur_pos, S, 0.0, window_align=align)
+        ratio = (r.d / r.n)[nontrivial]
+        assert (ratio > 0).all()
+        for i, rho in zip(nontrivial.nonzero().flatten().tolist(), ratio.tolist()):
+            above = speculative_flash_decode(q, k, v, cur_pos, S, rho * 1.001, window_align=align).accept
+            below = speculative_flash_decode(q, k, v, cur_pos, S, rho * 0.999, window_align=align).accept
+            assert above[i] and not below[i]
+            assert above[~nontrivial].all() and below[~nontrivial].all()
+    assert speculative_flash_decode(q, k, v, cur_pos, S, math.inf).accept.all()
+
+
+def test_window_align_32_masks_past_cur_pos() -> None:
+    # cur_pos 70, S = 32: the TT window is [96 - 32, 96) and keeps 64..70; the exact one is [39, 71).
+    q, k, v, cur_pos = make_inputs(1, 4, 2, 128, 16, [70])
+    aligned = speculative_flash_decode(q, k, v, cur_pos, 32, 0.5, window_align=32)
+    plain = speculative_flash_decode(q, k, v, cur_pos, 32, 0.5)
+    want = sdpa_over(q, k, v, [list(range(32)) + list(range(64, 71))])
+    torch.testing.assert_close(aligned.spec, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(plain.spec, sdpa_over(q, k, v, [list(range(32)) + list(range(39, 71))]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aligned.exact, plain.exact)
+
+
+def test_window_end_past_cache_length() -> None:
+    # ceil32(cur_pos + 1) = 128 > L = 100: the window runs off the cache and is clipped.
+    q, k, v, cur_pos = make_inputs(1, 2, 1, 100, 8, [99])
+    out = speculative_flash_decode(q, k, v, cur_pos, 32, 0.5, window_align=32)
+    torch.testing.assert_close(out.spec, sdpa_over(q, k, v, [list(range(32)) + list(range(96, 100))]), atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_close_to_float32_oracle() -> None:
+    q, k, v, cur_pos = make_inputs(2, 6, 2, 300, 32, [299, 180], dtype=torch.bfloat16)
+    out = speculative_flash_decode(q, k, v, cur_pos, 16, 0.5)
+    assert out.exact.dtype == out.spec.dtype == torch.bfloat16 and out.d.dtype == torch.float32
+    exact = sdpa_over(q, k, v, [list(range(300)), list(range(181))])
+    spec = sdpa_over(q, k, v, [window_positions(299, 16, 1), window_positions(180, 16, 1)])
+    torch.testing.assert_close(out.exact.float(), exact, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.spec.float(), spec, atol=2e-2, rtol=2e-2)
+
+
+def test_math_and_fused_partials_agree() -> None:
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(2, 2, 3, 16, generator=g), torch.randn(2, 2, 40, 16, generator=g), torch.randn(2, 2, 40, 16, generator=g)
+    bias = torch.zeros(2, 1, 1, 40)
+    bias[0] = float("-inf")  # row without any valid key
+    bias[1, ..., 25:] = float("-inf")
+    o1, lse1 = partial_math(q, k, v, bias, 0.3)
+    o2, lse2 = partial_flash_cpu(q, k, v, bias, 0.3)
+    assert torch.isneginf(lse1[0]).all() and torch.isneginf(lse2[0]).all()
+    torch.testing.assert_close(o1[1], o2[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse1[1], lse2[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse1[1], torch.logsumexp(q[1] @ k[1, :, :25].mT * 0.3, dim=-1), atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_kernel_and_selection() -> None:
+    q, k, v, cur_pos = make_inputs(len(POSITIONS), 6, 2, 160, 16, POSITIONS)
+    ref = speculative_flash_decode(q, k, v, cur_pos, S, 0.7, window_align=32)
+    alt = sdpa_decode(q, k, v, cur_pos, S, 0.7, window_align=32)
+    torch.testing.assert_close(alt.exact, ref.exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(alt.spec, ref.spec, atol=1e-5, rtol=1e-5)
+    assert torch.equal(alt.trivial, ref.trivial)
+    assert select_kernel("auto", "cpu") is speculative_flash_decode
+    assert select_kernel("torch", "cpu") is speculative_flash_decode
+    assert select_kernel("sdpa", torch.device("cpu")) is sdpa_decode
+    with pytest.raises(ValueError, match="unknown kernel"):
+        select_kernel("flash", "cpu")
+
+
+def test_rejects_bad_shapes() -> None:
+    q, k, v, cur_pos = make_inputs(2, 6, 4, 20, 8, [5, 6])
+    with pytest.raises(ValueError, match="GQA"):
+        speculative_flash_decode(q, k, v, cur_pos, 4, 0.1)

@@ -1,0 +1,45 @@
+"""The stock `lm_eval` command finds `--model alspec` and its tasks; bad input fails before loading."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd="/", check=True)
+
+
+def test_registration_is_lazy_and_keeps_builtin_models():
+    out = _python(
+        "import sys\n"
+        "from lm_eval.api.registry import get_model\n"
+        "assert 'torch' not in sys.modules, 'the startup hook imported torch'\n"
+        "assert get_model('hf').__name__ == 'HFLM'\n"
+        "print(get_model('alspec').__module__)\n"
+    )
+    assert out.stdout.strip() == "alspec_eval.adapter"
+
+
+def test_bundled_tasks_are_found_without_include_path():
+    out = _python("from lm_eval.tasks import TaskManager\nprint(sorted(TaskManager().all_tasks))")
+    assert "'alspec_recall'" in out.stdout and "'gsm8k'" in out.stdout
+
+
+def test_bad_lambda_stops_before_loading_with_one_message(tmp_path):
+    result = subprocess.run(
+        ["lm_eval", "--model", "alspec", "--model_args", f"pretrained={tmp_path}/missing,lambda=-1",
+         "--tasks", "alspec_recall", "--device", "cpu", "--output_path", str(tmp_path)],
+        capture_output=True, text=True, env=ENV)
+    assert result.returncode != 0
+    assert "alspec: lambda=-1 is invalid; use a float >= 0 or inf" in result.stderr
+    assert "Traceback" not in result.stderr and "missing" not in result.stderr.split("alspec:")[-1]
+
+
+def test_alspec_eval_run_delegates_to_lm_eval():
+    result = subprocess.run([sys.executable, "-m", "alspec_eval", "run", "--help"], capture_output=True, text=True,
+                            env=ENV)
+    assert result.returncode == 0 and "--model_args" in result.stdout

@@ -1,0 +1,42 @@
+"""End to end on the real model: the stock `lm_eval` command on a bundled local task (about two minutes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from alspec_eval.models import smollm2_path
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_lm_eval(out, model_args: str) -> tuple[dict, dict, list[dict]]:
+    subprocess.run(
+        ["lm_eval", "--model", "alspec", "--model_args", model_args, "--tasks", "alspec_recall", "--limit", "4",
+         "--batch_size", "4", "--device", "cpu", "--output_path", str(out), "--log_samples"],
+        check=True, env=ENV, capture_output=True)
+    (results,) = out.rglob("results_*.json")
+    (sidecar,) = out.rglob("alspec_*.json")
+    (samples,) = out.rglob("samples_alspec_recall_*.jsonl")
+    return (json.loads(results.read_text()), json.loads(sidecar.read_text()),
+            [json.loads(line) for line in samples.read_text().splitlines()])
+
+
+@pytest.mark.slow
+def test_lm_eval_alspec_on_smollm2(tmp_path):
+    model = smollm2_path()
+    hit_rates = {}
+    for lam in (0.05, 0.4):
+        results, sidecar, samples = run_lm_eval(tmp_path / str(lam), f"pretrained={model},lambda={lam},window=64")
+        stats = results["config"]["alspec"]
+        assert stats == sidecar and stats["schema_version"] == 1 and stats["config"]["lambda"] == lam
+        task = stats["tasks"]["alspec_recall"]
+        assert [layer["layer"] for layer in task["layers"]] == list(range(30))
+        assert task["total"]["speculated"] == sum(layer["speculated"] for layer in task["layers"]) > 0
+        per_sample = [s["arguments"]["gen_args_0"]["arg_2"]["alspec"] for s in samples]
+        assert sum(s["accepted"] for s in per_sample) == task["total"]["accepted"]
+        hit_rates[lam] = task["total"]["hit_rate"]
+    assert hit_rates[0.05] < hit_rates[0.4]
