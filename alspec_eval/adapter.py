@@ -22,6 +22,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from .config import ConfigError, SpeculationConfig
+from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion
 from .report_io import write_json_atomic
 from .sidecar import register_sidecar
@@ -54,6 +55,8 @@ class ALSpecLM(HFLM):
         self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
         if self.spec_config.backend == "tt":
             raise ConfigError("backend=tt is not available in this release; use backend=sim (the simulated reference)")
+        if pretrained == SMOLLM2_ALIAS:
+            pretrained = str(smollm2_path())
         super().__init__(pretrained=pretrained, **hf_kwargs)
         from .backends.sim import install
 

