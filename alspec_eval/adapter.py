@@ -11,7 +11,8 @@ from __future__ import annotations
 import inspect
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,7 +24,8 @@ from lm_eval.models.huggingface import HFLM
 
 from .config import ConfigError, SpeculationConfig
 from .models import SMOLLM2_ALIAS, smollm2_path
-from .region import DecodeRegion
+from .fork import SharedPrefill, Variant, forward_all, generate_all
+from .region import DecodeRegion, Trace
 from .report_io import write_json_atomic
 from .sidecar import register_sidecar
 from .stats import RATIO_EDGES, SCHEMA_VERSION, AcceptanceStats
@@ -65,6 +67,7 @@ class ALSpecLM(HFLM):
         self._row_stats: dict[RowKey, dict[str, Any]] = {}
         self._row_starts: dict[RowKey, int] = {}
         self._rolling = False
+        self.fork: SharedPrefill | None = None
         register_sidecar(self.statistics)
 
     def _create_model(self, pretrained: str, *args: Any, **kwargs: Any) -> None:
@@ -169,16 +172,35 @@ class ALSpecLM(HFLM):
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None,
                     labels: torch.Tensor | None = None) -> torch.Tensor:
-        rows = [self._match_row(row) for row in inps.tolist()]
-        region = DecodeRegion.build([0] * len(rows), [self._row_starts[k] for k in rows],
-                                    [len(k) for k in rows], device=inps.device)
+        keys = [self._match_row(row) for row in inps.tolist()]
+        starts = [self._row_starts[k] for k in keys]
+        if self.fork is not None:
+            return self._forked_call(inps, keys, starts)
+        region = DecodeRegion.build([0] * len(keys), starts, [len(k) for k in keys], device=inps.device)
         with self.speculator.speculating(region) as trace:
             logits = super()._model_call(inps, attn_mask, labels)
-        for b, key in enumerate(rows):
-            start = self._row_starts[key]
-            self._row_stats[key] = {"stats": trace.row_stats(b, start, len(key)),
-                                    "tokens": trace.accepted_layers(b, start, len(key))}
+        for b, (key, start) in enumerate(zip(keys, starts, strict=True)):
+            self._row_stats[key] = self._teacher_forced_stats(trace, b, start, len(key))
         return logits
+
+    def _teacher_forced_stats(self, trace: Trace, row: int, start: int, end: int) -> dict[str, Any]:
+        return {"stats": trace.row_stats(row, start, end), "tokens": trace.accepted_layers(row, start, end)}
+
+    def _forked_call(self, inps: torch.Tensor, keys: list[RowKey], starts: list[int]) -> torch.Tensor:
+        """Logits of the variant being replayed; the first pass computes every variant at once."""
+        fork = self.fork
+        if any((key, 0) not in fork.rows for key in keys):
+            logits, stats = forward_all(self, fork, inps, keys, starts)
+            for r, entry in enumerate(stats):
+                key, start = keys[r // len(fork.variants)], starts[r // len(fork.variants)]
+                lo = max(start - 1, 0)  # HFLM reads the logits from the last context token on
+                fork.rows[key, r % len(fork.variants)] = {**entry, "lo": lo, "logits": logits[r, lo:len(key)]}
+        entries = [fork.rows[key, fork.replay] for key in keys]
+        out = inps.new_zeros((*inps.shape, entries[0]["logits"].shape[-1]), dtype=entries[0]["logits"].dtype)
+        for b, (key, entry) in enumerate(zip(keys, entries, strict=True)):
+            out[b, entry["lo"]:len(key)] = entry["logits"]
+            self._row_stats[key] = entry
+        return out
 
     def _match_row(self, row: list[int]) -> RowKey:
         """The known input that this right-padded batch row holds."""
@@ -200,23 +222,56 @@ class ALSpecLM(HFLM):
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
                         **generation_kwargs: Any) -> torch.Tensor:
+        if self.fork is not None:
+            return self._forked_generate(context, max_length, stop, generation_kwargs)
         mask = generation_kwargs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(context)
-        region = DecodeRegion.from_left_padded(mask, self.spec_config.speculate_prefill)
+        region = DecodeRegion.from_left_padded(torch.ones_like(context) if mask is None else mask,
+                                               self.spec_config.speculate_prefill)
         with self.speculator.speculating(region) as trace:
             out = super()._model_generate(context, max_length, stop, **generation_kwargs)
-        prompt_len = context.shape[1]
         for b in range(len(context)):
-            pad, start = int(region.pad[b]), int(region.spec_start[b])
-            generated = self._own_length(out[b, prompt_len:].tolist(), stop)
-            end = prompt_len + generated - 1  # the last generated token is never fed back
-            prompt = tuple(context[b, pad:].tolist())
-            self._row_stats[prompt] = {
-                "stats": trace.row_stats(b, start, end),
-                "tokens": trace.accepted_layers(b, prompt_len - 1, end),
-            }
+            key = tuple(context[b, int(region.pad[b]):].tolist())
+            self._row_stats[key] = self._generation_stats(trace, region, b, out[b], context.shape[1], stop)
         return out
+
+    def _generation_stats(self, trace: Trace, region: DecodeRegion, row: int, out: torch.Tensor, prompt_len: int,
+                          stop: Sequence[str]) -> dict[str, Any]:
+        """A row's decisions up to where it would have stopped alone; the last new token is never fed back."""
+        end = prompt_len + self._own_length(out[prompt_len:].tolist(), stop) - 1
+        return {"stats": trace.row_stats(row, int(region.spec_start[row]), end),
+                "tokens": trace.accepted_layers(row, prompt_len - 1, end)}
+
+    def _forked_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
+                         generation_kwargs: dict[str, Any]) -> torch.Tensor:
+        """Generations of the variant being replayed; the first pass generates every variant at once."""
+        fork = self.fork
+        mask = generation_kwargs.get("attention_mask")
+        pads = [0] * len(context) if mask is None else (mask.shape[1] - mask.long().sum(-1)).tolist()
+        keys = [tuple(row[pad:].tolist()) for row, pad in zip(context, pads, strict=True)]
+        if any((key, 0) not in fork.rows for key in keys):
+            out, rows = generate_all(self, fork, context, max_length, stop, dict(generation_kwargs))
+            for r, (key, variant, entry) in enumerate(rows):
+                fork.rows[key, variant] = {**entry, "generated": out[r, context.shape[1]:]}
+        entries = [fork.rows[key, fork.replay] for key in keys]
+        width = max(len(e["generated"]) for e in entries)
+        out = context.new_full((len(context), context.shape[1] + width), self.tokenizer.pad_token_id)
+        out[:, :context.shape[1]] = context
+        for b, (key, entry) in enumerate(zip(keys, entries, strict=True)):
+            out[b, context.shape[1]:context.shape[1] + len(entry["generated"])] = entry["generated"]
+            self._row_stats[key] = entry
+        return out
+
+    @contextmanager
+    def shared_prefill(self, variants: list[Variant]) -> Iterator[SharedPrefill]:
+        """Run the variants of a sweep on one exact prefill; set ``replay`` to choose which one answers."""
+        if self.spec_config.speculate_prefill or self.spec_config.policy != "dynamic":
+            raise ConfigError("a shared prefill needs policy=dynamic and speculate_prefill=false "
+                              "(with a speculated prompt the KV cache differs per lambda)")
+        self.fork = SharedPrefill(list(variants))
+        try:
+            yield self.fork
+        finally:
+            self.fork = None
 
     def _own_length(self, tokens: list[int], stop: Sequence[str]) -> int:
         """How many tokens this row would have generated alone (batch mates keep it running past its stop)."""

@@ -35,7 +35,7 @@ def test_bad_lambda_stops_before_loading_with_one_message(tmp_path):
          "--tasks", "alspec_recall", "--device", "cpu", "--output_path", str(tmp_path)],
         capture_output=True, text=True, env=ENV)
     assert result.returncode != 0
-    assert "alspec: lambda=-1 is invalid; use a float >= 0 or inf" in result.stderr
+    assert "alspec: lambda=-1.0 is invalid; use a float >= 0 or inf" in result.stderr
     assert "Traceback" not in result.stderr and "missing" not in result.stderr.split("alspec:")[-1]
 
 

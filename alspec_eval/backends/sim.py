@@ -35,7 +35,7 @@ class Speculator:
         self.skipped_layers = skipped_layers
         self.base_attention = base_attention
         self.region: DecodeRegion | None = None
-        self._calls: list[tuple[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = []
+        self._calls: list[tuple[int, int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = []
 
     @contextmanager
     def speculating(self, region: DecodeRegion) -> Iterator[Trace]:
@@ -48,16 +48,17 @@ class Speculator:
             yield trace
         finally:
             trace.codes, trace.ratios = self._assemble(len(region.pad))
+            trace.offset = self._calls[0][1] if self._calls else 0
             self.region, self._calls = None, []
 
     def new_forward(self, *_: object) -> None:
         """Forward pre-hook of the model: each forward pass appends its query positions to the trace."""
         if self.region is not None:
-            self._calls.append((0, {}))
+            self._calls.append((0, 0, {}))
 
     def _assemble(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         codes, ratios = [], []
-        for q_len, layers in self._calls:
+        for q_len, _, layers in self._calls:
             c = torch.zeros(batch, q_len, self.num_layers, dtype=torch.int8)
             r = torch.full((batch, q_len, self.num_layers), float("nan"))
             for layer, (layer_codes, layer_ratios) in layers.items():
@@ -69,9 +70,9 @@ class Speculator:
             return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
         return torch.cat(codes, 1), torch.cat(ratios, 1)
 
-    def _record(self, layer: int, codes: torch.Tensor, ratios: torch.Tensor) -> None:
-        q_len, layers = self._calls[-1]
-        self._calls[-1] = (codes.shape[1], layers)
+    def _record(self, layer: int, offset: int, codes: torch.Tensor, ratios: torch.Tensor) -> None:
+        _, _, layers = self._calls[-1]
+        self._calls[-1] = (codes.shape[1], offset, layers)
         layers[layer] = (codes, ratios)
 
     def commit(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -85,6 +86,8 @@ class Speculator:
         phys = torch.arange(k_len - q_len, k_len, device=query.device)
         pos = phys - region.pad[:, None]  # (B, Tq) position within the sequence
         in_region = (phys >= region.spec_start[:, None]) & (phys < region.row_end[:, None])
+        if region.exact is not None:
+            in_region &= ~region.exact[:, None]
         trivial = in_region & (pos + 1 <= 2 * window)
         speculate = in_region & ~trivial
 
@@ -98,16 +101,19 @@ class Speculator:
             exact_rows = exact[rows, cols]
             d = (approx.float() - exact_rows.float()).flatten(1).norm(dim=-1)
             n = exact_rows.float().flatten(1).norm(dim=-1)
-            if cfg.policy == "dynamic" and cfg.lam != float("inf"):
-                accept = d <= cfg.lam * n
-            else:
+            if cfg.policy != "dynamic":
                 accept = torch.ones_like(d, dtype=torch.bool)
+            elif region.lam is not None:
+                lam = region.lam[rows]
+                accept = (d <= lam * n) | torch.isinf(lam)
+            else:
+                accept = d <= cfg.lam * n if cfg.lam != float("inf") else torch.ones_like(d, dtype=torch.bool)
             exact[rows, cols] = torch.where(accept[:, None, None], approx, exact_rows)
             codes[rows, cols] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
             ratios[rows, cols] = d / n
         elif rows.numel():
             codes[rows, cols] = REJECTED
-        self._record(layer, codes, ratios)
+        self._record(layer, k_len - q_len, codes, ratios)
         return exact
 
 
