@@ -1,7 +1,9 @@
 """Speculative flash decode kernels (installed as ``alspec_eval.kernels``).
 
 All kernels share one signature, ``(q, k, v, cur_pos, window, lam, chunk_size=None,
-window_align=1, scale=None) -> SpecDecodeOutput``; see :mod:`.reference`.
+window_align=1, scale=None, *, start=None) -> SpecDecodeOutput``; see :mod:`.reference`.
+``start`` (B,) is the physical cache index of each sequence's first real token
+(left padding); ``cur_pos`` stays physical and positions count from ``start``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,13 @@ class SpecDecodeOutput(NamedTuple):
 
 
 def check_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: torch.Tensor, window: int, window_align: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cur_pos: torch.Tensor,
+    window: int,
+    window_align: int,
+    start: torch.Tensor | None = None,
 ) -> None:
     """Fail early on shapes the kernels cannot interpret (they index blindly)."""
     if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
@@ -42,12 +48,34 @@ def check_inputs(
         raise ValueError(f"window must be >= 1, got {window}")
     if window_align not in (1, 32):
         raise ValueError(f"window_align must be 1 or 32, got {window_align}")
+    if start is not None:
+        if start.shape != (b,) or start.dtype.is_floating_point:
+            raise ValueError(f"start must be an integer tensor of shape ({b},), got {start.dtype} {tuple(start.shape)}")
+        if bool(((start < 0) | (start > cur_pos.to(start.device))).any()):
+            raise ValueError("start must satisfy 0 <= start <= cur_pos (the current token is a real token)")
+
+
+def resolve_start(
+    start: torch.Tensor | None, cur_pos: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(start or None when absent or all zero, logical position cur_pos - start).
+
+    None selects the unshifted path, which needs no extra index arithmetic or
+    masks; ``cur_pos`` must already be long on the compute device.
+    """
+    if start is None:
+        return None, cur_pos
+    start = start.to(device=cur_pos.device, dtype=torch.long)
+    if not bool(start.any()):
+        return None, cur_pos
+    return start, cur_pos - start
 
 
 def window_bounds(cur_pos: torch.Tensor, window: int, window_align: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Start of the last window and the trivial flag per sequence.
+    """Start of the last window and the trivial flag per sequence (logical positions).
 
-    The last window is [end - S, end) with end = cur_pos + 1, or
+    ``cur_pos`` counts from the sequence's first real token here (callers with
+    left padding pass cur_pos - start and shift the result back). The last window is [end - S, end) with end = cur_pos + 1, or
     ceil32(cur_pos + 1) for ``window_align=32`` (the TT op); positions past
     cur_pos inside it are masked by the callers. Trivial rows (cur_pos + 1 <= 2S)
     get last_start = S, so the two windows tile [0, 2S) without overlap.
@@ -148,21 +176,30 @@ def speculative_flash_decode(
     chunk_size: int | None = None,
     window_align: int = 1,
     scale: float | None = None,
+    *,
+    start: torch.Tensor | None = None,
 ) -> SpecDecodeOutput:
     """Exact and sink attention of one decode query per sequence, sharing work.
 
     q (B, Hq, D); k, v (B, Hkv, L, D) with positions > cur_pos[b] ignored
-    (masked, not zeroed, so they must be finite); cur_pos (B,) index of the
-    current token. ``chunk_size`` bounds the number of middle keys scored at
-    once (None: the whole middle in one block, the fastest on CPU).
+    (masked, not zeroed, so they must be finite); cur_pos (B,) physical cache
+    index of the current token. ``start`` (B,) is the physical index of each
+    sequence's first real token (left padding; None means 0): keys before it are
+    never attended (masked, so they too must be finite), and windows and the
+    trivial test use logical positions p = cur_pos - start: first window physical
+    [start, start + S), last window logical [end - S, end) with end = p + 1 (or
+    ceil32(p + 1)), exact attention over physical [start, cur_pos].
+    ``chunk_size`` bounds the number of middle keys scored at once (None: the
+    whole middle in one block, the fastest on CPU).
     """
-    check_inputs(q, k, v, cur_pos, window, window_align)
+    check_inputs(q, k, v, cur_pos, window, window_align, start)
     b, hq, dim = q.shape
     hkv, cache_len = k.shape[1], k.shape[2]
     scale = dim**-0.5 if scale is None else scale
     partial = partial_flash_cpu if q.device.type == "cpu" else partial_math
     cur_pos = cur_pos.to(device=q.device, dtype=torch.long)
-    last_start, trivial = window_bounds(cur_pos, window, window_align)
+    start, pos = resolve_start(start, cur_pos)  # pos: logical position of the current token
+    last_start, trivial = window_bounds(pos, window, window_align)
 
     # GQA without copying K/V: the query heads of one KV head become rows.
     qg = q.reshape(b, hkv, hq // hkv, dim)
@@ -170,7 +207,12 @@ def speculative_flash_decode(
     # Chunk 1: the two sink windows, gathered (B, Hkv, 2S, D).
     ar = torch.arange(window, device=q.device)
     idx = torch.cat([ar.expand(b, window), last_start[:, None] + ar], dim=1)
-    valid = (idx <= cur_pos[:, None]) & (idx < cache_len)
+    if start is None:
+        valid = (idx <= cur_pos[:, None]) & (idx < cache_len)
+    else:
+        valid = idx <= pos[:, None]  # logical; then physical, clipped to the cache
+        idx = idx + start[:, None]
+        valid &= idx < cache_len
     gidx = idx.clamp(max=cache_len - 1)[:, None, :, None].expand(b, hkv, 2 * window, dim)
     keep = valid[:, None, :, None]  # zero masked garbage: 0 * inf would poison P @ V
     k_w = torch.gather(k, 2, gidx).masked_fill(~keep, 0)
@@ -178,15 +220,37 @@ def speculative_flash_decode(
     o_w, lse = partial(qg, k_w, v_w, _bias(valid), scale)
     spec = o_w.reshape(b, hq, dim)
 
-    # Remaining chunks: middle keys [S, stop), merged into the same partial.
-    mid_stop = torch.minimum(last_start, cur_pos + 1)  # a short aligned window may end past cur_pos
-    mid_end = int(mid_stop.max())
-    step = mid_end - window if chunk_size is None else max(int(chunk_size), 1)
-    uniform = bool((mid_stop == mid_end).all())
+    # Remaining chunks: middle keys, logical [S, stop), merged into the same partial.
+    mid_stop = torch.minimum(last_start, pos + 1)  # a short aligned window may end past cur_pos
+    if start is None:
+        row_lo, row_hi = None, mid_stop
+        mid_lo, mid_end = window, int(mid_stop.max())
+        uniform = bool((mid_stop == mid_end).all())
+    else:
+        # Physical [start + S, start + stop) per row; rows without a middle don't widen the span.
+        # Bounds on the host in one transfer: tiny tensor ops cost more than the lists.
+        row_lo, row_hi = start + window, start + mid_stop
+        bounds = list(zip(row_lo.tolist(), row_hi.tolist()))
+        spans = [(a, z) for a, z in bounds if z > a]
+        mid_lo = min((a for a, _ in spans), default=0)
+        mid_end = max((z for _, z in spans), default=0)
+        # A batch whose rows share start and end (e.g. one sequence) slices without a mask.
+        uniform = all(a == mid_lo and z == mid_end for a, z in bounds)
+    # All rows trivial (or all middles empty): no chunk at all. An empty key block would
+    # crash ATen's fused CPU kernel and a zero step would crash range().
+    span = max(mid_end - mid_lo, 0)
+    step = max(span if chunk_size is None else int(chunk_size), 1)
     o: torch.Tensor = o_w
-    for lo in range(window, mid_end, step):
+    for lo in range(mid_lo, mid_lo + span, step):
         hi = min(lo + step, mid_end)
-        bias = None if uniform else _bias(torch.arange(lo, hi, device=q.device)[None, :] < mid_stop[:, None])
+        if uniform:
+            bias = None
+        else:
+            phys = torch.arange(lo, hi, device=q.device)[None, :]
+            keys = phys < row_hi[:, None]
+            if row_lo is not None:
+                keys &= phys >= row_lo[:, None]
+            bias = _bias(keys)
         o_c, lse_c = partial(qg, k[:, :, lo:hi], v[:, :, lo:hi], bias, scale)
         o, lse = merge(o, lse, o_c, lse_c)
     exact = torch.where(trivial[:, None, None], spec, o.to(q.dtype).reshape(b, hq, dim))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import SpecDecodeOutput, check_inputs, verify, window_bounds
+from .reference import SpecDecodeOutput, check_inputs, resolve_start, verify, window_bounds
 
 
 def sdpa_decode(
@@ -22,19 +22,26 @@ def sdpa_decode(
     chunk_size: int | None = None,
     window_align: int = 1,
     scale: float | None = None,
+    *,
+    start: torch.Tensor | None = None,
 ) -> SpecDecodeOutput:
-    """Exact = SDPA over the cache masked to cur_pos; spec = SDPA over the two windows.
+    """Exact = SDPA over the cache masked to [start, cur_pos]; spec = SDPA over the two windows.
 
+    ``start`` (left padding) as in :func:`.reference.speculative_flash_decode`;
     ``chunk_size`` is accepted for interface parity and unused.
     """
-    check_inputs(q, k, v, cur_pos, window, window_align)
+    check_inputs(q, k, v, cur_pos, window, window_align, start)
     b, hq, dim = q.shape
     cache_len = k.shape[2]
     cur_pos = cur_pos.to(device=q.device, dtype=torch.long)
-    last_start, trivial = window_bounds(cur_pos, window, window_align)
-    pos = torch.arange(cache_len, device=q.device)
-    in_ctx = pos[None, :] <= cur_pos[:, None]
-    in_win = (pos[None, :] < window) | ((pos[None, :] >= last_start[:, None]) & (pos[None, :] < last_start[:, None] + window))
+    start, logical = resolve_start(start, cur_pos)
+    last_start, trivial = window_bounds(logical, window, window_align)
+    pos = torch.arange(cache_len, device=q.device)[None, :]
+    in_ctx = pos <= cur_pos[:, None]
+    if start is not None:
+        in_ctx &= pos >= start[:, None]
+        pos = pos - start[:, None]  # logical positions (negative in the padding, masked by in_ctx)
+    in_win = (pos < window) | ((pos >= last_start[:, None]) & (pos < last_start[:, None] + window))
 
     def attend(mask: torch.Tensor) -> torch.Tensor:
         out = F.scaled_dot_product_attention(

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .reference import SpecDecodeOutput, check_inputs, decide, window_bounds
+from .reference import SpecDecodeOutput, check_inputs, decide, resolve_start, window_bounds
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,11 +36,12 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def partial_kernel(
-        q_ptr, k_ptr, v_ptr, last_start_ptr, mid_stop_ptr, cur_pos_ptr, o_ptr, lse_ptr,
+        q_ptr, k_ptr, v_ptr, last_start_ptr, mid_stop_ptr, cur_pos_ptr, start_ptr, o_ptr, lse_ptr,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
         cache_len, scale,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, WINDOW: tl.constexpr, NUM_SPLITS: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+        HAS_START: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -55,8 +56,14 @@ def _kernels() -> tuple[Any, Any]:
             q_ptr + b * stride_qb + (h * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
             mask=g_mask[:, None] & d_mask[None, :], other=0.0,
         )
+        # cur, last_start, mid_stop are logical (counted from the first real token);
+        # with left padding, physical = logical + start (HAS_START only).
         cur = tl.load(cur_pos_ptr + b)
         last_start = tl.load(last_start_ptr + b)
+        if HAS_START:
+            first = tl.load(start_ptr + b)
+        else:
+            first = 0
         k_base = k_ptr + b * stride_kb + h * stride_kh
         v_base = v_ptr + b * stride_vb + h * stride_vh
 
@@ -74,10 +81,14 @@ def _kernels() -> tuple[Any, Any]:
         for start in range(lo, hi, BLOCK_N):
             j = start + offs_n
             pos = tl.where(is_spec & (j >= WINDOW), last_start + j - WINDOW, j)
-            valid = (j < hi) & (pos <= cur) & (pos < cache_len)
+            if HAS_START:
+                phys = pos + first
+            else:
+                phys = pos
+            valid = (j < hi) & (pos <= cur) & (phys < cache_len)
             kv_mask = valid[:, None] & d_mask[None, :]
-            k = tl.load(k_base + pos[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
+            k = tl.load(k_base + phys[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + phys[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -166,9 +177,11 @@ def speculative_flash_decode_triton(
     chunk_size: int | None = None,
     window_align: int = 1,
     scale: float | None = None,
+    *,
+    start: torch.Tensor | None = None,
 ) -> SpecDecodeOutput:
-    """Same contract as :func:`reference.speculative_flash_decode`; ``chunk_size`` is BLOCK_N."""
-    check_inputs(q, k, v, cur_pos, window, window_align)
+    """Same contract as :func:`reference.speculative_flash_decode` (``start`` included); ``chunk_size`` is BLOCK_N."""
+    check_inputs(q, k, v, cur_pos, window, window_align, start)
     partial_kernel, reduce_kernel = _kernels()
     b, hq, dim = q.shape
     hkv, cache_len = k.shape[1], k.shape[2]
@@ -178,6 +191,7 @@ def speculative_flash_decode_triton(
     if k.stride(3) != 1 or v.stride(3) != 1:
         k, v = k.contiguous(), v.contiguous()
     cur_pos = cur_pos.to(device=q.device, dtype=torch.long)
+    start, cur_pos = resolve_start(start, cur_pos)  # from here on cur_pos is logical
     last_start, trivial = window_bounds(cur_pos, window, window_align)
     mid_stop = torch.where(trivial, torch.full_like(last_start, window), torch.minimum(last_start, cur_pos + 1))
 
@@ -195,11 +209,13 @@ def speculative_flash_decode_triton(
 
     i32 = torch.int32
     partial_kernel[(b, hkv, splits)](
-        q, k, v, last_start.to(i32), mid_stop.to(i32), cur_pos.to(i32), o_part, lse_part,
+        q, k, v, last_start.to(i32), mid_stop.to(i32), cur_pos.to(i32), cur_pos if start is None else start.to(i32),
+        o_part, lse_part,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         cache_len, scale,
         GROUP=group, HEAD_DIM=dim, WINDOW=window, NUM_SPLITS=splits,
         BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
+        HAS_START=start is not None,
     )
     reduce_kernel[(b, hkv)](
         o_part, lse_part, exact, spec, sq,

@@ -27,10 +27,46 @@ def sdpa_over(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: list
     return torch.stack(out)
 
 
+def padded_oracle(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: list[int], start: list[int], window: int, align: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact, spec) of left-padded rows from the definition: cut each row's real tokens out
+    of the cache (physical [start, cur_pos]) and attend over them as an unpadded sequence."""
+    exact, spec = [], []
+    for b, (p, s) in enumerate(zip(cur_pos, start)):
+        qb, kb, vb = q[b : b + 1], k[b : b + 1, :, s : p + 1], v[b : b + 1, :, s : p + 1]
+        exact.append(sdpa_over(qb, kb, vb, [list(range(p - s + 1))]))
+        spec.append(sdpa_over(qb, kb, vb, [window_positions(p - s, window, align)]))
+    return torch.cat(exact), torch.cat(spec)
+
+
+def fill_padding(k: torch.Tensor, v: torch.Tensor, start: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of k, v with large finite random garbage (seeded) before each row's start."""
+    g = torch.Generator().manual_seed(seed)
+    k, v = k.clone(), v.clone()
+    for b, s in enumerate(start):
+        shape = (k.shape[1], s, k.shape[3])
+        k[b, :, :s] = (torch.rand(shape, generator=g) * 600 - 300).to(k.dtype)  # scores far above the real ones
+        v[b, :, :s] = (torch.rand(shape, generator=g) * 2e4 - 1e4).to(v.dtype)
+    return k, v
+
+
 def make_inputs(
-    batch: int, hq: int, hkv: int, length: int, dim: int, cur_pos: list[int], dtype: torch.dtype = torch.float32, seed: int = 0
+    batch: int,
+    hq: int,
+    hkv: int,
+    length: int,
+    dim: int,
+    cur_pos: list[int],
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    start: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random q, k, v with large finite garbage after each cur_pos (it must be ignored)."""
+    """Random q, k, v with large finite garbage after each cur_pos (it must be ignored).
+
+    With ``start`` the positions before start[b] (left padding) get random large
+    finite garbage too (:func:`fill_padding` with the same seed).
+    """
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, hq, dim, generator=g)
     k = torch.randn(batch, hkv, length, dim, generator=g)
@@ -38,4 +74,6 @@ def make_inputs(
     for b, p in enumerate(cur_pos):
         k[b, :, p + 1 :] = 300.0
         v[b, :, p + 1 :] = -1e4
+    if start is not None:
+        k, v = fill_padding(k, v, start, seed)
     return q.to(dtype), k.to(dtype), v.to(dtype), torch.tensor(cur_pos)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from kernel_oracle import make_inputs, sdpa_over, window_positions
+from kernel_oracle import fill_padding, make_inputs, padded_oracle, sdpa_over, window_positions
 
-from alspec_eval.kernels import select_kernel, speculative_flash_decode
+from alspec_eval.kernels import reference, select_kernel, speculative_flash_decode
 from alspec_eval.kernels.reference import partial_flash_cpu, partial_math
 from alspec_eval.kernels.sdpa import sdpa_decode
 
@@ -122,3 +122,131 @@ def test_rejects_bad_shapes() -> None:
     q, k, v, cur_pos = make_inputs(2, 6, 4, 20, 8, [5, 6])
     with pytest.raises(ValueError, match="GQA"):
         speculative_flash_decode(q, k, v, cur_pos, 4, 0.1)
+
+
+# Left padding: row b's real tokens start at physical index PAD_START[b]; logical positions
+# (counted from there): deep, 2S (first non-trivial), 2S - 1 (last trivial, but physically
+# past 2S), short, 60 (its ceil32 window keeps 56..60 logically, nothing physically), 97.
+PAD_START = [0, 5, 17, 3, 40, 9]
+PAD_LOGICAL = [150, 2 * S, 2 * S - 1, 5, 60, 97]
+PAD_CUR = [s + p for s, p in zip(PAD_START, PAD_LOGICAL)]
+KERNELS = {"torch": speculative_flash_decode, "sdpa": sdpa_decode}
+
+
+def padded_inputs(hq: int, hkv: int, dtype: torch.dtype = torch.float32, seed: int = 0):
+    q, k, v, cur_pos = make_inputs(len(PAD_CUR), hq, hkv, 160, 16, PAD_CUR, dtype=dtype, seed=seed, start=PAD_START)
+    return q, k, v, cur_pos, torch.tensor(PAD_START)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("align", [1, 32])
+@pytest.mark.parametrize("chunk_size", [None, 13])
+@pytest.mark.parametrize("hq,hkv", [(6, 2), (3, 1)])
+def test_left_padding_matches_oracle(kernel: str, align: int, chunk_size: int | None, hq: int, hkv: int) -> None:
+    q, k, v, cur_pos, start = padded_inputs(hq, hkv)
+    out = KERNELS[kernel](q, k, v, cur_pos, S, 0.5, chunk_size=chunk_size, window_align=align, start=start)
+    exact, spec = padded_oracle(q, k, v, PAD_CUR, PAD_START, S, align)
+    torch.testing.assert_close(out.exact, exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.spec, spec, atol=1e-5, rtol=1e-5)
+    assert out.trivial.tolist() == [p + 1 <= 2 * S for p in PAD_LOGICAL]
+    e, sp = exact.reshape(len(PAD_CUR), -1), spec.reshape(len(PAD_CUR), -1)
+    torch.testing.assert_close(out.n, e.norm(dim=1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.d, (sp - e).norm(dim=1), atol=1e-5, rtol=1e-4)
+    assert torch.equal(out.spec[out.trivial], out.exact[out.trivial])
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("align", [1, 32])
+def test_left_padding_garbage_is_ignored(kernel: str, align: int) -> None:
+    """Other padding garbage, same outputs; and each row equals its unpadded sequence alone."""
+    fn = KERNELS[kernel]
+    q, k, v, cur_pos, start = padded_inputs(6, 2)
+    out = fn(q, k, v, cur_pos, S, 0.3, window_align=align, start=start)
+    k2, v2 = fill_padding(k, v, PAD_START, seed=99)
+    assert not torch.equal(k2, k)
+    other = fn(q, k2, v2, cur_pos, S, 0.3, window_align=align, start=start)
+    for a, b in zip(out, other):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    for b, (s, p) in enumerate(zip(PAD_START, PAD_LOGICAL)):
+        alone = fn(q[b : b + 1], k[b : b + 1, :, s:], v[b : b + 1, :, s:], torch.tensor([p]), S, 0.3, window_align=align)
+        torch.testing.assert_close(out.exact[b : b + 1], alone.exact, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.spec[b : b + 1], alone.spec, atol=1e-5, rtol=1e-5)
+        assert out.trivial[b] == alone.trivial[0] and out.accept[b] == alone.accept[0]
+
+
+def test_left_padding_window_align_32_tail() -> None:
+    # S = 32; logical 69 -> TT window logical [64, 96) keeps 64..69 = physical 94..99 (the cache end).
+    q, k, v, cur_pos = make_inputs(2, 4, 2, 100, 16, [99, 99], start=[30, 0])
+    start = torch.tensor([30, 0])
+    out = speculative_flash_decode(q, k, v, cur_pos, 32, 0.5, window_align=32, start=start)
+    want = sdpa_over(q[:1], k[:1], v[:1], [list(range(30, 62)) + list(range(94, 100))])
+    torch.testing.assert_close(out.spec[:1], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.exact[:1], sdpa_over(q[:1], k[:1], v[:1], [list(range(30, 100))]), atol=1e-5, rtol=1e-5)
+    unpadded = sdpa_over(q[1:], k[1:], v[1:], [list(range(32)) + list(range(96, 100))])
+    torch.testing.assert_close(out.spec[1:], unpadded, atol=1e-5, rtol=1e-5)
+
+
+def test_left_padding_bfloat16_close_to_float32_oracle() -> None:
+    q, k, v, cur_pos, start = padded_inputs(6, 2, dtype=torch.bfloat16)
+    out = speculative_flash_decode(q, k, v, cur_pos, S, 0.5, start=start)
+    exact, spec = padded_oracle(q, k, v, PAD_CUR, PAD_START, S, 1)
+    torch.testing.assert_close(out.exact.float(), exact, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.spec.float(), spec, atol=2e-2, rtol=2e-2)
+
+
+def _record_biases(monkeypatch: pytest.MonkeyPatch) -> list:
+    seen: list = []
+
+    def spy(qg, k, v, bias, scale):
+        seen.append(bias)
+        return partial_flash_cpu(qg, k, v, bias, scale)
+
+    monkeypatch.setattr(reference, "partial_flash_cpu", spy)
+    return seen
+
+
+def test_start_none_and_zeros_take_the_unshifted_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v, cur_pos = make_inputs(2, 6, 2, 160, 16, [150, 150])
+    plain = speculative_flash_decode(q, k, v, cur_pos, S, 0.5)
+    seen = _record_biases(monkeypatch)
+    zeros = speculative_flash_decode(q, k, v, cur_pos, S, 0.5, start=torch.zeros(2, dtype=torch.long))
+    for a, b in zip(plain, zeros):
+        assert torch.equal(a, b)
+    assert len(seen) == 2 and seen[1] is None  # windows, then the middle as a plain slice
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_uniform_padded_batch_slices_without_mask(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """Rows sharing start and cur_pos (e.g. one padded sequence) keep the mask-free middle."""
+    q, k, v, cur_pos = make_inputs(2, 6, 2, 160, 16, [150, 150], dtype=dtype, start=[7, 7])
+    seen = _record_biases(monkeypatch)
+    out = speculative_flash_decode(q, k, v, cur_pos, S, 0.5, start=torch.tensor([7, 7]))
+    assert len(seen) == 2 and seen[1] is None
+    exact, spec = padded_oracle(q, k, v, [150, 150], [7, 7], S, 1)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.exact.float(), exact, atol=tol, rtol=tol)
+    torch.testing.assert_close(out.spec.float(), spec, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("start", [None, [0, 4, 11]])
+def test_all_trivial_batch(kernel: str, start: list[int] | None) -> None:
+    # Logical positions 2S - 1, 3, 0: no row has a middle (this used to crash the torch kernel).
+    logical = [2 * S - 1, 3, 0]
+    first = start or [0, 0, 0]
+    cur = [s + p for s, p in zip(first, logical)]
+    q, k, v, cur_pos = make_inputs(3, 4, 2, 40, 8, cur, start=start)
+    out = KERNELS[kernel](q, k, v, cur_pos, S, 0.0, start=None if start is None else torch.tensor(start))
+    assert out.trivial.all() and out.accept.all()
+    assert torch.equal(out.spec, out.exact)
+    torch.testing.assert_close(out.exact, padded_oracle(q, k, v, cur, first, S, 1)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_rejects_bad_start() -> None:
+    q, k, v, cur_pos = make_inputs(2, 4, 2, 20, 8, [5, 6])
+    with pytest.raises(ValueError, match="start"):
+        speculative_flash_decode(q, k, v, cur_pos, 4, 0.1, start=torch.tensor([0, 7]))
+    with pytest.raises(ValueError, match="start"):
+        speculative_flash_decode(q, k, v, cur_pos, 4, 0.1, start=torch.tensor([0]))
+    with pytest.raises(ValueError, match="start"):
+        sdpa_decode(q, k, v, cur_pos, 4, 0.1, start=torch.tensor([-1, 0]))

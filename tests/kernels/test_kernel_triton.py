@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from kernel_oracle import make_inputs  # noqa: E402
+from kernel_oracle import fill_padding, make_inputs, padded_oracle  # noqa: E402
 
 from alspec_eval.kernels import select_kernel, speculative_flash_decode  # noqa: E402
 from alspec_eval.kernels import triton_decode  # noqa: E402
@@ -38,6 +38,50 @@ def _compare(device: str, dtype: torch.dtype, align: int, window: int, chunk: in
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter's tl.dot mishandles bfloat16
 def test_interpreter_matches_reference(align: int, window: int, dtype: torch.dtype) -> None:
     _compare("cpu", dtype, align, window, 16, 1e-5 if dtype == torch.float32 else 2e-3)
+
+
+# Left padding: physical start per row and logical positions (deep, first non-trivial,
+# last trivial, short, a ceil32 window that keeps 56..60 logically but nothing physically).
+PAD_START = [0, 5, 17, 3, 40]
+PAD_LOGICAL = [100, 16, 15, 3, 60]
+PAD_CUR = [s + p for s, p in zip(PAD_START, PAD_LOGICAL)]
+
+
+def _compare_padded(device: str, dtype: torch.dtype, align: int, chunk: int, atol: float) -> None:
+    q, k, v, cur_pos = make_inputs(len(PAD_CUR), 6, 2, 112, 32, PAD_CUR, dtype=dtype, start=PAD_START)
+    start = torch.tensor(PAD_START)
+    q, k, v, cur_pos, start = (t.to(device) for t in (q, k, v, cur_pos, start))
+    out = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, 0.5, chunk_size=chunk, window_align=align, start=start)
+    exact, spec = padded_oracle(q.cpu(), k.cpu(), v.cpu(), PAD_CUR, PAD_START, 8, align)
+    torch.testing.assert_close(out.exact.float().cpu(), exact, atol=atol, rtol=atol)
+    torch.testing.assert_close(out.spec.float().cpu(), spec, atol=atol, rtol=atol)
+    assert out.trivial.tolist() == [p + 1 <= 16 for p in PAD_LOGICAL]
+    ref = speculative_flash_decode(q, k, v, cur_pos, 8, 0.5, window_align=align, start=start)
+    torch.testing.assert_close(out.d, ref.d, atol=atol * 10, rtol=atol * 10)
+    torch.testing.assert_close(out.n, ref.n, atol=atol * 10, rtol=atol * 10)
+    assert torch.equal(out.spec[out.trivial], out.exact[out.trivial])
+    # Other garbage in the padding: the same outputs.
+    k2, v2 = fill_padding(k.cpu(), v.cpu(), PAD_START, seed=7)
+    other = triton_decode.speculative_flash_decode_triton(
+        q, k2.to(device), v2.to(device), cur_pos, 8, 0.5, chunk_size=chunk, window_align=align, start=start
+    )
+    torch.testing.assert_close(other.exact, out.exact, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(other.spec, out.spec, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test")
+@pytest.mark.parametrize("align", [1, 32])
+def test_interpreter_left_padding(align: int) -> None:
+    _compare_padded("cpu", torch.float32, align, 16, 1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test")
+def test_interpreter_start_zeros_equals_none() -> None:
+    q, k, v, cur_pos = make_inputs(3, 6, 2, 64, 32, [50, 20, 7])
+    plain = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, 0.5, chunk_size=16)
+    zeros = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, 0.5, chunk_size=16, start=torch.zeros(3, dtype=torch.long))
+    for a, b in zip(plain, zeros):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test")
@@ -67,6 +111,13 @@ def test_missing_triton_raises_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("align,window", [(1, 8), (32, 32)])
 def test_cuda_matches_reference(dtype: torch.dtype, align: int, window: int) -> None:
     _compare("cuda", dtype, align, window, 64, 1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("align", [1, 32])
+def test_cuda_left_padding(dtype: torch.dtype, align: int) -> None:
+    _compare_padded("cuda", dtype, align, 64, 1e-5 if dtype == torch.float32 else 2e-2)
 
 
 @needs_cuda

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ttl.sim", reason="tt-lang-sim is not installed (pip install -e ".[test]")")
+pytest.importorskip("ttl.sim", reason="tt-lang-sim is not installed (pip install -e '.[test]')")
 
 ROOT = Path(__file__).resolve().parents[3]
 

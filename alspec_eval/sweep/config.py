@@ -1,0 +1,121 @@
+"""Sweep configs (configs/*.yaml), validated with one clear message per mistake before anything loads."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError
+
+
+@dataclass(frozen=True)
+class StaticBaseline:
+    """The paper's static layer policy: approximate the layers whose dynamic acceptance at ``lam`` is >= ``p``."""
+
+    p: float = 0.8
+    lam: float = 0.1
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    name: str
+    tasks: list[str]
+    lambdas: list[float]
+    model_args: dict[str, Any] = field(default_factory=lambda: {"pretrained": "smollm2"})
+    window: int = 128
+    window_align: int = 1
+    baseline: bool = True
+    sink: bool = True
+    static: StaticBaseline | None = field(default_factory=StaticBaseline)
+    shared_prefill: bool = True
+    device: str = "cpu"
+    batch_size: int = 1
+    limit: int | float | None = None
+    num_fewshot: int | None = None
+    apply_chat_template: bool = False
+    gen_kwargs: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, str] = field(default_factory=dict)  # task -> primary metric key, e.g. "exact_match,strict-match"
+    seed: int = 1234
+    output: str | None = None
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.output or f"results/{self.name}")
+
+    def cell_names(self) -> list[str]:
+        """Cells per task, in run order: the shared-prefill group first, static last (it calibrates on them)."""
+        return ([*(["baseline"] if self.baseline else []), *(lambda_cell(lam) for lam in self.lambdas),
+                 *(["sink"] if self.sink else []), *(["static"] if self.static else [])])
+
+
+def lambda_cell(lam: float) -> str:
+    return f"lambda_{lam:g}"
+
+
+def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
+    for key in given:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(allowed)}"
+            raise ConfigError(f"{where}: unknown key {key!r}; {hint}")
+
+
+def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
+    """Validate a config dict: unknown keys, types and ranges, each with the fix."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys to values, got {type(raw).__name__}")
+    names = [f.name for f in fields(SweepConfig)]
+    _check_keys(source, raw, names)
+    for key in ("name", "tasks", "lambdas"):
+        if key not in raw:
+            raise ConfigError(f"{source}: missing {key!r}; see configs/demo.yaml for a complete example")
+    raw = dict(raw)
+    tasks = raw["tasks"]
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    if not tasks or not all(isinstance(t, str) for t in tasks):
+        raise ConfigError(f"{source}: tasks must be a list of lm-eval task or group names, got {raw['tasks']!r}")
+    raw["tasks"] = list(tasks)
+    lambdas = raw["lambdas"]
+    if not isinstance(lambdas, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in lambdas):
+        raise ConfigError(f"{source}: lambdas must be a list of numbers, e.g. [0.05, 0.1, 0.2], got {lambdas!r}")
+    if any(math.isnan(x) or x <= 0 or math.isinf(x) for x in lambdas):
+        raise ConfigError(f"{source}: lambdas must be finite and > 0 (baseline and sink are cells of their own), got {lambdas}")
+    raw["lambdas"] = sorted({float(x) for x in lambdas})
+    static = raw.get("static", {})
+    if static is False or static is None:
+        raw["static"] = None
+    elif isinstance(static, dict):
+        _check_keys(f"{source}: static", static, ["p", "lambda"])
+        p, lam = static.get("p", 0.8), static.get("lambda", raw["lambdas"][len(raw["lambdas"]) // 2] if raw["lambdas"] else 0.1)
+        if not (isinstance(p, (int, float)) and 0 < p <= 1):
+            raise ConfigError(f"{source}: static.p={p!r} must be in (0, 1], e.g. 0.8")
+        if float(lam) not in raw["lambdas"]:
+            raise ConfigError(f"{source}: static.lambda={lam} must be one of lambdas {raw['lambdas']} "
+                              "(static layers are calibrated on that dynamic cell)")
+        raw["static"] = StaticBaseline(p=float(p), lam=float(lam))
+    else:
+        raise ConfigError(f"{source}: static must be a mapping like {{p: 0.8, lambda: 0.1}} or false, got {static!r}")
+    if not isinstance(raw.get("model_args", {}), dict):
+        raise ConfigError(f"{source}: model_args must be a mapping, e.g. {{pretrained: smollm2, dtype: float32}}")
+    for key in ("window", "batch_size"):
+        if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool) or raw[key] < 1):
+            raise ConfigError(f"{source}: {key}={raw[key]!r} must be an integer >= 1")
+    return SweepConfig(**raw)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep config {str(path)!r} does not exist; pass a YAML file such as configs/demo.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    return parse_config({**(raw or {}), **(overrides or {})}, source=str(path))
