@@ -8,6 +8,7 @@ sample's decisions are reduced to per-layer counts and logged with the sample.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from collections import defaultdict
@@ -260,6 +261,12 @@ class ALSpecLM(HFLM):
             out[b, context.shape[1]:context.shape[1] + len(entry["generated"])] = entry["generated"]
             self._row_stats[key] = entry
         return out
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Change speculation settings between evaluations (sweeps load the model once)."""
+        self.spec_config = dataclasses.replace(self.spec_config, **changes)
+        self.spec_config.check_layers(self.speculator.num_layers)
+        self.speculator.config = self.spec_config
 
     @contextmanager
     def shared_prefill(self, variants: list[Variant]) -> Iterator[SharedPrefill]:

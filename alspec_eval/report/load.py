@@ -1,0 +1,183 @@
+"""Reading a sweep's output folder (sweep.json + cells/<task>/<cell>.json) into plain dataclasses.
+
+pandas is not a dependency, so the tidy form is a list of frozen records plus a lookup by
+(task, row); every table and figure reads from the same ``Sweep``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alspec_eval.stats import RATIO_EDGES, SCHEMA_VERSION
+
+
+class NoCellsError(FileNotFoundError):
+    """The folder holds no finished cell; raised so the CLI can print one line with the fix."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of Table 1: baseline, one lambda, sink or static."""
+
+    rank: int  # 0 baseline, 1 dynamic, 2 sink, 3 static: the paper's row order
+    lam: float = -1.0  # only meaningful for dynamic rows
+
+    @property
+    def kind(self) -> str:
+        return ("baseline", "dynamic", "sink", "static")[self.rank]
+
+    @property
+    def label(self) -> str:
+        return f"λ = {self.lam:g}" if self.kind == "dynamic" else self.kind
+
+    @classmethod
+    def for_policy(cls, policy: str, lam: float | None) -> "Row":
+        if policy == "dynamic":
+            if lam is None:
+                raise ValueError("a dynamic cell needs a numeric lambda")
+            return cls(1, lam)
+        return cls({"exact": 0, "sink": 2, "static": 3}[policy])
+
+
+BASELINE, SINK, STATIC = Row(0), Row(2), Row(3)
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """One layer's (or the total's) speculation counts and d/n histogram, schema v1."""
+
+    speculated: int
+    accepted: int
+    trivial: int
+    hit_rate: float | None
+    hist: tuple[int, ...]
+    skipped: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], skipped: str | None = None) -> "LayerStats":
+        return cls(int(d["speculated"]), int(d["accepted"]), int(d["trivial"]), d.get("hit_rate"),
+                   tuple(int(x) for x in d["hist"]), d.get("skipped", skipped))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One finished (task, policy, lambda) evaluation with its statistics."""
+
+    task: str
+    name: str
+    policy: str
+    lam: float | None
+    static_layers: tuple[int, ...] | None
+    metric: str
+    score: float | None
+    metrics: dict[str, Any]
+    layers: tuple[LayerStats, ...]
+    total: LayerStats
+    samples: int | None = None
+    elapsed_s: float | None = None
+
+    @property
+    def row(self) -> Row:
+        return Row.for_policy(self.policy, self.lam)
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Share of non-trivial decisions that used the approximation; None for the exact baseline."""
+        return None if self.policy == "exact" else self.total.hit_rate
+
+    def layer_hit_rates(self) -> list[float]:
+        """Per-layer share of attention replaced by A~ (0 where nothing was speculated or exact policy)."""
+        if self.policy == "exact":
+            return [0.0] * len(self.layers)
+        return [layer.hit_rate or 0.0 for layer in self.layers]
+
+
+@dataclass
+class Sweep:
+    """All cells of one output folder, with the sweep's declared tasks and lambdas."""
+
+    outdir: Path
+    meta: dict[str, Any]
+    cells: list[Cell] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._index: dict[tuple[str, Row], Cell] = {}
+        for cell in self.cells:
+            key = (cell.task, cell.row)
+            if key in self._index:
+                raise ValueError(f"{self.outdir}: cells {self._index[key].name!r} and {cell.name!r} of task "
+                                 f"{cell.task!r} are both the {cell.row.label} row; remove one")
+            self._index[key] = cell
+
+    @property
+    def tasks(self) -> list[str]:
+        """Tasks in sweep.json order, then any others that have cells."""
+        declared = list(self.meta.get("tasks") or [])
+        return declared + sorted({c.task for c in self.cells} - set(declared))
+
+    @property
+    def lambdas(self) -> list[float]:
+        """Declared and measured lambdas, sorted."""
+        found = {c.lam for c in self.cells if c.policy == "dynamic" and c.lam is not None}
+        return sorted(found | {_as_lambda(x) for x in self.meta.get("lambdas") or []})
+
+    @property
+    def rows(self) -> list[Row]:
+        return [BASELINE, *(Row(1, lam) for lam in self.lambdas), SINK, STATIC]
+
+    def cell(self, task: str, row: Row) -> Cell | None:
+        return self._index.get((task, row))
+
+    def dynamic_cells(self, task: str) -> list[Cell]:
+        """The task's lambda cells, by increasing lambda."""
+        return [c for lam in self.lambdas if (c := self.cell(task, Row(1, lam))) is not None]
+
+
+def _as_lambda(value: Any) -> float | None:
+    """Cells store lambda as a float, the string "inf" (sink) or null."""
+    if value is None:
+        return None
+    return math.inf if value == "inf" else float(value)
+
+
+def load_cell(path: Path) -> Cell:
+    """Parse one cell file; a statistics schema other than v1 is an error, not a silent misread."""
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); delete it and re-run that cell") from None
+    stats = d.get("alspec") or {}
+    if stats.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise ValueError(f"{path}: statistics schema_version {stats['schema_version']} is not {SCHEMA_VERSION}; "
+                         "re-run the cell with this alspec-eval")
+    edges = stats.get("ratio_edges")
+    if edges is not None and not _same_edges(edges):
+        raise ValueError(f"{path}: ratio_edges differ from schema v1's; re-run the cell with this alspec-eval")
+    skipped = {int(k): v for k, v in (stats.get("skipped_layers") or {}).items()}
+    layers = tuple(LayerStats.from_dict(x, skipped.get(int(x["layer"]))) for x in stats.get("layers", []))
+    total = LayerStats.from_dict(stats["total"]) if "total" in stats else LayerStats(0, 0, 0, None, ())
+    static = d.get("static_layers")
+    return Cell(task=d["task"], name=d.get("cell", path.stem), policy=d["policy"], lam=_as_lambda(d.get("lambda")),
+                static_layers=tuple(static) if static is not None else None, metric=d.get("metric", ""),
+                score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
+                samples=d.get("samples"), elapsed_s=d.get("elapsed_s"))
+
+
+def _same_edges(edges: list[float]) -> bool:
+    return len(edges) == len(RATIO_EDGES) and all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(edges, RATIO_EDGES))
+
+
+def load_sweep(outdir: str | Path) -> Sweep:
+    """Load every finished cell of ``outdir``; raises NoCellsError when there is none."""
+    outdir = Path(outdir)
+    meta_path = outdir / "sweep.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    cells = [load_cell(p) for p in sorted(outdir.glob("cells/*/*.json"))]
+    if not cells:
+        raise NoCellsError(f"{outdir} has no finished cells (expected {outdir / 'cells' / '<task>' / '<cell>.json'}); "
+                           "run a lambda sweep into this folder first, or pass the sweep's output folder")
+    return Sweep(outdir, meta, cells)

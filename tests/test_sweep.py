@@ -1,0 +1,102 @@
+"""Sweeps: config validation, shared prefill against separate runs, and a killed sweep that resumes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from alspec_eval.config import ConfigError
+from alspec_eval.fork import sweep_variants
+from alspec_eval.sweep.config import load_config, parse_config
+from alspec_eval.sweep.runner import run_sweep
+from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, sample_stats
+from tiny import save_tiny, tiny_model
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.mark.parametrize("name", ["smoke", "demo", "paper_table1"])
+def test_shipped_configs_are_valid(name):
+    config = load_config(CONFIGS / f"{name}.yaml")
+    assert config.cell_names()[0] == "baseline" and config.cell_names()[-1] == "static"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"lambda": [0.1]}, "unknown key 'lambda'; did you mean 'lambdas'?"),
+    ({"lambdas": [0.1, -1]}, "lambdas must be finite and > 0"),
+    ({"lambdas": "0.1"}, "lambdas must be a list of numbers"),
+    ({"static": {"p": 0.8, "lambda": 0.3}}, "static.lambda=0.3 must be one of lambdas"),
+    ({"static": {"q": 0.8}}, "unknown key 'q'"),
+    ({"window": 0}, "window=0 must be an integer >= 1"),
+])
+def test_config_errors_name_the_key_and_fix(change, message):
+    raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.2], **change}
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        parse_config(raw)
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("configs/nope.yaml")
+
+
+def test_shared_prefill_equals_separate_runs():
+    model = tiny_model()
+    lam = median_ratio(alspec_lm(model), PROMPTS[0])
+    variants = sweep_variants([lam, 2 * lam])
+    shared_lm = alspec_lm(model, batch_size=2)
+    shared = {}
+    with shared_lm.shared_prefill(variants) as fork:
+        for index, variant in enumerate(variants):
+            fork.replay = index
+            gen, ll = gen_requests(), ll_requests()
+            shared[variant.name] = (shared_lm.generate_until(gen), sample_stats(gen),
+                                    shared_lm.loglikelihood(ll), sample_stats(ll))
+    for variant in variants:
+        policy = {"baseline": {"policy": "exact"}, "sink": {"policy": "sink"}}.get(variant.name, {"lambda": variant.lam})
+        lm = alspec_lm(model, batch_size=2, **policy)
+        gen, ll = gen_requests(), ll_requests()
+        texts, gen_stats, lls, ll_stats = shared[variant.name]
+        assert lm.generate_until(gen) == texts, variant
+        assert sample_stats(gen) == gen_stats, variant
+        assert [x for x, _ in lm.loglikelihood(ll)] == pytest.approx([x for x, _ in lls], abs=1e-4), variant
+        assert sample_stats(ll) == ll_stats, variant
+    accepted = [sum(s["accepted"] for s in shared[v.name][1]) for v in variants]
+    assert accepted[0] == 0 and 0 < accepted[1] < accepted[2] < accepted[3]
+
+
+def _cells(out: Path) -> dict[str, dict]:
+    cells = {}
+    for path in sorted((out / "cells").rglob("*.json")):
+        cell = json.loads(path.read_text())
+        cell.pop("elapsed_s")
+        cells[f"{path.parent.name}/{path.stem}"] = cell
+    return cells
+
+
+def test_killed_sweep_resumes_to_the_same_cells(tmp_path):
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": {"p": 0.5, "lambda": 1.0}}
+
+    def stop_after_first(path: Path) -> None:
+        raise KeyboardInterrupt
+
+    interrupted = load_config(CONFIGS / "smoke.yaml", {**overrides, "output": str(tmp_path / "a")})
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(interrupted, on_cell=stop_after_first)
+    assert [p.name for p in (tmp_path / "a" / "cells" / "alspec_recall").iterdir()] == ["baseline.json"]
+    run_sweep(interrupted)
+    straight = run_sweep(load_config(CONFIGS / "smoke.yaml", {**overrides, "output": str(tmp_path / "b")}))
+    resumed, fresh = _cells(tmp_path / "a"), _cells(straight)
+    assert resumed == fresh
+    assert sorted(fresh) == [f"alspec_recall/{c}" for c in sorted(["baseline", "lambda_0.5", "lambda_1", "sink", "static"])]
+    sink, static = fresh["alspec_recall/sink"], fresh["alspec_recall/static"]
+    assert sink["alspec"]["total"]["hit_rate"] == 1.0 and sink["lambda"] == "inf"
+    dynamic = fresh["alspec_recall/lambda_1"]["alspec"]["layers"]
+    assert static["static_layers"] == [l["layer"] for l in dynamic if l["hit_rate"] is not None and l["hit_rate"] >= 0.5]
+    assert fresh["alspec_recall/baseline"]["alspec"]["total"]["speculated"] == 0
+    assert all(isinstance(c["score"], float) and c["metric"] == "exact_match,first-number" for c in fresh.values())
