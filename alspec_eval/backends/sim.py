@@ -8,6 +8,8 @@ and commits the approximation where accepted (DESIGN.md, Semantics 1-5).
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,16 +26,46 @@ from ..stats import ACCEPTED, REJECTED, TRIVIAL
 
 ATTR = "alspec_speculator"
 
+# (query (B,Hq,1,D), key, value (B,Hkv,L,D), pad (B,), config, scaling) -> (A, A~), each (B,1,Hq,D): a
+# decode step's exact and approximate attention computed together (the speculative flash decode).
+DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, SpeculationConfig, float],
+                        tuple[torch.Tensor, torch.Tensor]]
+
+
+def flash_decode_kernel(name: str, device: torch.device) -> DecodeKernel | None:
+    """``kernel=torch|triton``: decode steps through the speculative flash decode, A~ being its first partial.
+
+    ``auto`` is Triton on CUDA and, on the CPU, ``sdpa``: the model's own attention for A plus a gathered
+    2S-key attention for A~, which keeps A bit-identical to the plain model.
+    """
+    from ..kernels import select_kernel
+
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and importlib.util.find_spec("triton") else "sdpa"
+    if name == "sdpa":
+        return None
+    kernel = select_kernel(name, device)
+
+    def decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
+               config: SpeculationConfig, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+        cur_pos = torch.full_like(pad, key.shape[2] - 1)
+        out = kernel(query[:, :, 0], key, value, cur_pos, config.window, math.inf, window_align=config.window_align,
+                     scale=scaling, start=pad)
+        return out.exact[:, None], out.spec[:, None]
+
+    return decode
+
 
 class Speculator:
     """Holds the config, the active decode region and the decisions recorded during it."""
 
     def __init__(self, config: SpeculationConfig, num_layers: int, skipped_layers: dict[int, str],
-                 base_attention: Callable) -> None:
+                 base_attention: Callable, decode_kernel: DecodeKernel | None = None) -> None:
         self.config = config
         self.num_layers = num_layers
         self.skipped_layers = skipped_layers
         self.base_attention = base_attention
+        self.decode_kernel = decode_kernel
         self.region: DecodeRegion | None = None
         self._calls: list[tuple[int, int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = []
 
@@ -76,8 +108,12 @@ class Speculator:
         layers[layer] = (codes, ratios)
 
     def commit(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               exact: torch.Tensor, scaling: float) -> torch.Tensor:
-        """Return the committed attention output (batch, q_len, heads, head_dim) and record the decisions."""
+               exact: torch.Tensor, scaling: float, approx_all: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the committed attention output (batch, q_len, heads, head_dim) and record the decisions.
+
+        ``approx_all`` (same shape as ``exact``) is A~ for every position when a decode kernel computed it
+        together with A; otherwise A~ is computed here for the speculated positions only.
+        """
         cfg, region = self.config, self.region
         assert region is not None
         batch, _, q_len, _ = query.shape
@@ -96,8 +132,11 @@ class Speculator:
         rows, cols = speculate.nonzero(as_tuple=True)
         approximate = cfg.policy != "static" or layer in cfg.static_layers
         if rows.numel() and approximate:
-            approx = sink_attention(query[rows, :, cols], key, value, rows, pos[rows, cols], region.pad[rows],
-                                    window, cfg.window_align, scaling)
+            if approx_all is not None:
+                approx = approx_all[rows, cols]
+            else:
+                approx = sink_attention(query[rows, :, cols], key, value, rows, pos[rows, cols], region.pad[rows],
+                                        window, cfg.window_align, scaling)
             exact_rows = exact[rows, cols]
             d = (approx.float() - exact_rows.float()).flatten(1).norm(dim=-1)
             n = exact_rows.float().flatten(1).norm(dim=-1)
@@ -142,13 +181,16 @@ def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                      **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """AttentionInterface entry: the model's own attention, then speculation inside the active region."""
     speculator: Speculator = getattr(module, ATTR)
+    layer, region = module.layer_idx, speculator.region
+    speculating = region is not None and speculator.config.policy != "exact" and layer not in speculator.skipped_layers
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if speculating and query.shape[2] == 1 and speculator.decode_kernel is not None:
+        exact, approx = speculator.decode_kernel(query, key, value, region.pad, speculator.config, scaling)
+        return speculator.commit(layer, query, key, value, exact, scaling, approx), None
     out, weights = speculator.base_attention(module, query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
-    layer = module.layer_idx
-    if speculator.region is None or speculator.config.policy == "exact" or layer in speculator.skipped_layers:
+    if not speculating:
         return out, weights
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
     return speculator.commit(layer, query, key, value, out, scaling), weights
 
 
@@ -200,7 +242,8 @@ def install(model: PreTrainedModel, config: SpeculationConfig) -> Speculator:
     name = f"alspec_{base_name}"
     AttentionInterface.register(name, alspec_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
-    speculator = Speculator(config, num_layers, _sliding_layers(model, num_layers), base_fn)
+    speculator = Speculator(config, num_layers, _sliding_layers(model, num_layers), base_fn,
+                            flash_decode_kernel(config.kernel, model.device))
     for module in modules.values():
         setattr(module, ATTR, speculator)
     model.register_forward_pre_hook(speculator.new_forward)

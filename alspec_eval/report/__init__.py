@@ -2,5 +2,5 @@
 
 Modules: ``load`` (the folder as dataclasses), ``table`` (Table 1), ``figures``, ``latency`` (the
 Appendix F projection), ``presets``, ``html``, ``build`` (``write_report``), ``cli``. Nothing is
-imported here, so the CLI can report a missing matplotlib in one line.
+imported here: importing a submodule pulls in only what it needs.
 """

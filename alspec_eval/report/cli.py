@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from alspec_eval.report.build import write_report
 from alspec_eval.report.latency import LatencyError, LatencySpec, load_latency
 from alspec_eval.report.load import NoCellsError
 from alspec_eval.report.presets import PRESETS
@@ -23,11 +24,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        from alspec_eval.report.build import write_report  # pulls in matplotlib, an optional extra
-    except ImportError as e:
-        print(f"alspec-report: needs {e.name}; install it with pip install 'alspec-eval[plots]'", file=sys.stderr)
-        return 2
     specs: list[LatencySpec] = []
     try:
         if args.preset is not None:

@@ -41,7 +41,8 @@ def _projection(p: Projection) -> str:
 def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[Projection]) -> str:
     """The report page; ``figures`` maps a section title to its PNG files."""
     meta = sweep.meta
-    facts = ", ".join(f"{k} {html.escape(str(meta[k]))}" for k in ("model", "window", "static_p") if k in meta)
+    facts = ", ".join(f"{k} {html.escape(str(v))}" for k, v in
+                      (("model", sweep.model), ("window", meta.get("window")), ("static_p", meta.get("static_p"))) if v is not None)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ALSpec sweep {html.escape(str(meta.get('name', sweep.outdir.name)))}</title>",
              f"<style>{_STYLE}</style></head><body>",
              f"<h1>ALSpec sweep: {html.escape(str(meta.get('name', sweep.outdir.name)))}</h1>",

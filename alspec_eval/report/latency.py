@@ -3,11 +3,12 @@
 On a two-device ALSpec pipeline the speculative flash decode emits A~ (its first partial result)
 after ``speculative_us``; the second device starts the post-attention ops with it at once. On a hit
 the exact attention finishes off the critical path, so the layer costs speculative + non-attention;
-on a miss the exact attention is paid in full, plus ``miss_overhead_us`` (discarding the speculative
-work, re-syncing). With h_l the measured hit rate of layer l:
+on a miss the exact attention is paid in full, plus ``miss_overhead_us`` for whatever a miss costs
+beyond that (re-syncing the devices; 0 by default, as the paper's figure could not be checked).
+With h_l the measured hit rate of layer l:
 
     T_base = sum_l (attn_l + non_l)
-    T_spec = sum_l [ h_l (spec_l + non_l) + (1 - h_l) (attn_l + non_l + miss_l) ]
+    T_spec = sum_l [ h_l (spec_l + non_l) + (1 - h_l) (attn_l + non_l + miss) ]
     tokens/s = 1e6 / T,   speedup = T_base / T_spec
 
 Sink and static cells replace attention unconditionally, so h_l is 1 on their approximated layers and

@@ -114,6 +114,11 @@ class Sweep:
             self._index[key] = cell
 
     @property
+    def model(self) -> str | None:
+        """The model as sweep.json names it (``model``, or the runner's ``model_args.pretrained``)."""
+        return self.meta.get("model") or (self.meta.get("model_args") or {}).get("pretrained")
+
+    @property
     def tasks(self) -> list[str]:
         """Tasks in sweep.json order, then any others that have cells."""
         declared = list(self.meta.get("tasks") or [])

@@ -1,0 +1,93 @@
+"""A synthetic sweep folder for the report tests: 2 tasks, baseline, 3 lambdas, sink, static, a 4-layer model.
+
+Statistics are consistent: each layer has explicit d/n ratios, the histogram bins them with the
+schema-v1 rule and a lambda cell accepts exactly the ratios <= lambda.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from pathlib import Path
+from typing import Any
+
+from alspec_eval.stats import RATIO_EDGES
+
+TASKS = ["alspec_gsm8k_cot", "alspec_recall"]
+LAMBDAS = [0.05, 0.1, 0.2]
+NUM_LAYERS = 4
+SPECULATED = 50  # non-trivial decisions per layer
+STATIC_LAYERS = [2, 3]
+
+# Accepted decisions per layer at each lambda; gsm8k at lambda 0.1 totals 84 / 200 = 42.0%.
+ACCEPTED = {
+    "alspec_gsm8k_cot": {0.05: [5, 10, 12, 15], 0.1: [10, 20, 24, 30], 0.2: [20, 30, 35, 40]},
+    "alspec_recall": {0.05: [25, 30, 35, 40], 0.1: [35, 40, 45, 48], 0.2: [45, 48, 50, 50]},
+}
+SCORES = {
+    "alspec_gsm8k_cot": {"baseline": 0.3, 0.05: 0.3, 0.1: 0.25, 0.2: 0.15, "sink": 0.05, "static": 0.1},
+    "alspec_recall": {"baseline": 0.875, 0.05: 0.875, 0.1: 0.8125, 0.2: 0.75, "sink": 0.5, "static": 0.625},
+}
+METRICS = {"alspec_gsm8k_cot": "exact_match,strict-match", "alspec_recall": "acc,none"}
+
+
+def ratios_for(accepted: int, lam: float) -> list[float]:
+    """SPECULATED ratios of which exactly ``accepted`` are <= lam (accepted ones spread below it)."""
+    below = [lam * 10 ** (-2 * (i + 1) / (accepted + 1)) for i in range(accepted)]
+    above = [lam * 10 ** (1.5 * (i + 1) / (SPECULATED - accepted + 1)) for i in range(SPECULATED - accepted)]
+    return below + above
+
+
+def hist_of(ratios: list[float]) -> list[int]:
+    hist = [0] * (len(RATIO_EDGES) + 1)
+    for r in ratios:
+        hist[bisect.bisect_right(RATIO_EDGES, r)] += 1
+    return hist
+
+
+def layer_entry(i: int, speculated: int, accepted: int, hist: list[int]) -> dict[str, Any]:
+    return {"layer": i, "speculated": speculated, "accepted": accepted, "trivial": 3,
+            "hit_rate": accepted / speculated if speculated else None, "hist": hist}
+
+
+def stats(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = sum(x["speculated"] for x in layers)
+    acc = sum(x["accepted"] for x in layers)
+    hist = [sum(col) for col in zip(*(x["hist"] for x in layers))]
+    return {"schema_version": 1, "num_layers": NUM_LAYERS, "ratio_edges": list(RATIO_EDGES), "skipped_layers": {},
+            "config": {"window": 64}, "layers": layers,
+            "total": {"speculated": spec, "accepted": acc, "trivial": 3 * len(layers),
+                      "hit_rate": acc / spec if spec else None, "hist": hist}}
+
+
+def cell_json(task: str, name: str, policy: str, lam: Any, layers: list[dict[str, Any]], score: float,
+              static_layers: list[int] | None = None) -> dict[str, Any]:
+    metric = METRICS[task]
+    return {"task": task, "cell": name, "policy": policy, "lambda": lam, "static_layers": static_layers,
+            "metric": metric, "score": score, "metrics": {metric: score, metric.replace(",", "_stderr,"): 0.1},
+            "alspec": stats(layers), "samples": 16, "elapsed_s": 1.0}
+
+
+def write_sweep(outdir: Path) -> Path:
+    (outdir / "sweep.json").parent.mkdir(parents=True, exist_ok=True)
+    (outdir / "sweep.json").write_text(json.dumps({"name": "synthetic", "model": "tiny-4-layer", "window": 64,
+                                                   "lambdas": LAMBDAS, "tasks": TASKS, "static_p": 0.8}))
+    empty = [0] * (len(RATIO_EDGES) + 1)
+    for task in TASKS:
+        cells: dict[str, dict[str, Any]] = {}
+        cells["baseline"] = cell_json(task, "baseline", "exact", None,
+                                      [layer_entry(i, 0, 0, empty) for i in range(NUM_LAYERS)], SCORES[task]["baseline"])
+        for lam in LAMBDAS:
+            layers = [layer_entry(i, SPECULATED, a, hist_of(ratios_for(a, lam))) for i, a in enumerate(ACCEPTED[task][lam])]
+            cells[f"lambda_{lam:g}"] = cell_json(task, f"lambda_{lam:g}", "dynamic", lam, layers, SCORES[task][lam])
+        wide = hist_of(ratios_for(10, 0.05))
+        cells["sink"] = cell_json(task, "sink", "sink", "inf",
+                                  [layer_entry(i, SPECULATED, SPECULATED, wide) for i in range(NUM_LAYERS)], SCORES[task]["sink"])
+        cells["static"] = cell_json(task, "static", "static", None,
+                                    [layer_entry(i, SPECULATED, SPECULATED if i in STATIC_LAYERS else 0, wide if i in STATIC_LAYERS else empty)
+                                     for i in range(NUM_LAYERS)], SCORES[task]["static"], STATIC_LAYERS)
+        for name, data in cells.items():
+            path = outdir / "cells" / task / f"{name}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data))
+    return outdir
