@@ -13,12 +13,15 @@ POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact")
 BACKENDS: tuple[str, ...] = ("sim", "tt")
 KERNELS: tuple[str, ...] = ("auto", "torch", "triton", "sdpa")
 WINDOW_ALIGNS: tuple[int, ...] = (1, 32)
+TT_MODES: tuple[str, ...] = ("device", "host")
+TT_KV_DTYPES: tuple[str, ...] = ("bfloat8_b", "bfloat16")
 
 
 MODEL_ARGS: dict[str, str] = {
     "lambda": "lam", "lam": "lam", "window": "window", "policy": "policy", "static_layers": "static_layers",
     "backend": "backend", "window_align": "window_align", "speculate_prefill": "speculate_prefill",
     "trace_tokens": "trace_tokens", "kernel": "kernel", "stats_path": "stats_path",
+    "tt_mode": "tt_mode", "tt_device_id": "tt_device_id", "tt_kv_dtype": "tt_kv_dtype",
 }
 
 
@@ -78,6 +81,9 @@ class SpeculationConfig:
     trace_tokens: bool = False
     kernel: str = "auto"
     stats_path: str | None = None
+    tt_mode: str = "device"
+    tt_device_id: int = 0
+    tt_kv_dtype: str = "bfloat8_b"
 
     def __post_init__(self) -> None:
         lam = self.lam
@@ -97,6 +103,14 @@ class SpeculationConfig:
             raise ConfigError(f"backend={self.backend!r} is unknown; use one of {', '.join(BACKENDS)}")
         if self.kernel not in KERNELS:
             raise ConfigError(f"kernel={self.kernel!r} is unknown; use one of {', '.join(KERNELS)}")
+        if self.backend == "tt":  # the TT op's windows are tile-aligned by definition
+            object.__setattr__(self, "window_align", 32)
+        if self.tt_mode not in TT_MODES:
+            raise ConfigError(f"tt_mode={self.tt_mode!r} is unknown; use device (a Tenstorrent card) or host (ttnn's golden functions, no card)")
+        if self.tt_kv_dtype not in TT_KV_DTYPES:
+            raise ConfigError(f"tt_kv_dtype={self.tt_kv_dtype!r} is unknown; use one of {', '.join(TT_KV_DTYPES)}")
+        if isinstance(self.tt_device_id, bool) or not isinstance(self.tt_device_id, int) or self.tt_device_id < 0:
+            raise ConfigError(f"tt_device_id={self.tt_device_id!r} is invalid; use a device index >= 0, e.g. tt_device_id=0")
         if self.window_align not in WINDOW_ALIGNS:
             raise ConfigError(f"window_align={self.window_align!r} is invalid; use 1 (exact windows) or 32 (the TT kernel's tile-aligned window)")
         if self.window_align == 32 and self.window % 32:

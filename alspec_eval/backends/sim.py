@@ -138,15 +138,14 @@ class Speculator:
                 approx = sink_attention(query[rows, :, cols], key, value, rows, pos[rows, cols], region.pad[rows],
                                         window, cfg.window_align, scaling)
             exact_rows = exact[rows, cols]
-            d = (approx.float() - exact_rows.float()).flatten(1).norm(dim=-1)
-            n = exact_rows.float().flatten(1).norm(dim=-1)
+            d, n = self.distances(approx, exact_rows, rows, cols)
             if cfg.policy != "dynamic":
                 accept = torch.ones_like(d, dtype=torch.bool)
             elif region.lam is not None:
                 lam = region.lam[rows]
-                accept = (d <= lam * n) | torch.isinf(lam)
+                accept = self.within(d, n, lam) | torch.isinf(lam)
             else:
-                accept = d <= cfg.lam * n if cfg.lam != float("inf") else torch.ones_like(d, dtype=torch.bool)
+                accept = self.within(d, n, cfg.lam) if cfg.lam != float("inf") else torch.ones_like(d, dtype=torch.bool)
             exact[rows, cols] = torch.where(accept[:, None, None], approx, exact_rows)
             codes[rows, cols] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
             ratios[rows, cols] = d / n
@@ -154,6 +153,16 @@ class Speculator:
             codes[rows, cols] = REJECTED
         self._record(layer, k_len - q_len, codes, ratios)
         return exact
+
+    def distances(self, approx: torch.Tensor, exact: torch.Tensor, rows: torch.Tensor,
+                  cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """d = ||A~ - A|| and n = ||A|| (float32) of the speculated (row, col) positions; a backend whose op
+        verifies on the device overrides this to report the device's numbers."""
+        return (approx.float() - exact.float()).flatten(1).norm(dim=-1), exact.float().flatten(1).norm(dim=-1)
+
+    def within(self, d: torch.Tensor, n: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
+        """The acceptance test d <= lam * n (DESIGN.md, Semantics 4); the TT op compares squares instead."""
+        return d <= lam * n
 
 
 def sink_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
@@ -225,8 +234,12 @@ def _base_attention(model: PreTrainedModel, attention_module: torch.nn.Module) -
     return name, ALL_ATTENTION_FUNCTIONS[name]
 
 
-def install(model: PreTrainedModel, config: SpeculationConfig) -> Speculator:
-    """Route the model's attention through ``alspec_attention``; returns the speculator that controls it."""
+def install(model: PreTrainedModel, config: SpeculationConfig,
+            speculator_cls: Callable[..., Speculator] = Speculator) -> Speculator:
+    """Route the model's attention through ``alspec_attention``; returns the speculator that controls it.
+
+    ``speculator_cls`` lets another backend (tt) bring its own decode kernel and verification.
+    """
     if not (model._supports_attention_backend and model._can_set_attn_implementation()):
         raise ConfigError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
@@ -242,7 +255,7 @@ def install(model: PreTrainedModel, config: SpeculationConfig) -> Speculator:
     name = f"alspec_{base_name}"
     AttentionInterface.register(name, alspec_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
-    speculator = Speculator(config, num_layers, _sliding_layers(model, num_layers), base_fn,
+    speculator = speculator_cls(config, num_layers, _sliding_layers(model, num_layers), base_fn,
                             flash_decode_kernel(config.kernel, model.device))
     for module in modules.values():
         setattr(module, ATTR, speculator)

@@ -69,7 +69,8 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
     del document["tasks"]
     document.update(total.to_dict(lm.speculator.skipped_layers))
     samples = [
-        {"task": name, "doc_id": s["doc_id"], **{k: s[k] for k in s.get("metrics", []) if k in s},
+        {"task": name, "doc_id": s["doc_id"], "doc": _scalars(s["doc"]),
+         **{k: s[k] for k in s.get("metrics", []) if k in s},
          "alspec": [args[-1]["alspec"] for args in s["arguments"] if isinstance(args[-1], dict)],
          "response": s["filtered_resps"]}
         for name, task_samples in sorted(results.get("samples", {}).items()) for s in task_samples]
@@ -78,6 +79,12 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
             "metrics": numeric.get(task, {}), "subtasks": {k: v for k, v in numeric.items() if k != task},
             "alspec": document, "samples": len(samples), "sample_log": samples,
             "elapsed_s": round(time.perf_counter() - started, 3)}
+
+
+def _scalars(doc: dict[str, Any]) -> dict[str, Any]:
+    """A document's short scalar fields (e.g. a needle run's length and depth), to group samples by."""
+    return {k: v for k, v in doc.items()
+            if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 64)}
 
 
 def static_layers(out: Path, task: str, config: SweepConfig) -> list[int]:

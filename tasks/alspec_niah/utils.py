@@ -24,6 +24,7 @@ from typing import Any
 
 import datasets
 
+from alspec_eval.models import SMOLLM2_ALIAS, smollm2_path
 from alspec_eval.niah import Needle, NeedleSample, make_paper_sample, make_single_sample, score_needles
 
 # One metric per length, named by the length (as ruler does). The YAMLs list exactly these.
@@ -49,6 +50,8 @@ def _tokenizer(metadata: dict[str, Any]) -> Any:
             "alspec_niah sizes its prompts in tokens and needs a tokenizer: pass "
             "--model_args pretrained=... or --metadata '{\"tokenizer\": ...}'"
         )
+    if name == SMOLLM2_ALIAS:
+        name = smollm2_path()
     return load_tokenizer(str(name), metadata.get("gguf_file"))
 
 

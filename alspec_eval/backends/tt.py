@@ -1,0 +1,183 @@
+"""backend=tt: decode-step attention on a Tenstorrent device through ``ttnn``; the rest of the model stays in torch.
+
+Each decode step uploads the query and the layer's KV cache (in ``tt_kv_dtype``: bfloat8_b as in the paper,
+or bfloat16) and runs the exact attention through ``ttnn.transformer.scaled_dot_product_attention_decode``
+and the approximation through the same op over the two tile-aligned sink windows (window_align=32: the last
+window ends at ceil32(pos+1), later positions masked). Where the installed ttnn has the authors'
+``ttnn.experimental.speculative_scaled_dot_product_attention_decode``, one call gives the exact and the
+speculative output and the squared distance and norm, and the device's numbers decide. Acceptance compares
+squares, d^2 <= lambda^2 n^2, as the op does. Everything else (decisions, commits, statistics) is the sim
+backend's ``Speculator``.
+
+``tt_mode=host`` runs the same code with each device op replaced by ttnn's own golden function, on host
+tensors made by ``ttnn.from_torch`` (which rounds to bfloat8_b on the host), so CI can run it without a card.
+
+Teacher-forced rows of a loglikelihood pass (several query positions per call) take the host path of the sim
+backend (model-dtype attention over the host KV cache, window_align=32), so their KV cache is not rounded to
+``tt_kv_dtype``. The KV cache is uploaded again at every step: the device sees the same values a resident
+cache would (block-float rounding is per token), at the cost of host-to-device traffic.
+"""
+
+from __future__ import annotations
+
+import atexit
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from ..config import ConfigError, SpeculationConfig
+from . import sim
+
+INSTALL_HINT = ("ttnn wheels exist for Python 3.10 and 3.12 only: run `bash scripts/tt_env.sh` (creates .venv-tt "
+                "with Python 3.12) or `pip install ttnn` into a Python 3.12 environment")
+TILE = 32
+SPECULATIVE_OP = "speculative_scaled_dot_product_attention_decode"
+
+
+def import_ttnn() -> ModuleType:
+    """ttnn, or a ConfigError that says how to install it."""
+    try:
+        import ttnn
+    except ImportError as exc:
+        raise ConfigError(f"backend=tt needs the ttnn package, which cannot be imported ({exc}); {INSTALL_HINT}") from None
+    return ttnn
+
+
+def check_environment(config: SpeculationConfig) -> None:
+    """Fail before the model loads when ttnn or, with tt_mode=device, the Tenstorrent device is missing."""
+    ttnn = import_ttnn()
+    if config.tt_mode == "host":
+        return
+    available = ttnn.GetNumAvailableDevices()
+    if config.tt_device_id >= available:
+        found = "no Tenstorrent device was found" if available == 0 else f"only {available} Tenstorrent device(s) were found"
+        raise ConfigError(f"backend=tt with tt_mode=device and tt_device_id={config.tt_device_id}: {found}; "
+                          "run on a machine with a Tenstorrent card, or use tt_mode=host (ttnn's golden functions "
+                          "on the host) or backend=sim")
+
+
+def _ceil(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def left_align(cache: torch.Tensor, pad: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, H, L, D) left-padded rows moved to start at index 0 and zero-filled to ``length`` positions.
+
+    The TT op counts positions from index 0 and has no per-row start, so each row's sequence is shifted.
+    """
+    out = cache.new_zeros((*cache.shape[:2], length, cache.shape[3]))
+    for b, p in enumerate(pad.tolist()):
+        out[b, :, :cache.shape[2] - p] = cache[b, :, p:]
+    return out
+
+
+def sink_windows(cache: torch.Tensor, pos: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first S and the tile-aligned last S positions of each left-aligned row, and the current token's index
+    in them: keys after it are masked by the causal decode op, exactly the window_align=32 definition."""
+    ends = (pos + TILE) // TILE * TILE  # ceil32(pos + 1)
+    last_start = torch.where(pos + 1 <= 2 * window, torch.full_like(ends, window), ends - window)
+    offsets = torch.arange(window, device=cache.device)
+    index = torch.cat([offsets.expand(len(pos), -1), last_start[:, None] + offsets], 1)  # (B, 2S)
+    gathered = torch.stack([cache[b][:, index[b]] for b in range(len(pos))])
+    return gathered, torch.minimum(pos, window + pos - last_start)
+
+
+class TTRuntime:
+    """The ttnn calls of one run: on the device, or their golden functions on host tensors (tt_mode=host)."""
+
+    def __init__(self, ttnn: ModuleType, config: SpeculationConfig) -> None:
+        self.ttnn = ttnn
+        self.kv_dtype = getattr(ttnn, config.tt_kv_dtype)
+        self.device = None
+        if config.tt_mode == "device":
+            self.device = ttnn.open_device(device_id=config.tt_device_id)
+            atexit.register(ttnn.close_device, self.device)
+        self.sdpa_decode = self._op(ttnn.transformer.scaled_dot_product_attention_decode)
+        speculative = getattr(getattr(ttnn, "experimental", None), SPECULATIVE_OP, None)
+        self.speculative = None if speculative is None else self._op(speculative)
+
+    def _op(self, op: Callable) -> Callable:
+        """The op itself on the device; on the host its golden function on the tensors' torch values."""
+        if self.device is not None:
+            return op
+        golden = self.ttnn.get_golden_function(op)
+        to_torch = self.ttnn.to_torch
+
+        def host_op(*tensors: Any, **kwargs: Any) -> Any:
+            return golden(*(to_torch(t) for t in tensors), **kwargs)
+
+        return host_op
+
+    def upload(self, tensor: torch.Tensor, dtype: Any) -> Any:
+        return self.ttnn.from_torch(tensor.contiguous(), dtype=dtype, layout=self.ttnn.TILE_LAYOUT, device=self.device)
+
+    def download(self, tensor: Any) -> torch.Tensor:
+        return tensor if isinstance(tensor, torch.Tensor) else self.ttnn.to_torch(tensor)
+
+
+class TTSpeculator(sim.Speculator):
+    """The sim speculator with the TT op as its decode kernel and squared-norm verification."""
+
+    def __init__(self, runtime: TTRuntime, config: SpeculationConfig, num_layers: int,
+                 skipped_layers: dict[int, str], base_attention: Callable, decode_kernel: object = None) -> None:
+        super().__init__(config, num_layers, skipped_layers, base_attention, self.decode)
+        self.runtime = runtime
+        self._device_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # (d^2, n^2) of the last decode step
+
+    def decode(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
+               config: SpeculationConfig, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step's (A, A~), each (B, 1, Hq, D), from the TT op (sim.DecodeKernel)."""
+        rt, ttnn = self.runtime, self.runtime.ttnn
+        batch, heads, _, dim = query.shape
+        pos = (key.shape[2] - 1 - pad).to(torch.long)
+        length = _ceil(key.shape[2], TILE)
+        k, v = left_align(key, pad, length), left_align(value, pad, length)
+        q = rt.upload(query.permute(2, 0, 1, 3), ttnn.bfloat16)  # the op's [1, B, Hq, D]
+        self._device_norms = None
+        if rt.speculative is not None:
+            exact, approx, d2, n2 = rt.speculative(
+                q, rt.upload(k, rt.kv_dtype), rt.upload(v, rt.kv_dtype), lambda_=config.lam,
+                speculative_chunk_size=config.window, cur_pos=pos.tolist(), scale=scaling)
+            self._device_norms = (rt.download(d2).float().flatten()[:batch], rt.download(n2).float().flatten()[:batch])
+        else:
+            exact = rt.sdpa_decode(q, rt.upload(k, rt.kv_dtype), rt.upload(v, rt.kv_dtype),
+                                   cur_pos=pos.tolist(), scale=scaling)
+            (k_w, w_pos), (v_w, _) = sink_windows(k, pos, config.window), sink_windows(v, pos, config.window)
+            approx = rt.sdpa_decode(q, rt.upload(k_w, rt.kv_dtype), rt.upload(v_w, rt.kv_dtype),
+                                    cur_pos=w_pos.tolist(), scale=scaling)
+
+        def host(out: Any) -> torch.Tensor:  # [1, B, padded heads, D] -> (B, 1, Hq, D)
+            return rt.download(out)[:, :batch, :heads, :dim].permute(1, 0, 2, 3).to(query.dtype)
+
+        return host(exact), host(approx)
+
+    def distances(self, approx: torch.Tensor, exact: torch.Tensor, rows: torch.Tensor,
+                  cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The speculative op's own d and n where it ran (a decode step), else the float32 norms on the host."""
+        if self._device_norms is None:
+            return super().distances(approx, exact, rows, cols)
+        d2, n2 = self._device_norms
+        return d2[rows].sqrt().to(approx.device), n2[rows].sqrt().to(approx.device)
+
+    def commit(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        try:
+            return super().commit(*args, **kwargs)
+        finally:
+            self._device_norms = None
+
+    def within(self, d: torch.Tensor, n: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
+        """d^2 <= lambda^2 n^2: the TT op has no square root."""
+        return d * d <= (lam * lam) * (n * n)
+
+
+def install(model: PreTrainedModel, config: SpeculationConfig) -> TTSpeculator:
+    """Hook the model like the sim backend, with decode steps on the TT device (or its golden functions)."""
+    check_environment(config)
+    runtime = TTRuntime(import_ttnn(), config)
+
+    def build(*args: Any) -> TTSpeculator:
+        return TTSpeculator(runtime, *args)
+
+    return sim.install(model, config, build)

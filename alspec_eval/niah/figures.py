@@ -1,0 +1,156 @@
+"""The paper's needle figures from a needle sweep's cells.
+
+- needles found and share of attention approximated, against lambda (Figure 3a);
+- average acceptance per layer for each lambda (Figure 3b);
+- length x depth grid per cell: score as colour, hit rate written in each square;
+- the answers shaded token by token by how many layers accepted (Figure 8).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib import colormaps
+
+from ..report.figures import _figure, save
+from ..report.load import BASELINE, SINK, Sweep, load_sweep
+
+
+def _cells(outdir: Path) -> dict[str, dict[str, Any]]:
+    """Raw cell JSONs by cell name (the report loader keeps no samples)."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted((outdir / "cells").glob("*/*.json"))}
+
+
+def _score(sample: dict[str, Any]) -> float:
+    """A sample's needle score: its one per-length metric."""
+    return next(v for k, v in sample.items() if k.isdigit())
+
+
+def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
+    """Figure 3a: score and hit rate per lambda, baseline and sink as references."""
+    fig = _figure(6.4, 4.0)
+    ax = fig.add_subplot()
+    dynamic = sweep.dynamic_cells(task)
+    lams = [c.lam for c in dynamic]
+    ax.plot(lams, [c.score for c in dynamic], "o-", color="tab:blue", label="needles found (dynamic)")
+    for row, style in ((BASELINE, "--"), (SINK, ":")):
+        if (cell := sweep.cell(task, row)) is not None and cell.score is not None:
+            ax.axhline(cell.score, linestyle=style, color="tab:blue", alpha=0.7, label=f"{row.label} score")
+    ax.set_xscale("log")
+    ax.set_xlabel("λ")
+    ax.set_ylabel("score (share of needles found)")
+    ax.set_ylim(-0.05, 1.05)
+    hits = ax.twinx()
+    hits.plot(lams, [100 * (c.total.hit_rate or 0.0) for c in dynamic], "s-", color="tab:orange",
+              label="attention approximated")
+    hits.set_ylabel("hit rate (%)", color="tab:orange")
+    hits.set_ylim(-5, 105)
+    handles = ax.get_legend_handles_labels()[0] + hits.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="lower left", fontsize=8)
+    ax.set_title(f"{task}: needles found and attention approximated")
+    return fig
+
+
+def acceptance_per_layer(sweep: Sweep, task: str) -> Any:
+    """Figure 3b: average acceptance of each layer, one line per lambda."""
+    fig = _figure(6.4, 4.0)
+    ax = fig.add_subplot()
+    cmap = colormaps["viridis"]
+    dynamic = sweep.dynamic_cells(task)
+    for i, cell in enumerate(dynamic):
+        ax.plot(range(len(cell.layers)), [100 * (h or 0.0) for h in (l.hit_rate for l in cell.layers)], "o-",
+                markersize=3, color=cmap(i / max(len(dynamic) - 1, 1)), label=f"λ = {cell.lam:g}")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("acceptance (%)")
+    ax.set_ylim(-5, 105)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{task}: acceptance per layer")
+    return fig
+
+
+def length_depth_grid(cell: dict[str, Any]) -> Any:
+    """Score by prompt length and needle depth; each square also shows that square's hit rate."""
+    groups: dict[tuple[int, float], list[dict[str, Any]]] = defaultdict(list)
+    for sample in cell["sample_log"]:
+        groups[sample["doc"]["max_length"], sample["doc"].get("depth") or 0.0].append(sample)
+    lengths = sorted({k[0] for k in groups})
+    depths = sorted({k[1] for k in groups})
+    score = np.full((len(depths), len(lengths)), np.nan)
+    fig = _figure(max(5.0, 1.6 + 1.3 * len(lengths)), 1.6 + 0.6 * len(depths))
+    ax = fig.add_subplot()
+    for (length, depth), samples in groups.items():
+        i, j = depths.index(depth), lengths.index(length)
+        score[i, j] = np.mean([_score(s) for s in samples])
+        spec = sum(a["speculated"] for s in samples for a in s["alspec"])
+        acc = sum(a["accepted"] for s in samples for a in s["alspec"])
+        label = f"{100 * acc / spec:.0f}%" if spec else "–"
+        ax.text(j, i, label, ha="center", va="center", fontsize=9,
+                color="white" if score[i, j] < 0.5 else "black")
+    image = ax.imshow(score, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    fig.colorbar(image, ax=ax, label="score")
+    ax.set_xticks(range(len(lengths)), [f"{n // 1024}K" for n in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth")
+    ax.set_title(f"{cell['task']} {cell['cell']}: score (colour), hit rate (text)", fontsize=9)
+    return fig
+
+
+def token_traces(cell: dict[str, Any], tokenizer: Any, num_layers: int, limit: int = 6) -> Any:
+    """Figure 8: each answer's tokens shaded by how many layers accepted the approximation."""
+    traced = [s for s in cell["sample_log"] if s["alspec"] and "accepted_layers_per_token" in s["alspec"][0]][:limit]
+    fig = _figure(9.0, 0.9 + 0.55 * max(len(traced), 1))
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    cmap = colormaps["Blues"]
+    for row, sample in enumerate(traced):
+        counts = sample["alspec"][0]["accepted_layers_per_token"]
+        ids = tokenizer(sample["response"][0] if isinstance(sample["response"], list) else sample["response"],
+                        add_special_tokens=False)["input_ids"]
+        x = 0.0
+        for token, count in zip(ids, counts, strict=False):
+            text = tokenizer.decode([token]).replace("\n", "⏎")
+            ax.text(x, -row, text, fontsize=8, family="monospace", va="center",
+                    bbox={"facecolor": cmap(count / num_layers), "edgecolor": "none", "pad": 1.5})
+            x += 0.0085 * max(len(text), 1)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-len(traced) + 0.5, 0.5)
+    ax.set_title(f"{cell['task']} {cell['cell']}: tokens shaded by layers accepted (darker = more, of {num_layers})",
+                 fontsize=9)
+    return fig
+
+
+def write_niah_figures(outdir: Path, tokenizer: Any = None) -> list[Path]:
+    """All needle figures into OUTDIR/figures/; the token traces need the model's tokenizer."""
+    sweep = load_sweep(outdir)
+    figures = outdir / "figures"
+    figures.mkdir(exist_ok=True)
+    written = []
+    for task in sweep.tasks:
+        written.append(save(needles_vs_lambda(sweep, task), figures / f"{task}_needles_vs_lambda.png"))
+        written.append(save(acceptance_per_layer(sweep, task), figures / f"{task}_acceptance_per_layer.png"))
+    cells = _cells(outdir)
+    if tokenizer is None:
+        tokenizer = _tokenizer(sweep)
+    for name, cell in cells.items():
+        if cell["sample_log"] and "max_length" in cell["sample_log"][0]["doc"]:
+            written.append(save(length_depth_grid(cell), figures / f"{cell['task']}_{name}_grid.png"))
+        if tokenizer is not None and cell["policy"] == "dynamic":
+            layers = cell["alspec"]["num_layers"]
+            written.append(save(token_traces(cell, tokenizer, layers), figures / f"{cell['task']}_{name}_tokens.png"))
+    return written
+
+
+def _tokenizer(sweep: Sweep) -> Any:
+    from transformers import AutoTokenizer
+
+    from ..models import SMOLLM2_ALIAS, smollm2_path
+
+    name = sweep.model
+    if name in (None, SMOLLM2_ALIAS):
+        name = str(smollm2_path())
+    return AutoTokenizer.from_pretrained(name)

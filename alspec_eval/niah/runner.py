@@ -1,0 +1,79 @@
+"""`alspec-niah`: the paper's needle experiment as a sweep (baseline, lambdas, pure sink) by length and depth.
+
+The run is an ordinary resumable sweep over the `alspec_niah` / `alspec_niah_single` task with
+token traces on; the needle figures are drawn from its cells afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import ConfigError
+from ..sweep.config import SweepConfig, parse_config
+from ..sweep.runner import run_sweep
+
+TASKS = {"single": "alspec_niah_single", "paper": "alspec_niah"}
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def _model_args(text: str) -> dict[str, object]:
+    pairs = [p.split("=", 1) for p in text.split(",") if p]
+    if any(len(p) != 2 for p in pairs):
+        raise ConfigError(f"--model-args {text!r}: write key=value pairs separated by ',', e.g. pretrained=smollm2")
+    return dict(pairs)
+
+
+def niah_config(args: argparse.Namespace) -> SweepConfig:
+    metadata = {"max_seq_lengths": [int(x) for x in _floats(args.lengths)], "niah_samples": args.samples,
+                "niah_seed": args.seed, "niah_needle": args.needle}
+    if args.mode == "single":
+        metadata["niah_depths"] = _floats(args.depths)
+    return parse_config({
+        "name": f"niah_{args.mode}", "tasks": [TASKS[args.mode]], "lambdas": _floats(args.lambdas),
+        "model_args": {**_model_args(args.model_args), "trace_tokens": True}, "window": args.window,
+        "batch_size": args.batch_size, "device": args.device, "static": False,
+        "apply_chat_template": args.chat, "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
+        "metadata": metadata, "output": args.output or f"results/niah_{args.mode}", "seed": args.seed,
+    }, source="alspec-niah")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="alspec-niah", description=__doc__)
+    p.add_argument("--mode", choices=sorted(TASKS), default="single")
+    p.add_argument("--lengths", default="2048", help="prompt lengths in tokens, powers of two from 1024 to 131072")
+    p.add_argument("--depths", default="0.1,0.5,0.9", help="needle depths (single mode), fractions of the haystack")
+    p.add_argument("--lambdas", default="0.05,0.1,0.2,0.4")
+    p.add_argument("--window", type=int, default=64, help="S, tokens in each sink window")
+    p.add_argument("--samples", type=int, default=1, help="prompts per length (and depth)")
+    p.add_argument("--needle", choices=["passkey", "fact"], default="passkey", help="single mode's needle")
+    p.add_argument("--model-args", default="pretrained=smollm2,dtype=float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--max-gen-toks", type=int, default=48)
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="apply the model's chat template (default: on)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", help="output folder (default: results/niah_<mode>)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        config = niah_config(args)
+    except (ConfigError, ValueError) as err:
+        sys.exit(f"alspec-niah: {err}")
+    out = run_sweep(config)
+    from .figures import write_niah_figures
+
+    for path in write_niah_figures(Path(out)):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""alspec-niah end to end on a tiny model: a resumable needle sweep and its figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from alspec_eval.niah.runner import main
+from tiny import save_tiny
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def test_needle_sweep_writes_cells_and_figures(tmp_path, capsys):
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    out = tmp_path / "niah"
+    args = ["--model-args", f"pretrained={model}", "--lengths", "1024", "--depths", "0.2,0.8", "--lambdas", "0.5,1",
+            "--window", "16", "--max-gen-toks", "6", "--no-chat", "--output", str(out)]
+    main(args)
+    cells = {p.stem: json.loads(p.read_text()) for p in (out / "cells" / "alspec_niah_single").glob("*.json")}
+    assert sorted(cells) == ["baseline", "lambda_0.5", "lambda_1", "sink"]
+    samples = cells["lambda_1"]["sample_log"]
+    assert sorted((s["doc"]["max_length"], s["doc"]["depth"]) for s in samples) == [(1024, 0.2), (1024, 0.8)]
+    for sample in samples:
+        (entry,) = sample["alspec"]
+        assert len(entry["accepted_layers_per_token"]) >= 1 and sum(entry["accepted_layers_per_token"]) == entry["accepted"]
+    figures = {p.name for p in (out / "figures").iterdir()}
+    assert {"alspec_niah_single_needles_vs_lambda.png", "alspec_niah_single_acceptance_per_layer.png",
+            "alspec_niah_single_lambda_1_grid.png", "alspec_niah_single_lambda_1_tokens.png"} <= figures
+    written = capsys.readouterr().out
+    mtimes = {p: p.stat().st_mtime for p in (out / "cells").rglob("*.json")}
+    main(args)  # resumes: every cell exists, nothing is recomputed
+    assert {p: p.stat().st_mtime for p in (out / "cells").rglob("*.json")} == mtimes
+    assert "needles_vs_lambda" in written
