@@ -57,11 +57,16 @@ class ALSpecLM(HFLM):
     def __init__(self, pretrained: str | transformers.PreTrainedModel, **kwargs: Any) -> None:
         self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
         if self.spec_config.backend == "tt":
-            raise ConfigError("backend=tt is not available in this release; use backend=sim (the simulated reference)")
+            from .backends.tt import check_environment
+
+            check_environment(self.spec_config)  # no ttnn or no device: stop before the weights load
         if pretrained == SMOLLM2_ALIAS:
             pretrained = str(smollm2_path())
         super().__init__(pretrained=pretrained, **hf_kwargs)
-        from .backends.sim import install
+        if self.spec_config.backend == "tt":
+            from .backends.tt import install
+        else:
+            from .backends.sim import install
 
         self.speculator = install(self.model, self.spec_config)
         self.task_stats: dict[str, AcceptanceStats] = {}

@@ -114,7 +114,7 @@ class SpeculationConfig:
         if self.window_align not in WINDOW_ALIGNS:
             raise ConfigError(f"window_align={self.window_align!r} is invalid; use 1 (exact windows) or 32 (the TT kernel's tile-aligned window)")
         if self.window_align == 32 and self.window % 32:
-            raise ConfigError(f"window={self.window} with window_align=32 must be a multiple of 32; use e.g. window={max(32, self.window // 32 * 32)}")
+            raise ConfigError(f"window={self.window} with window_align=32{' (forced by backend=tt)' if self.backend == 'tt' else ''} must be a multiple of 32; use e.g. window={max(32, self.window // 32 * 32)}")
         object.__setattr__(self, "static_layers", parse_layers(self.static_layers))
         if self.policy == "static" and not self.static_layers:
             raise ConfigError("policy=static needs the layers to approximate; pass e.g. static_layers=0;3;7-9")

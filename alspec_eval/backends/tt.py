@@ -10,7 +10,8 @@ squares, d^2 <= lambda^2 n^2, as the op does. Everything else (decisions, commit
 backend's ``Speculator``.
 
 ``tt_mode=host`` runs the same code with each device op replaced by ttnn's own golden function, on host
-tensors made by ``ttnn.from_torch`` (which rounds to bfloat8_b on the host), so CI can run it without a card.
+tensors made by ``ttnn.from_torch``, so CI can run it without a card. Without a card ttnn builds no tile-layout
+tensors (bfloat8_b included), so the host mode rounds the KV cache to bfloat8_b itself (``round_bfloat8_b``).
 
 Teacher-forced rows of a loglikelihood pass (several query positions per call) take the host path of the sim
 backend (model-dtype attention over the host KV cache, window_align=32), so their KV cache is not rounded to
@@ -50,7 +51,10 @@ def check_environment(config: SpeculationConfig) -> None:
     ttnn = import_ttnn()
     if config.tt_mode == "host":
         return
-    available = ttnn.GetNumAvailableDevices()
+    try:
+        available = ttnn.GetNumAvailableDevices()
+    except RuntimeError:  # ttnn raises TT_FATAL "No chips detected in the cluster" rather than returning 0
+        available = 0
     if config.tt_device_id >= available:
         found = "no Tenstorrent device was found" if available == 0 else f"only {available} Tenstorrent device(s) were found"
         raise ConfigError(f"backend=tt with tt_mode=device and tt_device_id={config.tt_device_id}: {found}; "
@@ -84,6 +88,18 @@ def sink_windows(cache: torch.Tensor, pos: torch.Tensor, window: int) -> tuple[t
     return gathered, torch.minimum(pos, window + pos - last_start)
 
 
+def round_bfloat8_b(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded as tt-metal packs bfloat8_b tiles: each 16 values of a face row (16 consecutive entries of
+    the last dim, one token's) share the exponent of the largest and keep a 7-bit magnitude, rounded to nearest
+    even and saturated. The result is exact in bfloat16. ``ttnn.from_torch`` does this only with a card present.
+    """
+    groups = x.float().reshape(*x.shape[:-1], -1, 16)
+    _, exponent = torch.frexp(groups.abs().amax(-1, keepdim=True))  # max in [2^(e-1), 2^e)
+    step = torch.ldexp(torch.ones_like(groups[..., :1]), exponent - 7)
+    mantissa = torch.round(groups.abs() / step).clamp_max(127)
+    return (groups.sign() * mantissa * step).reshape(x.shape).to(torch.bfloat16)
+
+
 class TTRuntime:
     """The ttnn calls of one run: on the device, or their golden functions on host tensors (tt_mode=host)."""
 
@@ -111,7 +127,14 @@ class TTRuntime:
         return host_op
 
     def upload(self, tensor: torch.Tensor, dtype: Any) -> Any:
-        return self.ttnn.from_torch(tensor.contiguous(), dtype=dtype, layout=self.ttnn.TILE_LAYOUT, device=self.device)
+        """A ttnn tensor of ``dtype`` on the device; on the host (where ttnn builds no tiles without a card) a
+        row-major bfloat16 one holding the values ``dtype`` would hold."""
+        ttnn = self.ttnn
+        if self.device is not None:
+            return ttnn.from_torch(tensor.contiguous(), dtype=dtype, layout=ttnn.TILE_LAYOUT, device=self.device)
+        if dtype == ttnn.bfloat8_b:
+            tensor = round_bfloat8_b(tensor)
+        return ttnn.from_torch(tensor.contiguous(), dtype=ttnn.bfloat16, layout=ttnn.ROW_MAJOR_LAYOUT)
 
     def download(self, tensor: Any) -> torch.Tensor:
         return tensor if isinstance(tensor, torch.Tensor) else self.ttnn.to_torch(tensor)

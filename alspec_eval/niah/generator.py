@@ -32,6 +32,15 @@ PAPER_INSTRUCTION = (
 )
 HASH_REQUEST = "Repeat Hash 1 to Hash 7 exactly as they appear in the text."
 PASSKEY_QUESTION = "What is the pass key mentioned in the text above?"
+# Single mode tells the model up front what to look for and starts its answer: small models
+# (SmolLM2-135M) then retrieve a pass key at 2K tokens, which they rarely do when asked only at the end.
+SINGLE_INTRO = {
+    "passkey": "There is an important pass key hidden inside a lot of irrelevant text. "
+               "Find it and memorize it. I will quiz you about the pass key.\n\n",
+    "fact": "There is an important fact hidden inside a lot of irrelevant text. "
+            "Find it and memorize it. I will quiz you about it.\n\n",
+}
+SINGLE_ANSWER_PREFIX = {"passkey": "The pass key is", "fact": "The answer is"}
 PAPER_HASHES = 7
 PAPER_FACTS = 3
 
@@ -241,6 +250,8 @@ class _Spec:
     answers: list[str]
     depths: list[float]
     question: str
+    intro: str = ""  # said before the haystack
+    answer_prefix: str = ""  # the start of the model's answer, given in the prompt
 
 
 def _build(
@@ -260,8 +271,10 @@ def _build(
             pieces += [" ".join(words[prev : at[i]]), spec.texts[i]]
             prev = at[i]
         pieces.append(" ".join(words[prev:]))
-        text = " ".join(p for p in pieces if p) + "\n\n" + spec.question
-        return text, _apply_chat(tokenizer, text) if use_chat else text, at
+        text = spec.intro + " ".join(p for p in pieces if p) + "\n\n" + spec.question
+        if use_chat:
+            return text, _apply_chat(tokenizer, text) + spec.answer_prefix, at
+        return text, f"{text}\n\nAnswer: {spec.answer_prefix}" if spec.answer_prefix else text, at
 
     n = _fit(lambda n: count(render(n)[1]), length)
     text, prompt, at = render(n)
@@ -322,6 +335,7 @@ def make_single_sample(
     else:
         raise ValueError(f"unknown needle kind {kind!r}")
     statement, question, answer = needle
-    spec = _Spec([kind], [statement], [answer], [depth], question)
+    spec = _Spec([kind], [statement], [answer], [depth], question, intro=SINGLE_INTRO[kind],
+                 answer_prefix=SINGLE_ANSWER_PREFIX[kind])
     text, prompt, needles, tokens, use_chat = _build(tokenizer, spec, length, rng, chat)
     return NeedleSample(prompt, text, needles, tokens, "single", seed, length, depth, use_chat)

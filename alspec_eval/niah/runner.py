@@ -30,14 +30,14 @@ def _model_args(text: str) -> dict[str, object]:
 
 def niah_config(args: argparse.Namespace) -> SweepConfig:
     metadata = {"max_seq_lengths": [int(x) for x in _floats(args.lengths)], "niah_samples": args.samples,
-                "niah_seed": args.seed, "niah_needle": args.needle}
+                "niah_seed": args.seed, "niah_needle": args.needle, "niah_chat": args.chat}
     if args.mode == "single":
         metadata["niah_depths"] = _floats(args.depths)
     return parse_config({
         "name": f"niah_{args.mode}", "tasks": [TASKS[args.mode]], "lambdas": _floats(args.lambdas),
         "model_args": {**_model_args(args.model_args), "trace_tokens": True}, "window": args.window,
         "batch_size": args.batch_size, "device": args.device, "static": False,
-        "apply_chat_template": args.chat, "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
+        "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
         "metadata": metadata, "output": args.output or f"results/niah_{args.mode}", "seed": args.seed,
     }, source="alspec-niah")
 
@@ -55,8 +55,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--max-gen-toks", type=int, default=48)
-    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                   help="apply the model's chat template (default: on)")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="bake the model's chat template into the prompts (default: when it has one)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", help="output folder (default: results/niah_<mode>)")
     return p

@@ -12,9 +12,10 @@ generator needs arrives in the task metadata, which lm-eval fills from `--metada
 - `niah_seed`: sample i uses seed `niah_seed + i`, so the same needles recur across
   lengths and depths and the cells of a grid differ only in length and depth.
 - `niah_needle` (single mode): `passkey` or `fact`.
-- `niah_chat`: bake the tokenizer's chat template into the prompt. Off by default:
-  with `--apply_chat_template` lm-eval applies it itself (the template's tokens then
-  come on top of the requested length).
+- `niah_chat`: bake the tokenizer's chat template into the prompt (true, false, or
+  auto: when the tokenizer has one; the default). Baked in, the template's tokens count
+  toward the requested length and single mode's answer prefix ("The pass key is") opens
+  the assistant's turn; so run without `--apply_chat_template`.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _lengths(metadata: dict[str, Any]) -> list[int]:
 
 def _chat(metadata: dict[str, Any]) -> bool | None:
     """`niah_chat` may arrive as JSON (true/false/null) or as a model_args string."""
-    value = metadata.get("niah_chat", False)
+    value = metadata.get("niah_chat")
     if isinstance(value, str):
         return {"true": True, "false": False, "auto": None, "none": None}[value.lower()]
     return value

@@ -171,8 +171,9 @@ def test_chat_template_auto(smollm2_tokenizer: Any) -> None:
     auto = make_single_sample(smollm2_tokenizer, 1024, 0.5, seed=0)
     raw = make_single_sample(smollm2_tokenizer, 1024, 0.5, seed=0, chat=False)
     assert auto.chat and auto.prompt.startswith("<|im_start|>")
-    assert auto.text in auto.prompt and auto.prompt.endswith("<|im_start|>assistant\n")
-    assert not raw.chat and raw.prompt == raw.text
+    assert auto.text in auto.prompt and auto.prompt.endswith("<|im_start|>assistant\nThe pass key is")
+    assert auto.text.startswith("There is an important pass key hidden")
+    assert not raw.chat and raw.prompt == raw.text + "\n\nAnswer: The pass key is"
     assert make_single_sample(count_words, 1024, 0.5).chat is False
     with pytest.raises(ValueError, match="chat template"):
         make_single_sample(count_words, 1024, 0.5, chat=True)

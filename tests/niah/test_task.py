@@ -54,7 +54,7 @@ def test_paper_task_builds_docs_from_metadata(metadata: dict[str, Any]) -> None:
         assert doc["mode"] == "paper" and len(doc["needles"]) == 10
         assert doc["max_length"] - tolerance(doc["max_length"]) <= doc["context_tokens"] <= doc["max_length"]
         assert all(n["text"] in doc["input"] for n in doc["needles"])
-        assert not doc["input"].startswith("<|im_start|>")  # lm-eval applies templates itself
+        assert doc["input"].startswith("<|im_start|>")  # niah_chat auto: the tokenizer has a template
 
 
 def test_single_task_grid_and_options(metadata: dict[str, Any]) -> None:
