@@ -5,3 +5,9 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/python -m pytest "$@"
+# tests/tt once more in Python 3.12 with ttnn (the main venv skips them): the host mode needs no card.
+# ALSPEC_SKIP_TT=1 leaves this out (.venv-tt takes about 2 minutes and 6.7 GB, mostly torch's CUDA libraries).
+if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then
+    scripts/tt_env.sh
+    .venv-tt/bin/python -m pytest tests/tt
+fi
