@@ -6,6 +6,7 @@ The simulator rebinds torch.bfloat16 process-wide, so it runs in a subprocess.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ttl.sim", reason="tt-lang-sim is not installed (pip install -e '.[test]')")
+# Only look for the simulator: importing it here would rebind torch.bfloat16 for every later test.
+if importlib.util.find_spec("ttl") is None:
+    pytest.skip("tt-lang-sim is not installed (pip install -e '.[test]')", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,0 +1,1 @@
+"""Bundled data: the needle-in-a-haystack text (public domain)."""
