@@ -24,8 +24,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from .config import ConfigError, SpeculationConfig
-from .models import SMOLLM2_ALIAS, smollm2_path
 from .fork import SharedPrefill, Variant, forward_all, generate_all
+from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
 from .report_io import write_json_atomic
 from .sidecar import register_sidecar
@@ -132,6 +132,8 @@ class ALSpecLM(HFLM):
         if self.spec_config.trace_tokens:
             entry["accepted_layers_per_token"] = [t for r in rows for t in r["tokens"]]
         args = inst.arguments if isinstance(inst.arguments, tuple) else (inst.arguments,)
+        if args and isinstance(args[-1], dict) and "alspec" in args[-1]:  # a repeated request: log it once
+            args = args[:-1]
         inst.arguments = (*args, {"alspec": entry})
 
     # ------------------------------------------------------------------ loglikelihood: teacher forcing

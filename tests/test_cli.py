@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+LM_EVAL = str(Path(sys.executable).with_name("lm_eval"))  # the venv's script, activated or not
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -31,7 +33,7 @@ def test_bundled_tasks_are_found_without_include_path():
 
 def test_bad_lambda_stops_before_loading_with_one_message(tmp_path):
     result = subprocess.run(
-        ["lm_eval", "--model", "alspec", "--model_args", f"pretrained={tmp_path}/missing,lambda=-1",
+        [LM_EVAL, "--model", "alspec", "--model_args", f"pretrained={tmp_path}/missing,lambda=-1",
          "--tasks", "alspec_recall", "--device", "cpu", "--output_path", str(tmp_path)],
         capture_output=True, text=True, env=ENV)
     assert result.returncode != 0

@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from alspec_eval.models import smollm2_path
 
+LM_EVAL = str(Path(sys.executable).with_name("lm_eval"))  # the venv's script, activated or not
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def run_lm_eval(out, model_args: str) -> tuple[dict, dict, list[dict]]:
     subprocess.run(
-        ["lm_eval", "--model", "alspec", "--model_args", model_args, "--tasks", "alspec_recall", "--limit", "4",
+        [LM_EVAL, "--model", "alspec", "--model_args", model_args, "--tasks", "alspec_recall", "--limit", "4",
          "--batch_size", "4", "--device", "cpu", "--output_path", str(out), "--log_samples"],
         check=True, env=ENV, capture_output=True)
     (results,) = out.rglob("results_*.json")
