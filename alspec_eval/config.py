@@ -15,6 +15,7 @@ KERNELS: tuple[str, ...] = ("auto", "torch", "triton", "sdpa")
 WINDOW_ALIGNS: tuple[int, ...] = (1, 32)
 TT_MODES: tuple[str, ...] = ("device", "host")
 TT_KV_DTYPES: tuple[str, ...] = ("bfloat8_b", "bfloat16")
+TT_KERNELS: tuple[str, ...] = ("ttnn", "ttlang")
 
 
 MODEL_ARGS: dict[str, str] = {
@@ -22,6 +23,7 @@ MODEL_ARGS: dict[str, str] = {
     "backend": "backend", "window_align": "window_align", "speculate_prefill": "speculate_prefill",
     "trace_tokens": "trace_tokens", "kernel": "kernel", "stats_path": "stats_path",
     "tt_mode": "tt_mode", "tt_device_id": "tt_device_id", "tt_kv_dtype": "tt_kv_dtype",
+    "tt_kernel": "tt_kernel",
 }
 
 
@@ -84,6 +86,7 @@ class SpeculationConfig:
     tt_mode: str = "device"
     tt_device_id: int = 0
     tt_kv_dtype: str = "bfloat8_b"
+    tt_kernel: str = "ttnn"
 
     def __post_init__(self) -> None:
         lam = self.lam
@@ -109,6 +112,8 @@ class SpeculationConfig:
             raise ConfigError(f"tt_mode={self.tt_mode!r} is unknown; use device (a Tenstorrent card) or host (ttnn's golden functions, no card)")
         if self.tt_kv_dtype not in TT_KV_DTYPES:
             raise ConfigError(f"tt_kv_dtype={self.tt_kv_dtype!r} is unknown; use one of {', '.join(TT_KV_DTYPES)}")
+        if self.tt_kernel not in TT_KERNELS:
+            raise ConfigError(f"tt_kernel={self.tt_kernel!r} is unknown; use ttnn (ttnn's SDPA decode op) or ttlang (the TT-Lang speculative flash decode kernel)")
         if isinstance(self.tt_device_id, bool) or not isinstance(self.tt_device_id, int) or self.tt_device_id < 0:
             raise ConfigError(f"tt_device_id={self.tt_device_id!r} is invalid; use a device index >= 0, e.g. tt_device_id=0")
         if self.window_align not in WINDOW_ALIGNS:

@@ -9,6 +9,12 @@ speculative output and the squared distance and norm, and the device's numbers d
 squares, d^2 <= lambda^2 n^2, as the op does. Everything else (decisions, commits, statistics) is the sim
 backend's ``Speculator``.
 
+``tt_kernel=ttlang`` replaces the ttnn op with the TT-Lang speculative flash decode kernel
+(``alspec_eval.kernels.ttlang``): one kernel gives A, A~ (the first partial of A), d^2 and n^2. It runs on a card
+with the TT-Lang compiler (``tt_mode=device``) or on tt-lang-sim (``tt_mode=host``: the simulator brings its own
+``ttnn``, so the real one is not needed, and computes in float32; it rebinds ``torch.bfloat16`` to float32 for the
+whole process, so a model loaded as bfloat16 afterwards is float32).
+
 ``tt_mode=host`` runs the same code with each device op replaced by ttnn's own golden function, on host
 tensors made by ``ttnn.from_torch``, so CI can run it without a card. Without a card ttnn builds no tile-layout
 tensors (bfloat8_b included), so the host mode rounds the KV cache to bfloat8_b itself (``round_bfloat8_b``).
@@ -22,6 +28,7 @@ cache would (block-float rounding is per token), at the cost of host-to-device t
 from __future__ import annotations
 
 import atexit
+import functools
 from types import ModuleType
 from typing import Any, Callable
 
@@ -46,8 +53,31 @@ def import_ttnn() -> ModuleType:
     return ttnn
 
 
+def check_ttlang(config: SpeculationConfig) -> bool:
+    """tt_kernel=ttlang: fail unless the installed TT-Lang fits tt_mode. True where it runs on the simulator
+    (which needs neither the real ttnn nor a card)."""
+    from ..kernels.ttlang.decode import COMPILER, INSTALL_HINT as TTLANG_HINT, SIM, flavour
+
+    kind = flavour()
+    if kind is None:
+        raise ConfigError(f"backend=tt with tt_kernel=ttlang needs TT-Lang (the `ttl` package), which is not "
+                          f"installed; {TTLANG_HINT}; or use tt_kernel=ttnn")
+    if config.tt_mode == "host" and kind == COMPILER:
+        raise ConfigError("tt_kernel=ttlang with tt_mode=host runs the kernel on the simulator (tt-lang-sim), but the "
+                          "installed TT-Lang is the compiler (tt-lang); use tt_mode=device on a Tenstorrent card, or "
+                          "an environment with `pip install tt-lang-sim`")
+    if config.tt_mode == "device" and kind == SIM:
+        raise ConfigError("tt_kernel=ttlang with tt_mode=device needs the TT-Lang compiler (tt-lang) and a Tenstorrent "
+                          "card, but only the simulator (tt-lang-sim) is installed; use tt_mode=host to run the kernel "
+                          "on the simulator")
+    return kind == SIM
+
+
 def check_environment(config: SpeculationConfig) -> None:
-    """Fail before the model loads when ttnn or, with tt_mode=device, the Tenstorrent device is missing."""
+    """Fail before the model loads when ttnn, TT-Lang (tt_kernel=ttlang) or, with tt_mode=device, the Tenstorrent
+    device is missing."""
+    if config.tt_kernel == "ttlang" and check_ttlang(config):
+        return
     ttnn = import_ttnn()
     if config.tt_mode == "host":
         return
@@ -107,9 +137,17 @@ class TTRuntime:
         self.ttnn = ttnn
         self.kv_dtype = getattr(ttnn, config.tt_kv_dtype)
         self.device = None
+        self.ttlang: Callable | None = None  # tt_kernel=ttlang: kernels.ttlang.decode.ttlang_decode on this device
         if config.tt_mode == "device":
             self.device = ttnn.open_device(device_id=config.tt_device_id)
             atexit.register(ttnn.close_device, self.device)
+        if config.tt_kernel == "ttlang":
+            from ..kernels.ttlang.decode import ttlang_decode
+
+            device = self.device if self.device is not None else ttnn.open_device(device_id=0)  # the simulator's
+            self.ttlang = functools.partial(ttlang_decode, device=device)
+            self.sdpa_decode = self.speculative = None
+            return
         self.sdpa_decode = self._op(ttnn.transformer.scaled_dot_product_attention_decode)
         speculative = getattr(getattr(ttnn, "experimental", None), SPECULATIVE_OP, None)
         self.speculative = None if speculative is None else self._op(speculative)
@@ -139,6 +177,17 @@ class TTRuntime:
     def download(self, tensor: Any) -> torch.Tensor:
         return tensor if isinstance(tensor, torch.Tensor) else self.ttnn.to_torch(tensor)
 
+    def kernel_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, window: int,
+                      scale: float) -> tuple[torch.Tensor, ...]:
+        """tt_kernel=ttlang: (A, A~, d^2, n^2) of a decode step from the TT-Lang kernel. On the simulator (which
+        computes in float32 whatever the dtype) the KV cache is rounded to bfloat8_b here, as in the golden path."""
+        kv_dtype = self.kv_dtype
+        if self.device is None:
+            if kv_dtype == self.ttnn.bfloat8_b:
+                k, v = round_bfloat8_b(k), round_bfloat8_b(v)
+            kv_dtype = self.ttnn.bfloat16
+        return self.ttlang(q, k, v, pos.tolist(), window, scale, kv_dtype=kv_dtype)
+
 
 class TTSpeculator(sim.Speculator):
     """The sim speculator with the TT op as its decode kernel and squared-norm verification."""
@@ -157,6 +206,10 @@ class TTSpeculator(sim.Speculator):
         pos = (key.shape[2] - 1 - pad).to(torch.long)
         length = _ceil(key.shape[2], TILE)
         k, v = left_align(key, pad, length), left_align(value, pad, length)
+        if rt.ttlang is not None:  # tt_kernel=ttlang: one kernel for A, A~ and the verification sums
+            exact, approx, d2, n2 = rt.kernel_decode(query[:, :, 0], k, v, pos, config.window, scaling)
+            self._device_norms = (d2, n2)
+            return exact[:, None].to(query.dtype), approx[:, None].to(query.dtype)
         q = rt.upload(query.permute(2, 0, 1, 3), ttnn.bfloat16)  # the op's [1, B, Hq, D]
         self._device_norms = None
         if rt.speculative is not None:
@@ -198,7 +251,13 @@ class TTSpeculator(sim.Speculator):
 def install(model: PreTrainedModel, config: SpeculationConfig) -> TTSpeculator:
     """Hook the model like the sim backend, with decode steps on the TT device (or its golden functions)."""
     check_environment(config)
-    runtime = TTRuntime(import_ttnn(), config)
+    if config.tt_kernel == "ttlang":
+        from ..kernels.ttlang.decode import load_ttnn
+
+        ttnn = load_ttnn()  # on tt-lang-sim: the simulator's ttnn
+    else:
+        ttnn = import_ttnn()
+    runtime = TTRuntime(ttnn, config)
 
     def build(*args: Any) -> TTSpeculator:
         return TTSpeculator(runtime, *args)

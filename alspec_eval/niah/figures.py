@@ -32,7 +32,7 @@ def _score(sample: dict[str, Any]) -> float:
 
 def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
     """Figure 3a: score and hit rate per lambda, baseline and sink as references."""
-    fig = _figure(6.4, 4.0)
+    fig = _figure(6.4, 4.6)
     ax = fig.add_subplot()
     dynamic = sweep.dynamic_cells(task)
     lams = [c.lam for c in dynamic]
@@ -41,6 +41,8 @@ def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
         if (cell := sweep.cell(task, row)) is not None and cell.score is not None:
             ax.axhline(cell.score, linestyle=style, color="tab:blue", alpha=0.7, label=f"{row.label} score")
     ax.set_xscale("log")
+    ax.set_xticks(lams, [f"{lam:g}" for lam in lams])
+    ax.minorticks_off()
     ax.set_xlabel("λ")
     ax.set_ylabel("score (share of needles found)")
     ax.set_ylim(-0.05, 1.05)
@@ -50,7 +52,7 @@ def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
     hits.set_ylabel("hit rate (%)", color="tab:orange")
     hits.set_ylim(-5, 105)
     handles = ax.get_legend_handles_labels()[0] + hits.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="lower left", fontsize=8)
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8)
     ax.set_title(f"{task}: needles found and attention approximated")
     return fig
 

@@ -1,7 +1,7 @@
-"""Builds recall.jsonl: passages of A Tale of Two Cities with a code hidden near the start.
+"""Builds recall.jsonl: passages of A Tale of Two Cities with a code hidden in the middle.
 
-Answering needs attention far behind the last window, so approximating it costs score,
-and hit rates rise with lambda. Run once; the output is committed:
+Answering needs attention between the first and the last window (beyond S = 64 tokens from
+either end), so pure sink attention loses it and dynamic speculation must keep it. Run once; the output is committed:
     python tasks/alspec_recall/build_data.py ../shared/data/tale_of_two_cities.txt
 """
 
@@ -27,7 +27,7 @@ def build(source: Path, out: Path, docs: int = 16, words: int = 420, seed: int =
             start = rng.randrange(len(body) - words)
             passage = body[start:start + words]
             code = str(rng.randrange(1000, 10000))
-            passage.insert(30, f"(Remember this: the secret code is {code}.)")
+            passage.insert(rng.randrange(words // 3, 2 * words // 3), f"(Remember this: the secret code is {code}.)")
             text = " ".join(passage)
             f.write(json.dumps({"id": i, "passage": text, "code": code}) + "\n")
 
