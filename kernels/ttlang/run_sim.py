@@ -37,37 +37,14 @@ def run(cur_pos: list[int], hq: int, hkv: int, dim: int, cache_len: int, window:
     pos = torch.tensor(cur_pos)
     ref = speculative_flash_decode(q, k, v, pos, window, 0.0, window_align=32)
 
-    from ttl.sim.ttlang_sim import setup_simulator_imports
+    from .decode import SIM, flavour, load_ttnn, ttlang_decode
 
-    setup_simulator_imports()
-    import ttnn
-
-    from .spec_decode import TILE, build, from_torch, schedule
-
-    group, lt = hq // hkv, -(-cache_len // TILE)
-    pairs = b * hkv
-    qp = torch.zeros(pairs, TILE, dim, dtype=torch.float32)
-    qp[:, :group] = q.float().reshape(pairs, group, dim)
-    kp = torch.zeros(pairs, lt * TILE, dim)
-    vp = torch.zeros(pairs, lt * TILE, dim)
-    kp[:, :cache_len] = k.float().reshape(pairs, cache_len, dim)
-    vp[:, :cache_len] = v.float().reshape(pairs, cache_len, dim)
-    bias = torch.zeros(b, TILE, lt * TILE)
-    for i, p in enumerate(cur_pos):
-        bias[i, :, p + 1 :] = float("-inf")
-    rowmask = torch.zeros(TILE, dim)
-    rowmask[:group] = 1.0
-
+    if flavour() != SIM:
+        raise SystemExit("run_sim needs tt-lang-sim (pip install tt-lang-sim)")
+    ttnn = load_ttnn()
     device = ttnn.open_device(device_id=0)
     try:
-        dev = lambda t: from_torch(t, ttnn.bfloat16, device)  # noqa: E731
-        outs = [dev(torch.zeros(pairs * TILE, dim)), dev(torch.zeros(pairs * TILE, dim))]
-        sums = [dev(torch.zeros(pairs * TILE, TILE)), dev(torch.zeros(pairs * TILE, TILE))]
-        op = build(schedule(cur_pos, window, hkv), lt, dim**-0.5)
-        op(dev(qp.reshape(-1, dim)), dev(kp.reshape(-1, dim)), dev(vp.reshape(-1, dim)), dev(bias.reshape(-1, lt * TILE)),
-           dev(rowmask), *outs, *sums)
-        spec, exact = (ttnn.to_torch(t).float().reshape(pairs, TILE, dim)[:, :group].reshape(b, hq, dim) for t in outs)
-        d2, n2 = (ttnn.to_torch(t).float().reshape(b, hkv, TILE, TILE)[:, :, 0, 0].sum(1) for t in sums)
+        exact, spec, d2, n2 = ttlang_decode(q, k, v, cur_pos, window, dim**-0.5, device)
     finally:
         ttnn.close_device(device)
 

@@ -45,3 +45,24 @@ def test_tt_config():
     config, rest = SpeculationConfig.from_model_args({"backend": "tt", "window": 32, "tt_mode": "host",
                                                       "tt_kv_dtype": "bfloat16", "tt_device_id": 1})
     assert (config.tt_mode, config.tt_kv_dtype, config.tt_device_id, rest) == ("host", "bfloat16", 1, {})
+
+
+@pytest.mark.parametrize("installed, mode, match", [
+    (None, "host",
+     r"tt_kernel=ttlang needs TT-Lang.*not installed.*tt-lang.*tt_mode=device.*pip install tt-lang-sim.*tt_mode=host"),
+    ("tt-lang", "host", r"tt_mode=host runs the kernel on the simulator.*installed TT-Lang is the compiler"),
+    ("tt-lang-sim", "device", r"tt_mode=device needs the TT-Lang compiler.*only the simulator.*use tt_mode=host"),
+])
+def test_ttlang_kernel_missing_stops_before_the_model_loads(monkeypatch, installed, mode, match):
+    monkeypatch.setattr("alspec_eval.kernels.ttlang.decode.flavour", lambda: installed)
+    monkeypatch.setattr("lm_eval.models.huggingface.HFLM.__init__", _fail_if_loaded)
+    with pytest.raises(ConfigError, match=match):
+        ALSpecLM(pretrained="unused", backend="tt", tt_kernel="ttlang", tt_mode=mode, window=32)
+
+
+def test_tt_kernel_config():
+    assert SpeculationConfig().tt_kernel == "ttnn"
+    with pytest.raises(ConfigError, match="tt_kernel='triton'.*ttnn.*ttlang"):
+        SpeculationConfig(backend="tt", window=32, tt_kernel="triton")
+    config, rest = SpeculationConfig.from_model_args({"backend": "tt", "window": 32, "tt_kernel": "ttlang"})
+    assert (config.tt_kernel, rest) == ("ttlang", {})
