@@ -48,12 +48,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--kernel", default="auto", help="alspec's decode kernel: auto, sdpa, torch, triton")
     args = parser.parse_args()
 
     path = str(smollm2_path())
     common = {"pretrained": path, "device": args.device, "batch_size": args.batch_size, "dtype": "float32"}
     hf = HFLM(**common)
-    alspec = ALSpecLM(**common, **{"lambda": 0.1, "window": 64})
+    alspec = ALSpecLM(**common, **{"lambda": 0.1, "window": 64, "kernel": args.kernel})
     texts = prompts(hf.tokenizer, args.prompts, args.tokens)
     timed(hf, texts[:1], 4), timed(alspec, texts[:1], 4)  # warm-up
     times: dict[str, list[float]] = {"hf": [], "alspec": []}
@@ -63,7 +64,7 @@ def main() -> None:
     hf_s, alspec_s = statistics.median(times["hf"]), statistics.median(times["alspec"])
     hit = alspec.statistics()["tasks"]["bench"]["total"]["hit_rate"]
     print(f"device={args.device} threads={torch.get_num_threads()} prompts={args.prompts}x{args.tokens} tokens "
-          f"new={args.new_tokens} batch={args.batch_size}")
+          f"new={args.new_tokens} batch={args.batch_size} kernel={args.kernel}")
     print(f"hf     median {hf_s:.2f} s  runs {[round(t, 2) for t in times['hf']]}")
     print(f"alspec median {alspec_s:.2f} s  runs {[round(t, 2) for t in times['alspec']]}  hit rate {hit:.3f}")
     print(f"ratio alspec/hf = {alspec_s / hf_s:.3f}")

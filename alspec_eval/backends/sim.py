@@ -13,6 +13,7 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,24 @@ def flash_decode_kernel(name: str, device: torch.device) -> DecodeKernel | None:
     return decode
 
 
+@dataclass
+class _Pass:
+    """The decode-region geometry of one forward pass, shared by all its layers, and their decisions.
+
+    rows, cols: the speculated (batch row, query index) positions; ``index``: each one's 2S window
+    positions in the KV cache and ``mask`` the ones past the current token (window_align=32 only).
+    """
+
+    q_len: int
+    offset: int  # physical index of the first query
+    trivial: torch.Tensor  # (B, q_len) bool
+    rows: torch.Tensor
+    cols: torch.Tensor
+    index: torch.Tensor
+    mask: torch.Tensor | None
+    decisions: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=dict)
+
+
 class Speculator:
     """Holds the config, the active decode region and the decisions recorded during it."""
 
@@ -67,45 +86,62 @@ class Speculator:
         self.base_attention = base_attention
         self.decode_kernel = decode_kernel
         self.region: DecodeRegion | None = None
-        self._calls: list[tuple[int, int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = []
+        self._passes: list[_Pass | None] = []
 
     @contextmanager
     def speculating(self, region: DecodeRegion) -> Iterator[Trace]:
         """Speculate inside ``region`` for the forward passes run in this block; the trace fills on exit."""
         if self.region is not None:
             raise RuntimeError("speculating() blocks cannot nest")
-        self.region, self._calls = region, []
+        self.region, self._passes = region, []
         trace = Trace(torch.empty(0), torch.empty(0))
         try:
             yield trace
         finally:
-            trace.codes, trace.ratios = self._assemble(len(region.pad))
-            trace.offset = self._calls[0][1] if self._calls else 0
-            self.region, self._calls = None, []
+            passes = [p for p in self._passes if p is not None]
+            trace.codes, trace.ratios = self._assemble(len(region.pad), passes)
+            trace.offset = passes[0].offset if passes else 0
+            self.region, self._passes = None, []
 
     def new_forward(self, *_: object) -> None:
         """Forward pre-hook of the model: each forward pass appends its query positions to the trace."""
         if self.region is not None:
-            self._calls.append((0, 0, {}))
+            self._passes.append(None)
 
-    def _assemble(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _plan(self, query: torch.Tensor, key: torch.Tensor) -> _Pass:
+        """Which positions of this pass speculate, and their window positions (computed at its first layer)."""
+        cfg, region = self.config, self.region
+        q_len, k_len = query.shape[2], key.shape[2]
+        phys = torch.arange(k_len - q_len, k_len, device=query.device)
+        pos = phys - region.pad[:, None]  # (B, Tq) position within the sequence
+        in_region = (phys >= region.spec_start[:, None]) & (phys < region.row_end[:, None])
+        if region.exact is not None:
+            in_region &= ~region.exact[:, None]
+        trivial = in_region & (pos + 1 <= 2 * cfg.window)
+        rows, cols = (in_region & ~trivial).nonzero(as_tuple=True)
+        index, mask = window_index(pos[rows, cols], region.pad[rows], cfg.window, cfg.window_align, k_len)
+        return _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask)
+
+    def _assemble(self, batch: int, passes: list[_Pass]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-pass sparse decisions as dense (batch, positions, layers) codes and ratios."""
         codes, ratios = [], []
-        for q_len, _, layers in self._calls:
-            c = torch.zeros(batch, q_len, self.num_layers, dtype=torch.int8)
-            r = torch.full((batch, q_len, self.num_layers), float("nan"))
-            for layer, (layer_codes, layer_ratios) in layers.items():
-                c[:, :, layer] = layer_codes.cpu()
-                r[:, :, layer] = layer_ratios.cpu()
+        for p in passes:
+            c = torch.zeros(batch, p.q_len, self.num_layers, dtype=torch.int8)
+            r = torch.full((batch, p.q_len, self.num_layers), float("nan"))
+            rows, cols, trivial = p.rows.cpu(), p.cols.cpu(), p.trivial.cpu()
+            for layer, decision in p.decisions.items():
+                c[:, :, layer].masked_fill_(trivial, TRIVIAL)
+                if decision is None:  # a static policy's exact layer: decided, not measured
+                    c[rows, cols, layer] = REJECTED
+                    continue
+                accept, ratio = decision
+                c[rows, cols, layer] = torch.where(accept.cpu(), ACCEPTED, REJECTED).to(torch.int8)
+                r[rows, cols, layer] = ratio.cpu()
             codes.append(c)
             ratios.append(r)
         if not codes:
             return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
         return torch.cat(codes, 1), torch.cat(ratios, 1)
-
-    def _record(self, layer: int, offset: int, codes: torch.Tensor, ratios: torch.Tensor) -> None:
-        _, _, layers = self._calls[-1]
-        self._calls[-1] = (codes.shape[1], offset, layers)
-        layers[layer] = (codes, ratios)
 
     def commit(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                exact: torch.Tensor, scaling: float, approx_all: torch.Tensor | None = None) -> torch.Tensor:
@@ -116,42 +152,31 @@ class Speculator:
         """
         cfg, region = self.config, self.region
         assert region is not None
-        batch, _, q_len, _ = query.shape
-        k_len = key.shape[2]
-        window = cfg.window
-        phys = torch.arange(k_len - q_len, k_len, device=query.device)
-        pos = phys - region.pad[:, None]  # (B, Tq) position within the sequence
-        in_region = (phys >= region.spec_start[:, None]) & (phys < region.row_end[:, None])
-        if region.exact is not None:
-            in_region &= ~region.exact[:, None]
-        trivial = in_region & (pos + 1 <= 2 * window)
-        speculate = in_region & ~trivial
-
-        codes = trivial.to(torch.int8) * TRIVIAL
-        ratios = torch.full((batch, q_len), float("nan"), device=query.device)
-        rows, cols = speculate.nonzero(as_tuple=True)
-        approximate = cfg.policy != "static" or layer in cfg.static_layers
-        if rows.numel() and approximate:
-            if approx_all is not None:
-                approx = approx_all[rows, cols]
-            else:
-                approx = sink_attention(query[rows, :, cols], key, value, rows, pos[rows, cols], region.pad[rows],
-                                        window, cfg.window_align, scaling)
-            exact_rows = exact[rows, cols]
-            d, n = self.distances(approx, exact_rows, rows, cols)
-            if cfg.policy != "dynamic":
-                accept = torch.ones_like(d, dtype=torch.bool)
-            elif region.lam is not None:
-                lam = region.lam[rows]
-                accept = self.within(d, n, lam) | torch.isinf(lam)
-            else:
-                accept = self.within(d, n, cfg.lam) if cfg.lam != float("inf") else torch.ones_like(d, dtype=torch.bool)
-            exact[rows, cols] = torch.where(accept[:, None, None], approx, exact_rows)
-            codes[rows, cols] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
-            ratios[rows, cols] = d / n
-        elif rows.numel():
-            codes[rows, cols] = REJECTED
-        self._record(layer, k_len - q_len, codes, ratios)
+        if self._passes[-1] is None:
+            self._passes[-1] = self._plan(query, key)
+        plan = self._passes[-1]
+        rows, cols = plan.rows, plan.cols
+        if cfg.policy == "static" and layer not in cfg.static_layers:
+            plan.decisions[layer] = None
+            return exact
+        if not len(rows):
+            plan.decisions[layer] = (torch.empty(0, dtype=torch.bool), torch.empty(0))
+            return exact
+        if approx_all is not None:
+            approx = approx_all[rows, cols]
+        else:
+            approx = sink_attention(query[rows, :, cols], key, value, rows, plan.index, plan.mask, scaling)
+        exact_rows = exact[rows, cols]
+        d, n = self.distances(approx, exact_rows, rows, cols)
+        if cfg.policy != "dynamic":
+            accept = torch.ones_like(d, dtype=torch.bool)
+        elif region.lam is not None:
+            lam = region.lam[rows]
+            accept = self.within(d, n, lam) | torch.isinf(lam)
+        else:
+            accept = self.within(d, n, cfg.lam) if cfg.lam != float("inf") else torch.ones_like(d, dtype=torch.bool)
+        exact[rows, cols] = torch.where(accept[:, None, None], approx, exact_rows)
+        plan.decisions[layer] = (accept, d / n)
         return exact
 
     def distances(self, approx: torch.Tensor, exact: torch.Tensor, rows: torch.Tensor,
@@ -165,21 +190,24 @@ class Speculator:
         return d <= lam * n
 
 
-def sink_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-                   pad: torch.Tensor, window: int, window_align: int, scaling: float) -> torch.Tensor:
-    """A~ for R query rows: attention over the first S and last S positions of each row's sequence.
-
-    q: (R, Hq, D); key/value: (B, Hkv, L, D); rows: batch index of each query; pos: its position in
-    the sequence (>= 2S, so the windows are disjoint). Gathers 2S keys per row: no O(L^2) buffer.
-    Returns (R, Hq, D) in the model dtype.
-    """
-    offsets = torch.arange(window, device=q.device)
+def window_index(pos: torch.Tensor, pad: torch.Tensor, window: int, window_align: int,
+                 k_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KV-cache indices (R, 2S) of the first S and last S positions of R queries at sequence positions ``pos``
+    (>= 2S, so the windows are disjoint), and for window_align=32 the (R, 1, 1, 2S) mask of those <= pos."""
+    offsets = torch.arange(window, device=pos.device)
     last_end = pos + 1 if window_align == 1 else (pos + window_align) // window_align * window_align
-    logical = torch.cat([offsets.expand(len(pos), -1), (last_end - window)[:, None] + offsets], dim=1)  # (R, 2S)
-    physical = (logical + pad[:, None]).clamp_max(key.shape[2] - 1)
-    k = key[rows[:, None], :, physical].transpose(1, 2)  # (R, Hkv, 2S, D)
-    v = value[rows[:, None], :, physical].transpose(1, 2)
+    logical = torch.cat([offsets.expand(len(pos), -1), (last_end - window)[:, None] + offsets], dim=1)
+    index = (logical + pad[:, None]).clamp_max(k_len - 1)
     mask = None if window_align == 1 else (logical <= pos[:, None])[:, None, None, :]
+    return index, mask
+
+
+def sink_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: torch.Tensor,
+                   index: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """A~ for R query rows (R, Hq, D): attention over their 2S window keys only, gathered from the
+    (B, Hkv, L, D) cache: no O(L^2) buffer. Runs in the model dtype."""
+    k = key[rows[:, None], :, index].transpose(1, 2)  # (R, Hkv, 2S, D)
+    v = value[rows[:, None], :, index].transpose(1, 2)
     out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=scaling,
                                          enable_gqa=k.shape[1] != q.shape[1])
     return out[:, :, 0, :]
