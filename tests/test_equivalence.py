@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from lm_eval.api.instance import Instance
 
 from alspec_eval.region import DecodeRegion
 from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
@@ -128,3 +129,28 @@ def test_statistics_add_up(model):
         assert task["total"][key] == sum(s[key] for s in sample_stats(gen))
     assert task["total"]["trivial"] > 0  # the first tokens after short prompts fit in 2S
     assert task["total"]["hist"] == [sum(col) for col in zip(*(layer["hist"] for layer in task["layers"]))]
+
+
+def test_rolling_loglikelihood_speculates_every_position(model):
+    text = PROMPTS[0] + " " + PROMPTS[1]
+    requests = lambda: [Instance("loglikelihood_rolling", {}, (text,), 0, ("roll", 0, 1))]  # noqa: E731
+    assert alspec_lm(model, **{"lambda": 0.0}).loglikelihood_rolling(requests()) == \
+        hf_lm(model).loglikelihood_rolling(requests())
+    sink = alspec_lm(model, policy="sink", window=8)
+    rolled = requests()
+    sink.loglikelihood_rolling(rolled)
+    tokens, layers = len(TOKENIZER(text)["input_ids"]), model.config.num_hidden_layers
+    # One window: the prefix token and the text, minus its last token; every position speculates.
+    assert sample_stats(rolled) == [{"speculated": layers * (tokens - 16), "accepted": layers * (tokens - 16),
+                                     "trivial": layers * 16, "hit_rate": 1.0}]
+
+
+def test_sliding_window_layers_are_skipped_and_reported():
+    model = tiny_model("mistral")
+    model.config.sliding_window = 32
+    baseline, spec = hf_lm(model), alspec_lm(model, policy="sink")
+    assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())
+    stats = spec.statistics()
+    assert stats["skipped_layers"] == {str(i): "sliding_window" for i in range(3)}
+    assert all(layer["skipped"] == "sliding_window" and layer["speculated"] == 0
+               for layer in stats["tasks"]["gen"]["layers"])
