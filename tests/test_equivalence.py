@@ -154,3 +154,29 @@ def test_sliding_window_layers_are_skipped_and_reported():
     assert stats["skipped_layers"] == {str(i): "sliding_window" for i in range(3)}
     assert all(layer["skipped"] == "sliding_window" and layer["speculated"] == 0
                for layer in stats["tasks"]["gen"]["layers"])
+
+
+def test_ratio_and_acceptance_follow_the_definition(model):
+    """Layer 0's d/n against A and A~ taken from the plain model, and accept iff d <= lambda * n everywhere."""
+    text = (" ".join(["the age of wisdom, the age of foolishness"] * 4))[:150]
+    ids = torch.tensor([TOKENIZER(text)["input_ids"]])
+    start, window = 40, 8
+    plain = hf_lm(model).model
+    captured = []
+    hook = plain.model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+    with torch.no_grad():
+        plain(ids)
+        plain(ids, attention_mask=_sink_mask(ids.shape[1], start, window, 1))
+    hook.remove()
+    exact, approx = (c[0, start:].float() for c in captured)
+    reference = (approx - exact).norm(dim=-1) / exact.norm(dim=-1)
+
+    ordered = reference.sort().values  # lambda between two ratios: no decision sits on the threshold
+    lam = float(ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    spec = alspec_lm(model, window=window, **{"lambda": lam})
+    with torch.no_grad(), spec.speculator.speculating(DecodeRegion.build([0], [start])) as trace:
+        spec.model(ids)
+    torch.testing.assert_close(trace.ratios[0, start:, 0], reference, rtol=1e-5, atol=1e-6)
+    decided = (trace.codes == ACCEPTED) | (trace.codes == REJECTED)
+    assert torch.equal((trace.codes == ACCEPTED)[decided], (trace.ratios <= lam)[decided])
+    assert (trace.codes == ACCEPTED).any() and (trace.codes == REJECTED).any()
