@@ -70,6 +70,7 @@ class ALSpecLM(HFLM):
 
         self.speculator = install(self.model, self.spec_config)
         self.task_stats: dict[str, AcceptanceStats] = {}
+        self.decode_tokens = 0  # generated or teacher-forced tokens answered so far, for progress displays
         self._row_stats: dict[RowKey, dict[str, Any]] = {}
         self._row_starts: dict[RowKey, int] = {}
         self._rolling = False
@@ -120,6 +121,7 @@ class ALSpecLM(HFLM):
             for i, out in zip(indices, outputs, strict=True):
                 results[i] = out
                 rows = [self._row_stats[key] for key in keys_of(requests[i])]
+                self.decode_tokens += sum(len(r["tokens"]) for r in rows)
                 sample = sum((r["stats"] for r in rows), AcceptanceStats.zeros(self.speculator.num_layers))
                 total = total + sample
                 self._log_sample(requests[i], sample, rows)

@@ -119,9 +119,10 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
                     desc=f"sweep {config.name}", unit="cell")
 
     def write(task: str, cell: str, extra: dict[str, Any]) -> None:
-        progress.set_postfix_str(f"{task}: {cell}")
+        progress.set_postfix_str(f"{task}: {cell}, {lm.decode_tokens} tokens so far")
         result = evaluate_cell(lm, config, task, cell, extra)
         path = write_json_atomic(cell_path(out, task, cell), result)
+        progress.set_postfix_str(f"{task}: {cell}, {lm.decode_tokens} tokens so far")
         progress.update()
         if on_cell:
             on_cell(path)
