@@ -149,6 +149,33 @@ def partial_flash_cpu(
     return o, lse
 
 
+def split_flash_cpu(
+    qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`partial_flash_cpu` of an unmasked block, split along the keys into batch entries.
+
+    ATen's CPU kernel parallelises over batch x heads only; one sequence with 3 KV heads
+    leaves threads idle. Viewing the block as ``splits`` sequences (no copy when B = 1) and
+    reducing their partials (split-K) keeps every thread busy.
+    """
+    b, hkv, length, dim = k.shape
+    splits = min(8, -(-2 * torch.get_num_threads() // (b * hkv)))
+    if b != 1 or splits < 2 or length < 256 * splits:
+        return partial_flash_cpu(qg, k, v, None, scale)
+    size = length // splits
+    body = splits * size
+    ks, vs = (t[:, :, :body].reshape(hkv, splits, size, dim).transpose(0, 1) for t in (k, v))
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        qg.expand(splits, -1, -1, -1), ks, vs, scale=scale)
+    total = torch.logsumexp(lse, 0, keepdim=True)
+    o = (o.float() * torch.exp(lse - total).unsqueeze(-1)).sum(0, keepdim=True).to(qg.dtype)
+    if body == length:
+        return o, total
+    o_tail, lse_tail = partial_flash_cpu(qg, k[:, :, body:], v[:, :, body:], None, scale)
+    o, total = merge(o, total, o_tail, lse_tail)
+    return o.to(qg.dtype), total
+
+
 def merge(
     o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,10 +241,12 @@ def speculative_flash_decode(
         idx = idx + start[:, None]
         valid &= idx < cache_len
     gidx = idx.clamp(max=cache_len - 1)[:, None, :, None].expand(b, hkv, 2 * window, dim)
-    keep = valid[:, None, :, None]  # zero masked garbage: 0 * inf would poison P @ V
-    k_w = torch.gather(k, 2, gidx).masked_fill(~keep, 0)
-    v_w = torch.gather(v, 2, gidx).masked_fill(~keep, 0)
-    o_w, lse = partial(qg, k_w, v_w, _bias(valid), scale)
+    k_w, v_w = torch.gather(k, 2, gidx), torch.gather(v, 2, gidx)
+    if bool(valid.all()):  # the common decode step: nothing to mask, no bias (fewer ops per call)
+        o_w, lse = partial(qg, k_w, v_w, None, scale)
+    else:
+        keep = valid[:, None, :, None]  # zero masked garbage: 0 * inf would poison P @ V
+        o_w, lse = partial(qg, k_w.masked_fill(~keep, 0), v_w.masked_fill(~keep, 0), _bias(valid), scale)
     spec = o_w.reshape(b, hq, dim)
 
     # Remaining chunks: middle keys, logical [S, stop), merged into the same partial.
@@ -251,7 +280,10 @@ def speculative_flash_decode(
             if row_lo is not None:
                 keys &= phys >= row_lo[:, None]
             bias = _bias(keys)
-        o_c, lse_c = partial(qg, k[:, :, lo:hi], v[:, :, lo:hi], bias, scale)
+        if bias is None and partial is partial_flash_cpu:
+            o_c, lse_c = split_flash_cpu(qg, k[:, :, lo:hi], v[:, :, lo:hi], scale)
+        else:
+            o_c, lse_c = partial(qg, k[:, :, lo:hi], v[:, :, lo:hi], bias, scale)
         o, lse = merge(o, lse, o_c, lse_c)
     exact = torch.where(trivial[:, None, None], spec, o.to(q.dtype).reshape(b, hq, dim))
 

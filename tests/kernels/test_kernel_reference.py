@@ -250,3 +250,19 @@ def test_rejects_bad_start() -> None:
         speculative_flash_decode(q, k, v, cur_pos, 4, 0.1, start=torch.tensor([0]))
     with pytest.raises(ValueError, match="start"):
         sdpa_decode(q, k, v, cur_pos, 4, 0.1, start=torch.tensor([-1, 0]))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("cur_pos", [4095, 3001])  # a middle that splits evenly, and one with a tail
+def test_long_single_sequence_split_along_keys(threads: int, cur_pos: int) -> None:
+    """One sequence with one KV head: the middle runs as several key blocks reduced split-K."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, k, v, pos = make_inputs(1, 3, 1, 4096, 16, [cur_pos])
+        out = speculative_flash_decode(q, k, v, pos, S, 0.5)
+    finally:
+        torch.set_num_threads(previous)
+    exact, spec = oracle(q, k, v, pos, 1)
+    torch.testing.assert_close(out.exact, exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.spec, spec, atol=1e-5, rtol=1e-5)
