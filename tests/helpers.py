@@ -12,7 +12,7 @@ from transformers import DynamicCache
 
 from alspec_eval.adapter import ALSpecLM
 from alspec_eval.region import DecodeRegion
-from tiny import char_tokenizer, tiny_model
+from tiny import char_tokenizer
 
 TOKENIZER = char_tokenizer()
 GEN_KWARGS = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}

@@ -10,7 +10,7 @@ import torch
 from lm_eval.api.instance import Instance
 
 from alspec_eval.region import DecodeRegion
-from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
+from alspec_eval.stats import ACCEPTED, REJECTED
 from helpers import (PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, sample_stats,
                      stepwise_logprob)
 from tiny import ARCHS, tiny_model
