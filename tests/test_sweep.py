@@ -99,3 +99,11 @@ def test_killed_sweep_resumes_to_the_same_cells(tmp_path):
     assert static["static_layers"] == [l["layer"] for l in dynamic if l["hit_rate"] is not None and l["hit_rate"] >= 0.5]
     assert fresh["alspec_recall/baseline"]["alspec"]["total"]["speculated"] == 0
     assert all(isinstance(c["score"], float) and c["metric"] == "exact_match,first-number" for c in fresh.values())
+
+
+def test_unknown_task_stops_before_loading(tmp_path):
+    config = parse_config({"name": "x", "tasks": ["alspec_recal"], "lambdas": [0.1], "output": str(tmp_path),
+                           "model_args": {"pretrained": str(tmp_path / "missing")}})
+    with pytest.raises(ConfigError, match="'alspec_recal' is not an lm-eval task or group; did you mean 'alspec_recall'"):
+        run_sweep(config)
+    assert not (tmp_path / "cells").exists()

@@ -42,6 +42,7 @@ SINGLE_INTRO = {
 }
 SINGLE_ANSWER_PREFIX = {"passkey": "The pass key is", "fact": "The answer is"}
 PAPER_HASHES = 7
+SUPPORTED_LENGTHS = tuple(2**k for k in range(10, 18))  # 1K .. 128K: the lengths the lm-eval task reports
 PAPER_FACTS = 3
 
 # (statement, question, key answer). The key answers never occur in the haystack

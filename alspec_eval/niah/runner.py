@@ -12,13 +12,17 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..sweep.config import SweepConfig, parse_config
+from .generator import SUPPORTED_LENGTHS
 from ..sweep.runner import run_sweep
 
 TASKS = {"single": "alspec_niah_single", "paper": "alspec_niah"}
 
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x]
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: write numbers separated by ',', e.g. {flag} 0.1,0.5") from None
 
 
 def _model_args(text: str) -> dict[str, object]:
@@ -29,12 +33,18 @@ def _model_args(text: str) -> dict[str, object]:
 
 
 def niah_config(args: argparse.Namespace) -> SweepConfig:
-    metadata = {"max_seq_lengths": [int(x) for x in _floats(args.lengths)], "niah_samples": args.samples,
+    """The needle run as a sweep config; lengths and depths are checked here, before any model loads."""
+    lengths = [int(x) for x in _floats(args.lengths, '--lengths')]
+    if bad := [n for n in lengths if n not in SUPPORTED_LENGTHS]:
+        raise ConfigError(f"--lengths {bad} unsupported; use powers of two from 1024 to 131072, e.g. --lengths 2048,4096")
+    if bad := [d for d in _floats(args.depths, '--depths') if not 0 <= d <= 1]:
+        raise ConfigError(f"--depths {bad} out of range; use fractions of the haystack in [0, 1], e.g. --depths 0.1,0.5")
+    metadata = {"max_seq_lengths": lengths, "niah_samples": args.samples,
                 "niah_seed": args.seed, "niah_needle": args.needle, "niah_chat": args.chat}
     if args.mode == "single":
-        metadata["niah_depths"] = _floats(args.depths)
+        metadata["niah_depths"] = _floats(args.depths, '--depths')
     return parse_config({
-        "name": f"niah_{args.mode}", "tasks": [TASKS[args.mode]], "lambdas": _floats(args.lambdas),
+        "name": f"niah_{args.mode}", "tasks": [TASKS[args.mode]], "lambdas": _floats(args.lambdas, '--lambdas'),
         "model_args": {**_model_args(args.model_args), "trace_tokens": True}, "window": args.window,
         "batch_size": args.batch_size, "device": args.device, "static": False,
         "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
@@ -65,10 +75,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
-        config = niah_config(args)
-    except (ConfigError, ValueError) as err:
+        out = run_sweep(niah_config(args))
+    except ConfigError as err:
         sys.exit(f"alspec-niah: {err}")
-    out = run_sweep(config)
     from .figures import write_niah_figures
 
     for path in write_niah_figures(Path(out)):

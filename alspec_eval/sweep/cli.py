@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> None:
         overrides["limit"] = int(overrides["limit"])
     try:
         config = load_config(args.config, overrides)
+        out = run_sweep(config)
     except ConfigError as err:
         sys.exit(f"alspec-sweep: {err}")
-    out = run_sweep(config)
     print(f"cells in {out / 'cells'}")
     if not args.no_report:
         from ..report.cli import main as report

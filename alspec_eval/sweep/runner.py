@@ -87,6 +87,20 @@ def _scalars(doc: dict[str, Any]) -> dict[str, Any]:
             if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 64)}
 
 
+def check_tasks(tasks: list[str]) -> None:
+    """Unknown task names fail here, before the model loads, with the closest known name."""
+    import difflib
+
+    from lm_eval.tasks import TaskManager
+
+    known = TaskManager().all_tasks
+    for task in tasks:
+        if task not in known:
+            close = difflib.get_close_matches(task, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see `lm_eval ls tasks` for the known names"
+            raise ConfigError(f"tasks: {task!r} is not an lm-eval task or group; {hint}")
+
+
 def static_layers(out: Path, task: str, config: SweepConfig) -> list[int]:
     """Layers whose acceptance in the dynamic cell at static.lambda reaches static.p (the paper's Figure 2)."""
     assert config.static is not None
@@ -114,6 +128,7 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
                                            "cells": cells})
     if not missing:
         return out
+    check_tasks(config.tasks)
     lm = lm or build_lm(config)
     progress = tqdm(total=len(config.tasks) * len(cells), initial=len(config.tasks) * len(cells) - len(missing),
                     desc=f"sweep {config.name}", unit="cell")

@@ -26,10 +26,9 @@ from typing import Any
 import datasets
 
 from alspec_eval.models import SMOLLM2_ALIAS, smollm2_path
-from alspec_eval.niah import Needle, NeedleSample, make_paper_sample, make_single_sample, score_needles
+from alspec_eval.niah import SUPPORTED_LENGTHS, Needle, NeedleSample, make_paper_sample, make_single_sample, score_needles
 
 # One metric per length, named by the length (as ruler does). The YAMLs list exactly these.
-SUPPORTED_LENGTHS = tuple(2**k for k in range(10, 18))  # 1K .. 128K
 PAPER_DEFAULTS = {"max_seq_lengths": [16384], "niah_samples": 10}
 SINGLE_DEFAULTS = {"max_seq_lengths": [4096], "niah_samples": 5, "niah_depths": [0.0, 0.25, 0.5, 0.75, 1.0]}
 

@@ -33,3 +33,11 @@ def test_needle_sweep_writes_cells_and_figures(tmp_path, capsys):
     main(args)  # resumes: every cell exists, nothing is recomputed
     assert {p: p.stat().st_mtime for p in (out / "cells").rglob("*.json")} == mtimes
     assert "needles_vs_lambda" in written
+
+
+@pytest.mark.parametrize(("flag", "value", "named"), [("--lengths", "1000", "--lengths [1000]"),
+                                                      ("--depths", "0.5,1.5", "--depths [1.5]")])
+def test_bad_lengths_and_depths_stop_before_loading(tmp_path, flag, value, named):
+    with pytest.raises(SystemExit, match=named.replace("[", r"\[").replace("]", r"\]")):
+        main([flag, value, "--model-args", f"pretrained={tmp_path}/missing", "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
