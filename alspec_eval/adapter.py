@@ -24,14 +24,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from .config import ConfigError, SpeculationConfig
-from .fork import SharedPrefill, Variant, forward_all, generate_all
+from .fork import RowKey, SharedPrefill, Variant, forward_all, generate_all
 from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
 from .report_io import write_json_atomic
 from .sidecar import register_sidecar
 from .stats import RATIO_EDGES, SCHEMA_VERSION, AcceptanceStats
 
-RowKey = tuple[int, ...]
 _HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
 
 

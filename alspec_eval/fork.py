@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lm_eval.models.huggingface import HFLM
 from transformers import DynamicCache
 
 from .region import DecodeRegion
@@ -68,8 +69,8 @@ def generate_all(lm: "ALSpecLM", fork: SharedPrefill, context: torch.Tensor, max
     context_v, mask_v = context.repeat_interleave(variants, 0), mask.repeat_interleave(variants, 0)
     region = DecodeRegion.from_left_padded(mask_v, False, **fork.region_args(len(context)))
     with lm.speculator.speculating(region) as trace:
-        out = super(type(lm), lm)._model_generate(context_v, max_length, stop, attention_mask=mask_v,
-                                                  past_key_values=cache, **generation_kwargs)
+        out = HFLM._model_generate(lm, context_v, max_length, stop, attention_mask=mask_v,
+                                   past_key_values=cache, **generation_kwargs)
     rows = []
     for r in range(len(out)):
         rows.append((tuple(context_v[r, int(region.pad[r]):].tolist()), r % variants,
