@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
@@ -29,13 +29,4 @@ class EditableWheelWithPth(editable_wheel):
         return wheel_path
 
 
-# Top-level folders installed inside the package: kernels/ as alspec_eval.kernels (the name `kernels`
-# is taken on PyPI) and tasks/ as alspec_eval.tasks (task YAMLs and data, found without --include_path).
-MAPPED = {"alspec_eval.kernels": "kernels", "alspec_eval.tasks": "tasks"}
-MAPPED_PACKAGES = [f"{name}.{sub}" if sub else name for name, folder in MAPPED.items() for sub in ["", *find_packages(folder)]]
-
-setup(
-    packages=[*find_packages(include=["alspec_eval", "alspec_eval.*"]), *MAPPED_PACKAGES],
-    package_dir=MAPPED,
-    cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
-)
+setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})

@@ -4,6 +4,7 @@ lm-eval 0.4.13 has no plugin discovery, so this hook
 - registers `--model alspec` as a lazy `module:Class` placeholder. `lm_eval.models` is
   imported first: `get_model` fills the registry with the built-in names only while it
   is empty, so registering into an empty registry would hide `--model hf`;
+- in the `lm_eval` console script only, prints a bad alspec setting as one line (`cli_errors`);
 - adds the bundled task folder to every `TaskManager`, so `--tasks alspec_*` works
   without `--include_path`. lm-eval's task modules import `datasets` (0.6 s), too slow
   for every interpreter start, so TaskManager is patched when it is first imported.
@@ -67,15 +68,43 @@ class _PatchTaskManagerOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-try:
-    import lm_eval.models  # noqa: F401  (registers the built-in names first)
-    from lm_eval.api.registry import model_registry
-except Exception:  # lm-eval missing or broken: nothing to plug into
-    pass
-else:
-    if "alspec" not in model_registry:
-        model_registry.register("alspec", target="alspec_eval.adapter:ALSpecLM")
-    if _MANAGER in sys.modules:
-        add_task_path(sys.modules[_MANAGER])
-    else:
-        sys.meta_path.insert(0, _PatchTaskManagerOnImport())
+def register_model(registry: object, name: str = "alspec", target: str = "alspec_eval.adapter:ALSpecLM") -> bool:
+    """Register ``name`` lazily, whichever keyword this lm-eval's ``Registry.register`` takes for the
+    placeholder (``target=`` in 0.4.13, ``lazy=`` in others); False where it takes neither."""
+    if name in registry:
+        return True
+    params = inspect.signature(registry.register).parameters
+    keyword = next((k for k in ("target", "lazy") if k in params), None)
+    if keyword is None:
+        return False
+    registry.register(name, **{keyword: target})
+    return True
+
+
+def plug_in() -> None:
+    """Everything the hook does; every step is guarded, since a failure here would break every interpreter."""
+    try:
+        import lm_eval.models  # noqa: F401  (registers the built-in names first)
+        from lm_eval.api.registry import model_registry
+    except Exception:  # lm-eval missing or broken: nothing to plug into
+        return
+    try:
+        register_model(model_registry)
+    except Exception:  # an lm-eval whose registry we do not know: `--model alspec` then says it is unknown
+        pass
+    try:
+        if _MANAGER in sys.modules:
+            add_task_path(sys.modules[_MANAGER])
+        else:
+            sys.meta_path.insert(0, _PatchTaskManagerOnImport())
+    except Exception:
+        pass
+    try:
+        from . import cli_errors
+
+        cli_errors.install_in_lm_eval(sys.argv)
+    except Exception:
+        pass
+
+
+plug_in()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,30 +22,17 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from .compat import check_lm_eval
 from .config import ConfigError, SpeculationConfig
-from .fork import RowKey, SharedPrefill, Variant, forward_all, generate_all
+from .shared_prefill import RowKey, SharedPrefill, Variant, row_keys
 from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
 from .report_io import write_json_atomic
 from .sidecar import register_sidecar
-from .stats import RATIO_EDGES, SCHEMA_VERSION, AcceptanceStats
+from .stats import AcceptanceStats, run_statistics
+from .stopping import own_length
 
 _HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
-
-
-def _print_config_errors(hook: Callable) -> Callable:
-    """A bad model_arg ends the run with its one-line message instead of a traceback through lm-eval."""
-
-    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if issubclass(exc_type, ConfigError):
-            print(f"alspec: {exc}", file=sys.stderr)
-        else:
-            hook(exc_type, exc, tb)
-
-    return excepthook
-
-
-sys.excepthook = _print_config_errors(sys.excepthook)
 
 
 @register_model("alspec")
@@ -54,6 +40,7 @@ class ALSpecLM(HFLM):
     """HFLM whose attention speculates: see DESIGN.md for what every backend computes."""
 
     def __init__(self, pretrained: str | transformers.PreTrainedModel, **kwargs: Any) -> None:
+        check_lm_eval()
         self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
         if self.spec_config.backend == "tt":
             from .backends.tt import check_environment
@@ -184,32 +171,19 @@ class ALSpecLM(HFLM):
         keys = [self._match_row(row) for row in inps.tolist()]
         starts = [self._row_starts[k] for k in keys]
         if self.fork is not None:
-            return self._forked_call(inps, keys, starts)
+            logits, entries = self.fork.forward(self, inps, keys, starts)
+            self._row_stats.update(zip(keys, entries, strict=True))
+            return logits
         region = DecodeRegion.build([0] * len(keys), starts, [len(k) for k in keys], device=inps.device)
         with self.speculator.speculating(region) as trace:
             logits = super()._model_call(inps, attn_mask, labels)
         for b, (key, start) in enumerate(zip(keys, starts, strict=True)):
-            self._row_stats[key] = self._teacher_forced_stats(trace, b, start, len(key))
+            self._row_stats[key] = self.teacher_forced_stats(trace, b, start, len(key))
         return logits
 
-    def _teacher_forced_stats(self, trace: Trace, row: int, start: int, end: int) -> dict[str, Any]:
+    def teacher_forced_stats(self, trace: Trace, row: int, start: int, end: int) -> dict[str, Any]:
+        """A teacher-forced row's statistics entry: its decisions over [start, end)."""
         return {"stats": trace.row_stats(row, start, end), "tokens": trace.accepted_layers(row, start, end)}
-
-    def _forked_call(self, inps: torch.Tensor, keys: list[RowKey], starts: list[int]) -> torch.Tensor:
-        """Logits of the variant being replayed; the first pass computes every variant at once."""
-        fork = self.fork
-        if any((key, 0) not in fork.rows for key in keys):
-            logits, stats = forward_all(self, fork, inps, keys, starts)
-            for r, entry in enumerate(stats):
-                key, start = keys[r // len(fork.variants)], starts[r // len(fork.variants)]
-                lo = max(start - 1, 0)  # HFLM reads the logits from the last context token on
-                fork.rows[key, r % len(fork.variants)] = {**entry, "lo": lo, "logits": logits[r, lo:len(key)]}
-        entries = [fork.rows[key, fork.replay] for key in keys]
-        out = inps.new_zeros((*inps.shape, entries[0]["logits"].shape[-1]), dtype=entries[0]["logits"].dtype)
-        for b, (key, entry) in enumerate(zip(keys, entries, strict=True)):
-            out[b, entry["lo"]:len(key)] = entry["logits"]
-            self._row_stats[key] = entry
-        return out
 
     def _match_row(self, row: list[int]) -> RowKey:
         """The known input that this right-padded batch row holds."""
@@ -232,43 +206,29 @@ class ALSpecLM(HFLM):
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
                         **generation_kwargs: Any) -> torch.Tensor:
         if self.fork is not None:
-            return self._forked_generate(context, max_length, stop, generation_kwargs)
+            out, entries = self.fork.generate(self, context, max_length, stop, generation_kwargs)
+            self._row_stats.update(zip(row_keys(context, generation_kwargs.get("attention_mask")), entries, strict=True))
+            return out
         mask = generation_kwargs.get("attention_mask")
         region = DecodeRegion.from_left_padded(torch.ones_like(context) if mask is None else mask,
                                                self.spec_config.speculate_prefill)
         with self.speculator.speculating(region) as trace:
-            out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+            out = self.generate_rows(context, max_length, stop, **generation_kwargs)
         for b in range(len(context)):
             key = tuple(context[b, int(region.pad[b]):].tolist())
-            self._row_stats[key] = self._generation_stats(trace, region, b, out[b], context.shape[1], stop)
+            self._row_stats[key] = self.generation_stats(trace, region, b, out[b], context.shape[1], stop)
         return out
 
-    def _generation_stats(self, trace: Trace, region: DecodeRegion, row: int, out: torch.Tensor, prompt_len: int,
-                          stop: Sequence[str]) -> dict[str, Any]:
+    def generate_rows(self, context: torch.Tensor, max_length: int, stop: list[str], **kwargs: Any) -> torch.Tensor:
+        """HFLM's own generation (the shared prefill calls it for its forked batch)."""
+        return super()._model_generate(context, max_length, stop, **kwargs)
+
+    def generation_stats(self, trace: Trace, region: DecodeRegion, row: int, out: torch.Tensor, prompt_len: int,
+                         stop: Sequence[str]) -> dict[str, Any]:
         """A row's decisions up to where it would have stopped alone; the last new token is never fed back."""
         end = prompt_len + self._own_length(out[prompt_len:].tolist(), stop) - 1
         return {"stats": trace.row_stats(row, int(region.spec_start[row]), end),
                 "tokens": trace.accepted_layers(row, prompt_len - 1, end)}
-
-    def _forked_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
-                         generation_kwargs: dict[str, Any]) -> torch.Tensor:
-        """Generations of the variant being replayed; the first pass generates every variant at once."""
-        fork = self.fork
-        mask = generation_kwargs.get("attention_mask")
-        pads = [0] * len(context) if mask is None else (mask.shape[1] - mask.long().sum(-1)).tolist()
-        keys = [tuple(row[pad:].tolist()) for row, pad in zip(context, pads, strict=True)]
-        if any((key, 0) not in fork.rows for key in keys):
-            out, rows = generate_all(self, fork, context, max_length, stop, dict(generation_kwargs))
-            for r, (key, variant, entry) in enumerate(rows):
-                fork.rows[key, variant] = {**entry, "generated": out[r, context.shape[1]:]}
-        entries = [fork.rows[key, fork.replay] for key in keys]
-        width = max(len(e["generated"]) for e in entries)
-        out = context.new_full((len(context), context.shape[1] + width), self.tokenizer.pad_token_id)
-        out[:, :context.shape[1]] = context
-        for b, (key, entry) in enumerate(zip(keys, entries, strict=True)):
-            out[b, context.shape[1]:context.shape[1] + len(entry["generated"])] = entry["generated"]
-            self._row_stats[key] = entry
-        return out
 
     def reconfigure(self, **changes: Any) -> None:
         """Change speculation settings between evaluations (sweeps load the model once)."""
@@ -289,37 +249,16 @@ class ALSpecLM(HFLM):
             self.fork = None
 
     def _own_length(self, tokens: list[int], stop: Sequence[str]) -> int:
-        """How many tokens this row would have generated alone (batch mates keep it running past its stop)."""
         eos = self.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
-        length = next((i + 1 for i, t in enumerate(tokens) if t in eos_ids), len(tokens))
-        strings = [s for s in stop if s]
-
-        def stopped(n: int) -> bool:
-            text = self.tok_decode(tokens[:n], skip_special_tokens=False)
-            return any(s in text for s in strings)
-
-        if not strings or not stopped(length):
-            return length
-        lo, hi = 1, length  # smallest n with stopped(n): the decoded prefix grows with n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if stopped(mid) else (mid + 1, hi)
-        return lo
+        return own_length(tokens, stop, eos_ids, lambda t: self.tok_decode(t, skip_special_tokens=False))
 
     # ------------------------------------------------------------------ results
 
     def statistics(self) -> dict[str, Any]:
         """Schema v1: config, histogram edges and per-task, per-layer statistics."""
-        skipped = self.speculator.skipped_layers
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "config": self.spec_config.to_dict(),
-            "num_layers": self.speculator.num_layers,
-            "skipped_layers": {str(k): v for k, v in sorted(skipped.items())},
-            "ratio_edges": list(RATIO_EDGES),
-            "tasks": {task: stats.to_dict(skipped) for task, stats in sorted(self.task_stats.items())},
-        }
+        return run_statistics(self.spec_config.to_dict(), self.speculator.num_layers,
+                              self.speculator.skipped_layers, self.task_stats)
 
     def get_model_info(self) -> dict[str, Any]:
         info = super().get_model_info()

@@ -13,6 +13,9 @@ def run(argv: list[str]) -> None:
     """Hand the arguments to lm-eval's own CLI (the `run` subcommand)."""
     from lm_eval.__main__ import cli_evaluate
 
+    from . import cli_errors
+
+    cli_errors.install()
     has_model = any(a == "--model" or a.startswith("--model=") for a in argv)
     sys.argv = ["alspec-eval", "run", *([] if has_model else ["--model", "alspec"]), *argv]
     cli_evaluate()

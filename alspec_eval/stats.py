@@ -14,10 +14,12 @@ from typing import Any
 
 import torch
 
+from . import semantics
+
 SCHEMA_VERSION = 1
 
-# Decision codes, one per (row, position, layer).
-OUTSIDE, TRIVIAL, REJECTED, ACCEPTED = 0, 1, 2, 3
+# Decision codes, one per (row, position, layer); 0 marks positions outside the decode region.
+TRIVIAL, REJECTED, ACCEPTED = 1, 2, 3
 
 # Fixed log-spaced bins of d/n: 20 per decade from 1e-4 to 10, plus underflow [0, 1e-4) and overflow [10, inf).
 RATIO_EDGES: tuple[float, ...] = tuple(10 ** (k / 20) for k in range(-80, 21))
@@ -95,17 +97,30 @@ class AcceptanceStats:
         return {"layers": layers, "total": total}
 
 
+def run_statistics(config: dict[str, Any], num_layers: int, skipped_layers: dict[int, str],
+                   tasks: dict[str, AcceptanceStats]) -> dict[str, Any]:
+    """Schema v1 of a run: config, histogram edges and per-task, per-layer statistics."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "config": config,
+        "num_layers": num_layers,
+        "skipped_layers": {str(k): v for k, v in sorted(skipped_layers.items())},
+        "ratio_edges": list(RATIO_EDGES),
+        "tasks": {task: stats.to_dict(skipped_layers) for task, stats in sorted(tasks.items())},
+    }
+
+
 def _rate(accepted: int, speculated: int) -> float | None:
     """hit_rate = accepted / speculated; None (JSON null) when nothing was speculated."""
     return accepted / speculated if speculated else None
 
 
 def open_loop_acceptance(hist: list[int], lam: float) -> float | None:
-    """Share of decisions with d/n below ``lam`` read off a schema-v1 histogram (exact at bin edges)."""
+    """Share of decisions that ``lam`` would accept, read off a schema-v1 histogram: the bins whose every ratio
+    semantics.accept would accept (upper edge <= lam; exact at bin edges). None without decisions."""
     total = sum(hist)
     if not total:
         return None
-    if math.isinf(lam):
-        return 1.0
-    below = sum(count for k, count in enumerate(hist) if k < len(RATIO_EDGES) and RATIO_EDGES[k] <= lam * (1 + 1e-12))
-    return below / total
+    upper = torch.tensor([*RATIO_EDGES, math.inf], dtype=torch.float64)
+    accepted = semantics.accept(upper, torch.ones_like(upper), lam * (1 + 1e-12))
+    return sum(count for count, ok in zip(hist, accepted.tolist()) if ok) / total

@@ -16,7 +16,7 @@ import time
 import torch
 
 from alspec_eval.adapter import ALSpecLM
-from alspec_eval.fork import sweep_variants
+from alspec_eval.shared_prefill import sweep_variants
 from alspec_eval.models import smollm2_path
 from bench_adapter import prompts, requests
 

@@ -10,10 +10,11 @@ Verification compares the two in float32.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
+
+from ..semantics import WINDOW_ALIGNS, accept, distances, window_bounds, window_positions
 
 
 class SpecDecodeOutput(NamedTuple):
@@ -46,8 +47,8 @@ def check_inputs(
         raise ValueError(f"cur_pos must have shape ({b},), got {tuple(cur_pos.shape)}")
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    if window_align not in (1, 32):
-        raise ValueError(f"window_align must be 1 or 32, got {window_align}")
+    if window_align not in WINDOW_ALIGNS:
+        raise ValueError(f"window_align must be one of {WINDOW_ALIGNS}, got {window_align}")
     if start is not None:
         if start.shape != (b,) or start.dtype.is_floating_point:
             raise ValueError(f"start must be an integer tensor of shape ({b},), got {start.dtype} {tuple(start.shape)}")
@@ -71,44 +72,12 @@ def resolve_start(
     return start, cur_pos - start
 
 
-def window_bounds(cur_pos: torch.Tensor, window: int, window_align: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Start of the last window and the trivial flag per sequence (logical positions).
-
-    ``cur_pos`` counts from the sequence's first real token here (callers with
-    left padding pass cur_pos - start and shift the result back). The last window is [end - S, end) with end = cur_pos + 1, or
-    ceil32(cur_pos + 1) for ``window_align=32`` (the TT op); positions past
-    cur_pos inside it are masked by the callers. Trivial rows (cur_pos + 1 <= 2S)
-    get last_start = S, so the two windows tile [0, 2S) without overlap.
-    """
-    ctx = cur_pos.long() + 1
-    end = (ctx + window_align - 1) // window_align * window_align
-    trivial = ctx <= 2 * window
-    last_start = torch.where(trivial, torch.full_like(end, window), end - window)
-    return last_start, trivial
-
-
-def decide(d: torch.Tensor, n: torch.Tensor, trivial: torch.Tensor, lam: float, window_align: int) -> torch.Tensor:
-    """Accept iff d <= lam * n; trivial rows always.
-
-    ``window_align=32`` compares squares, as the TT op does (no square root on
-    device); lam = inf accepts everything, also when n = 0.
-    """
-    if math.isinf(lam):
-        return torch.ones_like(trivial)
-    if window_align == 32:
-        return (d * d <= (lam * lam) * (n * n)) | trivial
-    return (d <= lam * n) | trivial
-
-
 def verify(
-    exact: torch.Tensor, spec: torch.Tensor, trivial: torch.Tensor, lam: float, window_align: int
+    exact: torch.Tensor, spec: torch.Tensor, trivial: torch.Tensor, lam: float | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """d, n (float32, over all heads and head_dim of a sequence) and the decision."""
-    b = exact.shape[0]
-    e = exact.float().reshape(b, -1)
-    d = (spec.float().reshape(b, -1) - e).norm(dim=1)
-    n = e.norm(dim=1)
-    return d, n, decide(d, n, trivial, lam, window_align)
+    """d, n and the decision of each sequence (semantics.distances and semantics.accept); trivial rows accept."""
+    d, n = distances(spec, exact)
+    return d, n, accept(d, n, lam) | trivial
 
 
 def partial_math(
@@ -199,7 +168,7 @@ def speculative_flash_decode(
     v: torch.Tensor,
     cur_pos: torch.Tensor,
     window: int,
-    lam: float,
+    lam: float | torch.Tensor,
     chunk_size: int | None = None,
     window_align: int = 1,
     scale: float | None = None,
@@ -232,14 +201,10 @@ def speculative_flash_decode(
     qg = q.reshape(b, hkv, hq // hkv, dim)
 
     # Chunk 1: the two sink windows, gathered (B, Hkv, 2S, D).
-    ar = torch.arange(window, device=q.device)
-    idx = torch.cat([ar.expand(b, window), last_start[:, None] + ar], dim=1)
-    if start is None:
-        valid = (idx <= cur_pos[:, None]) & (idx < cache_len)
-    else:
-        valid = idx <= pos[:, None]  # logical; then physical, clipped to the cache
-        idx = idx + start[:, None]
-        valid &= idx < cache_len
+    idx, valid = window_positions(pos, window, window_align)  # logical
+    if start is not None:
+        idx = idx + start[:, None]  # physical, clipped to the cache
+    valid &= idx < cache_len
     gidx = idx.clamp(max=cache_len - 1)[:, None, :, None].expand(b, hkv, 2 * window, dim)
     k_w, v_w = torch.gather(k, 2, gidx), torch.gather(v, 2, gidx)
     if bool(valid.all()):  # the common decode step: nothing to mask, no bias (fewer ops per call)
@@ -287,5 +252,5 @@ def speculative_flash_decode(
         o, lse = merge(o, lse, o_c, lse_c)
     exact = torch.where(trivial[:, None, None], spec, o.to(q.dtype).reshape(b, hq, dim))
 
-    d, n, accept = verify(exact, spec, trivial, lam, window_align)
-    return SpecDecodeOutput(exact, spec, d, n, accept, trivial)
+    d, n, decision = verify(exact, spec, trivial, lam)
+    return SpecDecodeOutput(exact, spec, d, n, decision, trivial)

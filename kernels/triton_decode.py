@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from .reference import SpecDecodeOutput, check_inputs, decide, resolve_start, window_bounds
+from ..semantics import accept, window_bounds
+from .reference import SpecDecodeOutput, check_inputs, resolve_start
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,7 +174,7 @@ def speculative_flash_decode_triton(
     v: torch.Tensor,
     cur_pos: torch.Tensor,
     window: int,
-    lam: float,
+    lam: float | torch.Tensor,
     chunk_size: int | None = None,
     window_align: int = 1,
     scale: float | None = None,
@@ -223,5 +224,4 @@ def speculative_flash_decode_triton(
     )
     exact = torch.where(trivial[:, None, None], spec, exact)
     d, n = sq.sum(dim=1).sqrt().unbind(dim=1)
-    accept = decide(d, n, trivial, lam, window_align)
-    return SpecDecodeOutput(exact, spec, d, n, accept, trivial)
+    return SpecDecodeOutput(exact, spec, d, n, accept(d, n, lam) | trivial, trivial)

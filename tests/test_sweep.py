@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from alspec_eval.config import ConfigError
-from alspec_eval.fork import sweep_variants
+from alspec_eval.shared_prefill import sweep_variants
 from alspec_eval.sweep.config import load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, sample_stats

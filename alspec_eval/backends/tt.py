@@ -35,12 +35,14 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel
 
+from .. import hooks, semantics
 from ..config import ConfigError, SpeculationConfig
-from . import sim
+from ..kernels import SpecDecodeOutput
+from ..speculator import Speculator
 
 INSTALL_HINT = ("ttnn wheels exist for Python 3.10 and 3.12 only: run `bash scripts/tt_env.sh` (creates .venv-tt "
                 "with Python 3.12) or `pip install ttnn` into a Python 3.12 environment")
-TILE = 32
+TILE = semantics.TILE
 SPECULATIVE_OP = "speculative_scaled_dot_product_attention_decode"
 
 
@@ -110,12 +112,9 @@ def left_align(cache: torch.Tensor, pad: torch.Tensor, length: int) -> torch.Ten
 def sink_windows(cache: torch.Tensor, pos: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first S and the tile-aligned last S positions of each left-aligned row, and the current token's index
     in them: keys after it are masked by the causal decode op, exactly the window_align=32 definition."""
-    ends = (pos + TILE) // TILE * TILE  # ceil32(pos + 1)
-    last_start = torch.where(pos + 1 <= 2 * window, torch.full_like(ends, window), ends - window)
-    offsets = torch.arange(window, device=cache.device)
-    index = torch.cat([offsets.expand(len(pos), -1), last_start[:, None] + offsets], 1)  # (B, 2S)
+    index, valid = semantics.window_positions(pos, window, TILE)  # (B, 2S), ascending
     gathered = torch.stack([cache[b][:, index[b]] for b in range(len(pos))])
-    return gathered, torch.minimum(pos, window + pos - last_start)
+    return gathered, valid.sum(1) - 1
 
 
 def round_bfloat8_b(x: torch.Tensor) -> torch.Tensor:
@@ -189,63 +188,59 @@ class TTRuntime:
         return self.ttlang(q, k, v, pos.tolist(), window, scale, kv_dtype=kv_dtype)
 
 
-class TTSpeculator(sim.Speculator):
-    """The sim speculator with the TT op as its decode kernel and squared-norm verification."""
+class TTSpeculator(Speculator):
+    """The speculator with the TT op as its decode kernel and the op's squared-norm verification."""
 
-    def __init__(self, runtime: TTRuntime, config: SpeculationConfig, num_layers: int,
-                 skipped_layers: dict[int, str], base_attention: Callable, decode_kernel: object = None) -> None:
+    def __init__(self, config: SpeculationConfig, num_layers: int, skipped_layers: dict[int, str],
+                 base_attention: Callable, runtime: TTRuntime) -> None:
         super().__init__(config, num_layers, skipped_layers, base_attention, self.decode)
         self.runtime = runtime
-        self._device_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # (d^2, n^2) of the last decode step
 
-    def decode(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
-               config: SpeculationConfig, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode step's (A, A~), each (B, 1, Hq, D), from the TT op (sim.DecodeKernel)."""
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: torch.Tensor, window: int,
+               lam: float | torch.Tensor, chunk_size: int | None = None, window_align: int = TILE,
+               scale: float | None = None, *, start: torch.Tensor | None = None) -> SpecDecodeOutput:
+        """A decode step on the device (a ``kernels.DecodeKernel``): q (B, Hq, D), k/v (B, Hkv, L, D)."""
         rt, ttnn = self.runtime, self.runtime.ttnn
-        batch, heads, _, dim = query.shape
-        pos = (key.shape[2] - 1 - pad).to(torch.long)
-        length = _ceil(key.shape[2], TILE)
-        k, v = left_align(key, pad, length), left_align(value, pad, length)
+        batch, heads, dim = q.shape
+        pad = torch.zeros_like(cur_pos) if start is None else start
+        pos = (cur_pos - pad).to(torch.long)
+        length = _ceil(k.shape[2], TILE)
+        k, v = left_align(k, pad, length), left_align(v, pad, length)
+        trivial = semantics.is_trivial(pos, window)
         if rt.ttlang is not None:  # tt_kernel=ttlang: one kernel for A, A~ and the verification sums
-            exact, approx, d2, n2 = rt.kernel_decode(query[:, :, 0], k, v, pos, config.window, scaling)
-            self._device_norms = (d2, n2)
-            return exact[:, None].to(query.dtype), approx[:, None].to(query.dtype)
-        q = rt.upload(query.permute(2, 0, 1, 3), ttnn.bfloat16)  # the op's [1, B, Hq, D]
-        self._device_norms = None
+            exact, approx, d2, n2 = rt.kernel_decode(q, k, v, pos, window, scale)
+            return self._output(exact.to(q.dtype), approx.to(q.dtype), d2, n2, lam, trivial)
+        qt = rt.upload(q[None], ttnn.bfloat16)  # the op's [1, B, Hq, D]
+
+        def host(out: Any) -> torch.Tensor:  # [1, B, padded heads, D] -> (B, Hq, D)
+            return rt.download(out)[0, :batch, :heads, :dim].to(q.dtype)
+
         if rt.speculative is not None:
             exact, approx, d2, n2 = rt.speculative(
-                q, rt.upload(k, rt.kv_dtype), rt.upload(v, rt.kv_dtype), lambda_=config.lam,
-                speculative_chunk_size=config.window, cur_pos=pos.tolist(), scale=scaling)
-            self._device_norms = (rt.download(d2).float().flatten()[:batch], rt.download(n2).float().flatten()[:batch])
-        else:
-            exact = rt.sdpa_decode(q, rt.upload(k, rt.kv_dtype), rt.upload(v, rt.kv_dtype),
-                                   cur_pos=pos.tolist(), scale=scaling)
-            (k_w, w_pos), (v_w, _) = sink_windows(k, pos, config.window), sink_windows(v, pos, config.window)
-            approx = rt.sdpa_decode(q, rt.upload(k_w, rt.kv_dtype), rt.upload(v_w, rt.kv_dtype),
-                                    cur_pos=w_pos.tolist(), scale=scaling)
+                qt, rt.upload(k, rt.kv_dtype), rt.upload(v, rt.kv_dtype), lambda_=float(torch.as_tensor(lam).max()),
+                speculative_chunk_size=window, cur_pos=pos.tolist(), scale=scale)
+            d2, n2 = (rt.download(t).float().flatten()[:batch] for t in (d2, n2))
+            return self._output(host(exact), host(approx), d2, n2, lam, trivial)
+        exact = rt.sdpa_decode(qt, rt.upload(k, rt.kv_dtype), rt.upload(v, rt.kv_dtype), cur_pos=pos.tolist(), scale=scale)
+        (k_w, w_pos), (v_w, _) = sink_windows(k, pos, window), sink_windows(v, pos, window)
+        approx = rt.sdpa_decode(qt, rt.upload(k_w, rt.kv_dtype), rt.upload(v_w, rt.kv_dtype), cur_pos=w_pos.tolist(),
+                                scale=scale)
+        exact, approx = host(exact), host(approx)
+        d, n = semantics.distances(approx, exact)
+        return SpecDecodeOutput(exact, approx, d, n, semantics.accept_squared(d * d, n * n, lam) | trivial, trivial)
 
-        def host(out: Any) -> torch.Tensor:  # [1, B, padded heads, D] -> (B, 1, Hq, D)
-            return rt.download(out)[:, :batch, :heads, :dim].permute(1, 0, 2, 3).to(query.dtype)
+    @staticmethod
+    def _output(exact: torch.Tensor, approx: torch.Tensor, d2: torch.Tensor, n2: torch.Tensor,
+                lam: float | torch.Tensor, trivial: torch.Tensor) -> SpecDecodeOutput:
+        """The step's output from the device's own squared distance and norm."""
+        accept = semantics.accept_squared(d2, n2, lam) | trivial
+        return SpecDecodeOutput(exact, approx, d2.sqrt(), n2.sqrt(), accept, trivial)
 
-        return host(exact), host(approx)
-
-    def distances(self, approx: torch.Tensor, exact: torch.Tensor, rows: torch.Tensor,
-                  cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The speculative op's own d and n where it ran (a decode step), else the float32 norms on the host."""
-        if self._device_norms is None:
-            return super().distances(approx, exact, rows, cols)
-        d2, n2 = self._device_norms
-        return d2[rows].sqrt().to(approx.device), n2[rows].sqrt().to(approx.device)
-
-    def commit(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        try:
-            return super().commit(*args, **kwargs)
-        finally:
-            self._device_norms = None
-
-    def within(self, d: torch.Tensor, n: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
-        """d^2 <= lambda^2 n^2: the TT op has no square root."""
-        return d * d <= (lam * lam) * (n * n)
+    def verify(self, approx: torch.Tensor, exact: torch.Tensor,
+               lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host-side rows (teacher forcing) decide in the op's squared form too."""
+        d, n = semantics.distances(approx, exact)
+        return semantics.accept_squared(d * d, n * n, lam), d / n
 
 
 def install(model: PreTrainedModel, config: SpeculationConfig) -> TTSpeculator:
@@ -259,7 +254,4 @@ def install(model: PreTrainedModel, config: SpeculationConfig) -> TTSpeculator:
         ttnn = import_ttnn()
     runtime = TTRuntime(ttnn, config)
 
-    def build(*args: Any) -> TTSpeculator:
-        return TTSpeculator(runtime, *args)
-
-    return sim.install(model, config, build)
+    return hooks.install(model, config, TTSpeculator, runtime=runtime)

@@ -12,7 +12,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..config import ConfigError
-from ..fork import sweep_variants
+from ..shared_prefill import sweep_variants
 from ..models import SMOLLM2_ALIAS, smollm2_path
 from ..report_io import write_json_atomic
 from ..stats import AcceptanceStats

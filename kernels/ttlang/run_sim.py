@@ -1,6 +1,6 @@
 """Run the TT-Lang kernel on tt-lang-sim and compare it with the torch reference.
 
-Usage (repository root, simulator env): python -m kernels.ttlang.run_sim [--json]
+Usage (repository root, simulator env): python -m alspec_eval.kernels.ttlang.run_sim [--json]
 Prints PCCs of exact and speculative outputs (bf16 inputs) and the accept
 decisions of kernel and reference at lambdas around each measured ratio.
 """

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import ttl
 import ttnn
 
-TILE = 32
+from ... import semantics
+
+TILE = semantics.TILE
 
 
 @dataclass(frozen=True)
@@ -33,17 +36,19 @@ class PairSchedule:
 
 
 def schedule(cur_pos: list[int], window: int, kv_heads: int) -> list[PairSchedule]:
-    """Tile schedule per pair; windows end at ceil32(cur_pos + 1) as in the TT op."""
+    """Tile schedule per pair, from the window geometry of :mod:`alspec_eval.semantics` (window_align=32)."""
     if window % TILE:
         raise ValueError(f"window must be a multiple of {TILE}, got {window}")
     wt = window // TILE
+    pos = torch.tensor(cur_pos, dtype=torch.long)
+    last_start, trivial = semantics.window_bounds(pos, window, TILE)
+    ends = semantics.last_window_end(pos, TILE) // TILE
     pairs = []
-    for b, pos in enumerate(cur_pos):
-        end = -(-(pos + 1) // TILE)
-        if pos + 1 <= 2 * window:  # trivial: everything is the speculative chunk
+    for b, (last, end, short) in enumerate(zip((last_start // TILE).tolist(), ends.tolist(), trivial.tolist())):
+        if short:  # trivial: everything is the speculative chunk
             win, mid = tuple(range(end)), ()
         else:
-            win, mid = tuple(range(wt)) + tuple(range(end - wt, end)), tuple(range(wt, end - wt))
+            win, mid = tuple(range(wt)) + tuple(range(last, last + wt)), tuple(range(wt, last))
         pairs.extend(PairSchedule(b, win, mid) for _ in range(kv_heads))
     return pairs
 

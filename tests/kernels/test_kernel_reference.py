@@ -10,7 +10,7 @@ from kernel_oracle import fill_padding, make_inputs, padded_oracle, sdpa_over, w
 
 from alspec_eval.kernels import reference, select_kernel, speculative_flash_decode
 from alspec_eval.kernels.reference import partial_flash_cpu, partial_math
-from alspec_eval.kernels.sdpa import sdpa_decode
+from alspec_eval.kernels.unfused import unfused_decode
 
 S = 8
 # Per-sequence positions: deep context, 2S + 1 (first non-trivial), 2S (last trivial), short.
@@ -107,13 +107,13 @@ def test_math_and_fused_partials_agree() -> None:
 def test_sdpa_kernel_and_selection() -> None:
     q, k, v, cur_pos = make_inputs(len(POSITIONS), 6, 2, 160, 16, POSITIONS)
     ref = speculative_flash_decode(q, k, v, cur_pos, S, 0.7, window_align=32)
-    alt = sdpa_decode(q, k, v, cur_pos, S, 0.7, window_align=32)
+    alt = unfused_decode(q, k, v, cur_pos, S, 0.7, window_align=32)
     torch.testing.assert_close(alt.exact, ref.exact, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(alt.spec, ref.spec, atol=1e-5, rtol=1e-5)
     assert torch.equal(alt.trivial, ref.trivial)
     assert select_kernel("auto", "cpu") is speculative_flash_decode
     assert select_kernel("torch", "cpu") is speculative_flash_decode
-    assert select_kernel("sdpa", torch.device("cpu")) is sdpa_decode
+    assert select_kernel("unfused", torch.device("cpu")) is unfused_decode
     with pytest.raises(ValueError, match="unknown kernel"):
         select_kernel("flash", "cpu")
 
@@ -130,7 +130,7 @@ def test_rejects_bad_shapes() -> None:
 PAD_START = [0, 5, 17, 3, 40, 9]
 PAD_LOGICAL = [150, 2 * S, 2 * S - 1, 5, 60, 97]
 PAD_CUR = [s + p for s, p in zip(PAD_START, PAD_LOGICAL)]
-KERNELS = {"torch": speculative_flash_decode, "sdpa": sdpa_decode}
+KERNELS = {"torch": speculative_flash_decode, "unfused": unfused_decode}
 
 
 def padded_inputs(hq: int, hkv: int, dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -249,7 +249,7 @@ def test_rejects_bad_start() -> None:
     with pytest.raises(ValueError, match="start"):
         speculative_flash_decode(q, k, v, cur_pos, 4, 0.1, start=torch.tensor([0]))
     with pytest.raises(ValueError, match="start"):
-        sdpa_decode(q, k, v, cur_pos, 4, 0.1, start=torch.tensor([-1, 0]))
+        unfused_decode(q, k, v, cur_pos, 4, 0.1, start=torch.tensor([-1, 0]))
 
 
 @pytest.mark.parametrize("threads", [1, 2])

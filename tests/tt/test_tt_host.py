@@ -59,8 +59,10 @@ def test_host_bfloat16_equals_sim(model):
 
 def _decode(kv_dtype: str, q, k, v, pad, lam: float = 0.1):
     config = SpeculationConfig(backend="tt", tt_mode="host", tt_kv_dtype=kv_dtype, window=WINDOW, lam=lam)
-    speculator = TTSpeculator(TTRuntime(ttnn, config), config, 1, {}, None)
-    return speculator.decode(q, k, v, pad, config, q.shape[-1] ** -0.5)
+    speculator = TTSpeculator(config, 1, {}, None, runtime=TTRuntime(ttnn, config))
+    out = speculator.decode(q[:, :, 0], k, v, torch.full_like(pad, k.shape[2] - 1), WINDOW, lam,
+                            scale=q.shape[-1] ** -0.5, start=pad)
+    return out.exact[:, None], out.spec[:, None]
 
 
 def _inputs(length: int = 150):

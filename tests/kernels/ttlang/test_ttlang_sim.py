@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def result() -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.ttlang.run_sim", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "alspec_eval.kernels.ttlang.run_sim", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)

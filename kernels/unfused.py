@@ -9,16 +9,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import SpecDecodeOutput, check_inputs, resolve_start, verify, window_bounds
+from ..semantics import window_bounds
+from .reference import SpecDecodeOutput, check_inputs, resolve_start, verify
 
 
-def sdpa_decode(
+def unfused_decode(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     cur_pos: torch.Tensor,
     window: int,
-    lam: float,
+    lam: float | torch.Tensor,
     chunk_size: int | None = None,
     window_align: int = 1,
     scale: float | None = None,
@@ -51,5 +52,5 @@ def sdpa_decode(
 
     exact = attend(in_ctx)
     spec = torch.where(trivial[:, None, None], exact, attend(in_ctx & in_win))
-    d, n, accept = verify(exact, spec, trivial, lam, window_align)
-    return SpecDecodeOutput(exact, spec, d, n, accept, trivial)
+    d, n, decision = verify(exact, spec, trivial, lam)
+    return SpecDecodeOutput(exact, spec, d, n, decision, trivial)

@@ -1,0 +1,115 @@
+"""Putting a speculator into a transformers model and taking it out again (kvpress-style).
+
+The attention function is registered with transformers' ``AttentionInterface`` (and its mask function
+with ``AttentionMaskInterface``: without it causal masking is silently dropped) under
+``alspec_<base>``; the model's attention modules point at the speculator; a forward pre-hook marks
+each forward pass. :func:`remove` undoes all of it, :func:`speculation` is the ``with`` form::
+
+    with speculation(model, SpeculationConfig(lam=0.1, window=64)) as speculator:
+        with speculator.speculating(DecodeRegion.build([0], [prompt_len])) as trace:
+            model(ids)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .config import ConfigError, SpeculationConfig
+from .speculator import ATTR, Speculator, alspec_attention
+
+_HOOKS = "_alspec_hooks"  # on the model: (forward pre-hook handle, base attention implementation)
+
+
+def attention_modules(model: PreTrainedModel) -> dict[int, torch.nn.Module]:
+    """Self-attention modules by layer index (the modules that call the attention interface)."""
+    def has_layer_idx(module: torch.nn.Module) -> bool:
+        return isinstance(getattr(module, "layer_idx", None), int)
+
+    return {m.layer_idx: m for m in model.modules()
+            if has_layer_idx(m) and not any(has_layer_idx(c) for c in m.modules() if c is not m)}
+
+
+def sliding_layers(model: PreTrainedModel, num_layers: int) -> dict[int, str]:
+    """Sliding-window layers are not speculated (their window already bounds the cache)."""
+    config = model.config.get_text_config()
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return {i: "sliding_window" for i, t in enumerate(layer_types) if t == "sliding_attention"}
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return dict.fromkeys(range(num_layers), "sliding_window")
+    return {}
+
+
+def base_attention(model: PreTrainedModel, attention_module: torch.nn.Module) -> tuple[str, Callable]:
+    """The attention implementation the model runs without speculation (name and function)."""
+    name = (model.config._attn_implementation or "sdpa").removeprefix("alspec_")
+    if name == "eager":  # eager attention is model-specific and lives in the modeling module
+        return name, sys.modules[type(attention_module).__module__].eager_attention_forward
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        raise ConfigError(f"attention implementation {name!r} cannot be wrapped; load the model with "
+                          "attn_implementation=sdpa or eager")
+    return name, ALL_ATTENTION_FUNCTIONS[name]
+
+
+def install(model: PreTrainedModel, config: SpeculationConfig,
+            speculator_cls: Callable[..., Speculator] = Speculator, **speculator_args: object) -> Speculator:
+    """Route the model's attention through its speculator; :func:`remove` takes it out.
+
+    ``speculator_cls`` and ``speculator_args`` let a backend bring its own decode kernel and verification.
+    """
+    if getattr(model, _HOOKS, None) is not None:
+        raise RuntimeError("this model already speculates; remove() the installed speculator first")
+    if not (model._supports_attention_backend and model._can_set_attn_implementation()):
+        raise ConfigError(
+            f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
+            "so speculation cannot be hooked; use a model that does (Llama, Qwen2/3, Mistral, Gemma, ...)"
+        )
+    modules = attention_modules(model)
+    num_layers = model.config.get_text_config().num_hidden_layers
+    if sorted(modules) != list(range(num_layers)):
+        raise ConfigError(f"found attention modules for layers {sorted(modules)} of {num_layers}; "
+                          f"{type(model).__name__} cannot be hooked layer by layer")
+    config.check_layers(num_layers)
+    base_name, base_fn = base_attention(model, modules[0])
+    name = f"alspec_{base_name}"
+    AttentionInterface.register(name, alspec_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
+    speculator = speculator_cls(config, num_layers, sliding_layers(model, num_layers), base_fn, **speculator_args)
+    for module in modules.values():
+        setattr(module, ATTR, speculator)
+    handle = model.register_forward_pre_hook(speculator.new_forward)
+    setattr(model, _HOOKS, (handle, base_name))
+    model.set_attn_implementation(name)
+    return speculator
+
+
+def remove(model: PreTrainedModel) -> None:
+    """Give the model back its own attention: the hook, the module references and the implementation name."""
+    hooks = getattr(model, _HOOKS, None)
+    if hooks is None:
+        return
+    handle, base_name = hooks
+    handle.remove()
+    for module in attention_modules(model).values():
+        if hasattr(module, ATTR):
+            delattr(module, ATTR)
+    model.set_attn_implementation(base_name)
+    setattr(model, _HOOKS, None)
+
+
+@contextmanager
+def speculation(model: PreTrainedModel, config: SpeculationConfig,
+                speculator_cls: Callable[..., Speculator] = Speculator, **speculator_args: object) -> Iterator[Speculator]:
+    """``with`` form of :func:`install` / :func:`remove`."""
+    speculator = install(model, config, speculator_cls, **speculator_args)
+    try:
+        yield speculator
+    finally:
+        remove(model)

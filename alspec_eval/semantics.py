@@ -1,0 +1,64 @@
+"""The rules of attention-level speculation, written once (DESIGN.md, Semantics 2-4).
+
+Read beside the paper's Algorithm 1. Every path calls this module: the sim and tt backends, the
+host side of the torch reference, the Triton and TT-Lang wrappers (the values they hand a kernel)
+and the report's open-loop curves. Kernel bodies compute in-kernel; their tests compare with it.
+
+Positions here are logical: counted from the sequence's first real token (left padding is not part
+of the sequence); ``pos`` is the current token's position, so the context holds pos + 1 tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import TILE, WINDOW_ALIGNS  # noqa: F401  (settings, kept torch-free in config; re-exported here)
+
+
+def is_trivial(pos: torch.Tensor, window: int) -> torch.Tensor:
+    """The context fits in the two windows (pos + 1 <= 2S): A~ equals A, accepted, counted as trivial."""
+    return pos + 1 <= 2 * window
+
+
+def last_window_end(pos: torch.Tensor, window_align: int) -> torch.Tensor:
+    """One past the last window: the current token (window_align=1), or ceil32(pos + 1) as the TT op."""
+    return (pos + window_align) // window_align * window_align
+
+
+def window_bounds(pos: torch.Tensor, window: int, window_align: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Start of the last window and the trivial flag per query.
+
+    The last window is [end - S, end); with window_align=32 its positions past ``pos`` are masked.
+    Trivial queries get last_start = S, so the two windows tile [0, 2S) without overlap.
+    """
+    trivial = is_trivial(pos, window)
+    last_start = torch.where(trivial, torch.full_like(pos, window), last_window_end(pos, window_align) - window)
+    return last_start, trivial
+
+
+def window_positions(pos: torch.Tensor, window: int, window_align: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 2S key positions of A~ for each query, (R, 2S): first S, then the last S; and which are valid
+    (<= pos: the aligned last window may end past the current token, and a trivial context is shorter)."""
+    last_start, _ = window_bounds(pos, window, window_align)
+    offsets = torch.arange(window, device=pos.device)
+    positions = torch.cat([offsets.expand(len(pos), -1), last_start[:, None] + offsets], dim=1)
+    return positions, positions <= pos[:, None]
+
+
+def distances(approx: torch.Tensor, exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d = ||A~ - A||_2 and n = ||A||_2 per query over all heads and head_dim, in float32."""
+    e = exact.float().flatten(1)
+    return (approx.float().flatten(1) - e).norm(dim=1), e.norm(dim=1)
+
+
+def accept(d: torch.Tensor, n: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
+    """Accept iff d <= lambda n. lambda may be per query; lambda = inf accepts all (also n = 0)."""
+    lam = torch.as_tensor(lam, dtype=torch.float32, device=d.device)
+    return (d <= lam * n) | torch.isinf(lam)
+
+
+def accept_squared(d2: torch.Tensor, n2: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
+    """The TT op's form of :func:`accept` on its own squared values: d^2 <= lambda^2 n^2 (no square root on
+    the device). Equal to ``accept`` except where rounding of the squares moves a tie."""
+    lam = torch.as_tensor(lam, dtype=torch.float32, device=d2.device)
+    return (d2 <= lam * lam * n2) | torch.isinf(lam)

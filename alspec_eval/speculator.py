@@ -1,0 +1,207 @@
+"""The speculator: per layer and token, A or A~, decided as DESIGN.md, Semantics 1-5, say.
+
+One hooked attention call runs the model's own attention (so exact positions are bit-identical to
+the plain model) and then, for the positions of the active decode region, the steps of the paper's
+Algorithm 1, each a method: plan the pass, approximate, verify, commit, record. A fused decode
+kernel (kernel=torch|triton, the TT op) computes A, A~, d, n and the decision in one call; its numbers
+are the ones recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from . import semantics
+from .config import SpeculationConfig
+from .kernels import DecodeKernel, SpecDecodeOutput
+from .region import DecodeRegion, Trace
+from .stats import ACCEPTED, REJECTED, TRIVIAL
+
+ATTR = "alspec_speculator"  # the attribute of each attention module that holds its speculator
+
+# A layer's decisions in one pass: (accept, d/n) of its speculated positions, or None for a static
+# policy's exact layer (decided, not measured).
+Decision = tuple[torch.Tensor, torch.Tensor] | None
+
+
+@dataclass
+class _Pass:
+    """The decode-region geometry of one forward pass, shared by all its layers, and their decisions.
+
+    rows, cols: the speculated (batch row, query index) positions; ``index``: each one's 2S window
+    positions in the KV cache and ``mask`` the ones past the current token (None when all are valid).
+    """
+
+    q_len: int
+    offset: int  # physical index of the first query
+    trivial: torch.Tensor  # (B, q_len) bool
+    rows: torch.Tensor
+    cols: torch.Tensor
+    index: torch.Tensor
+    mask: torch.Tensor | None
+    decisions: dict[int, Decision] = field(default_factory=dict)
+
+
+class Speculator:
+    """Holds the config, the active decode region and the decisions recorded during it."""
+
+    def __init__(self, config: SpeculationConfig, num_layers: int, skipped_layers: dict[int, str],
+                 base_attention: Callable, decode_kernel: DecodeKernel | None = None) -> None:
+        self.config = config
+        self.num_layers = num_layers
+        self.skipped_layers = skipped_layers
+        self.base_attention = base_attention
+        self.decode_kernel = decode_kernel
+        self.region: DecodeRegion | None = None
+        self._passes: list[_Pass | None] = []
+
+    # ------------------------------------------------------------------ regions and passes
+
+    @contextmanager
+    def speculating(self, region: DecodeRegion) -> Iterator[Trace]:
+        """Speculate inside ``region`` for the forward passes run in this block; the trace fills on exit."""
+        if self.region is not None:
+            raise RuntimeError("speculating() blocks cannot nest")
+        self.region, self._passes = region, []
+        trace = Trace(torch.empty(0), torch.empty(0))
+        try:
+            yield trace
+        finally:
+            passes = [p for p in self._passes if p is not None]
+            trace.codes, trace.ratios = self._assemble(len(region.pad), passes)
+            trace.offset = passes[0].offset if passes else 0
+            self.region, self._passes = None, []
+
+    def new_forward(self, *_: object) -> None:
+        """Forward pre-hook of the model: each forward pass appends its query positions to the trace."""
+        if self.region is not None:
+            self._passes.append(None)
+
+    def speculates(self, layer: int) -> bool:
+        return self.region is not None and self.config.policy != "exact" and layer not in self.skipped_layers
+
+    # ------------------------------------------------------------------ the attention call
+
+    def attend(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, scaling: float, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The committed attention output (B, q_len, Hq, D) of one layer, and the base attention's weights."""
+        layer = module.layer_idx
+        if not self.speculates(layer):
+            return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        plan = self.plan(query, key)
+        if query.shape[2] == 1 and self.decode_kernel is not None:
+            fused = self.fused_decode(query, key, value, scaling)
+            exact, weights = fused.exact[:, None], None
+        else:
+            fused = None
+            exact, weights = self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        if self.config.policy == "static" and layer not in self.config.static_layers:
+            plan.decisions[layer] = None
+            return exact, weights
+        rows, cols = plan.rows, plan.cols
+        if not len(rows):
+            plan.decisions[layer] = (torch.empty(0, dtype=torch.bool), torch.empty(0))
+            return exact, weights
+        if fused is not None:
+            approx, accept, ratio = fused.spec[rows], fused.accept[rows], fused.d[rows] / fused.n[rows]
+        else:
+            approx = self.approximate(plan, query, key, value, scaling)
+            accept, ratio = self.verify(approx, exact[rows, cols], self.row_lambda(rows))
+        plan.decisions[layer] = (accept, ratio)
+        return self.commit(exact, plan, approx, accept), weights
+
+    def plan(self, query: torch.Tensor, key: torch.Tensor) -> _Pass:
+        """Which positions of this pass speculate, and their window keys (computed once, at its first layer)."""
+        if self._passes[-1] is not None:
+            return self._passes[-1]
+        cfg, region = self.config, self.region
+        q_len, k_len = query.shape[2], key.shape[2]
+        phys = torch.arange(k_len - q_len, k_len, device=query.device)
+        pad = region.pad.to(query.device)
+        pos = phys - pad[:, None]  # (B, Tq) position within the sequence
+        in_region = (phys >= region.spec_start.to(query.device)[:, None]) & (phys < region.row_end.to(query.device)[:, None])
+        if region.exact is not None:
+            in_region &= ~region.exact.to(query.device)[:, None]
+        trivial = in_region & semantics.is_trivial(pos, cfg.window)
+        rows, cols = (in_region & ~trivial).nonzero(as_tuple=True)
+        positions, valid = semantics.window_positions(pos[rows, cols], cfg.window, cfg.window_align)
+        index = (positions + pad[rows, None]).clamp_max(k_len - 1)
+        mask = None if bool(valid.all()) else valid[:, None, None, :]
+        self._passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask)
+        return self._passes[-1]
+
+    def row_lambda(self, rows: torch.Tensor) -> float | torch.Tensor:
+        """The threshold of each batch row in ``rows``: the region's per-row lambda (a sweep's shared batch) or
+        the config's; sink and static speculate unconditionally (lambda = inf)."""
+        if self.config.policy != "dynamic":
+            return float("inf")
+        return self.config.lam if self.region.lam is None else self.region.lam.to(rows.device)[rows]
+
+    def fused_decode(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> SpecDecodeOutput:
+        """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
+        cfg, pad = self.config, self.region.pad.to(query.device)
+        cur_pos = torch.full_like(pad, key.shape[2] - 1)
+        lam = self.row_lambda(torch.arange(len(pad), device=query.device))
+        return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, lam, window_align=cfg.window_align,
+                                  scale=scaling, start=pad)
+
+    def approximate(self, plan: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    scaling: float) -> torch.Tensor:
+        """A~ (R, Hq, D) of the speculated positions: attention over their 2S window keys only, gathered from the
+        (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype."""
+        rows = plan.rows
+        q = query[rows, :, plan.cols]
+        k = key[rows[:, None], :, plan.index].transpose(1, 2)  # (R, Hkv, 2S, D)
+        v = value[rows[:, None], :, plan.index].transpose(1, 2)
+        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=plan.mask, scale=scaling,
+                                             enable_gqa=k.shape[1] != q.shape[1])
+        return out[:, :, 0, :]
+
+    def verify(self, approx: torch.Tensor, exact: torch.Tensor,
+               lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accept, d/n) of the speculated positions, in float32 (DESIGN.md, Semantics 4)."""
+        d, n = semantics.distances(approx, exact)
+        return semantics.accept(d, n, lam), d / n
+
+    @staticmethod
+    def commit(exact: torch.Tensor, plan: _Pass, approx: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+        """The output the layer continues with: A~ where accepted, A elsewhere (written into ``exact``)."""
+        rows, cols = plan.rows, plan.cols
+        exact[rows, cols] = torch.where(accept[:, None, None], approx.to(exact.dtype), exact[rows, cols])
+        return exact
+
+    # ------------------------------------------------------------------ the record
+
+    def _assemble(self, batch: int, passes: list[_Pass]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-pass sparse decisions as dense (batch, positions, layers) codes and ratios."""
+        codes, ratios = [], []
+        for p in passes:
+            c = torch.zeros(batch, p.q_len, self.num_layers, dtype=torch.int8)
+            r = torch.full((batch, p.q_len, self.num_layers), float("nan"))
+            rows, cols, trivial = p.rows.cpu(), p.cols.cpu(), p.trivial.cpu()
+            for layer, decision in p.decisions.items():
+                c[:, :, layer].masked_fill_(trivial, TRIVIAL)
+                if decision is None:
+                    c[rows, cols, layer] = REJECTED
+                    continue
+                accept, ratio = decision
+                c[rows, cols, layer] = torch.where(accept.cpu(), ACCEPTED, REJECTED).to(torch.int8)
+                r[rows, cols, layer] = ratio.float().cpu()
+            codes.append(c)
+            ratios.append(r)
+        if not codes:
+            return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
+        return torch.cat(codes, 1), torch.cat(ratios, 1)
+
+
+def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """AttentionInterface entry (transformers calls it by the registered name): the module's speculator."""
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return getattr(module, ATTR).attend(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)

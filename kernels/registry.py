@@ -1,0 +1,42 @@
+"""Kernel selection and the one signature every speculative flash decode kernel has."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Protocol
+
+import torch
+
+from .reference import SpecDecodeOutput, speculative_flash_decode
+from .triton_decode import speculative_flash_decode_triton
+from .unfused import unfused_decode
+
+
+class DecodeKernel(Protocol):
+    """A decode step's exact and speculative attention with d, n and the decision (see :mod:`.reference`)."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: torch.Tensor, window: int,
+                 lam: float | torch.Tensor, chunk_size: int | None = None, window_align: int = 1,
+                 scale: float | None = None, *, start: torch.Tensor | None = None) -> SpecDecodeOutput: ...
+
+
+def select_kernel(name: str, device: torch.device | str) -> DecodeKernel:
+    """Kernel for ``auto|torch|triton|unfused``; auto is Triton on CUDA when installed, else torch.
+
+    ``unfused`` (two separate SDPA calls) cross-checks the fused kernels; it is not the sim backend's
+    ``kernel=sdpa``, which is the model's own attention plus a gathered window.
+    """
+    device = torch.device(device)
+    has_triton = importlib.util.find_spec("triton") is not None
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and has_triton else "torch"
+    if name == "torch":
+        return speculative_flash_decode
+    if name == "unfused":
+        return unfused_decode
+    if name == "triton":
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"kernel=triton runs on CUDA (or on CPU with TRITON_INTERPRET=1), not on {device}")
+        return speculative_flash_decode_triton
+    raise ValueError(f"unknown kernel {name!r}; use auto, torch, triton or unfused")

@@ -1,0 +1,83 @@
+"""Installing and removing the speculator (kvpress-style), and what importing the package leaves alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from alspec_eval import _lmeval_hook, compat
+from alspec_eval.config import ConfigError, SpeculationConfig
+from alspec_eval.hooks import ATTR, install, remove, speculation
+from alspec_eval.region import DecodeRegion
+from tiny import tiny_model
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_speculation_block_installs_and_removes_everything():
+    model = tiny_model()
+    ids = torch.randint(3, 100, (1, 60))
+    with torch.no_grad():
+        before = model(ids).logits
+        with speculation(model, SpeculationConfig(policy="sink", window=8)) as speculator:
+            assert model.config._attn_implementation == "alspec_sdpa"
+            with speculator.speculating(DecodeRegion.build([0], [30])):
+                sink = model(ids).logits
+            with pytest.raises(RuntimeError, match="already speculates"):
+                install(model, SpeculationConfig())
+        after = model(ids).logits
+    assert not torch.equal(sink, before)  # speculation did act inside the block
+    assert torch.equal(after, before)
+    assert model.config._attn_implementation == "sdpa"
+    assert not model._forward_pre_hooks
+    assert not any(hasattr(m, ATTR) for m in model.modules())
+    remove(model)  # a second remove is a no-op
+
+
+def test_import_changes_no_global_state():
+    code = ("import sys; hook = sys.excepthook; import alspec_eval.adapter, alspec_eval.backends.sim; "
+            "assert sys.excepthook is hook, 'excepthook replaced on import'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_top_level_kernels_folder_is_harmless_from_the_repository_root():
+    """From the root `kernels/` is also a top-level name, which transformers probes for the PyPI `kernels`."""
+    code = ("import kernels, transformers.integrations.hub_kernels as h; "
+            "assert not hasattr(kernels, '__version__'); "
+            "from alspec_eval.kernels import speculative_flash_decode")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+class _Registry(dict):
+    """lm-eval's Registry with one of the two spellings of its lazy placeholder keyword."""
+
+    def __init__(self, keyword: str | None) -> None:
+        super().__init__()
+        self.keyword = keyword
+        if keyword == "target":
+            self.register = lambda *names, target=None: self.update(dict.fromkeys(names, target))
+        elif keyword == "lazy":
+            self.register = lambda *names, lazy=None: self.update(dict.fromkeys(names, lazy))
+        else:
+            self.register = lambda *names, obj=None: self.update(dict.fromkeys(names, obj))
+
+
+@pytest.mark.parametrize("keyword", ["target", "lazy"])
+def test_pth_hook_registers_with_either_keyword(keyword):
+    registry = _Registry(keyword)
+    assert _lmeval_hook.register_model(registry)
+    assert registry["alspec"] == "alspec_eval.adapter:ALSpecLM"
+
+
+def test_pth_hook_gives_up_quietly_on_an_unknown_registry():
+    assert not _lmeval_hook.register_model(_Registry(None))
+
+
+def test_untested_lm_eval_is_named_in_one_line(monkeypatch):
+    monkeypatch.setattr(compat, "version", lambda _: "0.5.0")
+    with pytest.raises(ConfigError, match=r"lm-eval 0\.5\.0 is installed.*lm-eval==0\.4\.13"):
+        compat.check_lm_eval()
