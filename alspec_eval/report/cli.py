@@ -6,30 +6,27 @@ import argparse
 import sys
 from typing import Sequence
 
+from alspec_eval.latency import PRESETS, LatencyError, LatencyModel, load_latency, preset
 from alspec_eval.report.build import write_report
-from alspec_eval.report.latency import LatencyError, LatencySpec, load_latency
+from alspec_eval.report.latency import DEFAULT_PRESET
 from alspec_eval.report.load import NoCellsError
-from alspec_eval.report.presets import PRESETS
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="alspec-report", description="Table 1, figures and projected latency of a lambda sweep.")
     p.add_argument("outdir", help="the sweep's output folder (holds sweep.json and cells/<task>/<cell>.json)")
-    p.add_argument("--latency", metavar="FILE", help="YAML or JSON with per-layer non_attention_us, attention_us, "
-                   "speculative_us (numbers or per-layer lists), optional num_layers, miss_overhead_us, description")
-    p.add_argument("--preset", metavar="NAME", help=f"built-in latency table: {', '.join(PRESETS)} "
-                   "(illustrative estimates, not measured); default: all presets unless --latency is given")
+    p.add_argument("--latency", metavar="FILE", help="your measured latency table, YAML or JSON (as alspec-latency "
+                   "--latency: num_layers, fixed_us, per_layer_us, fd_us, sfd_s_us, sfd_r_us)")
+    p.add_argument("--preset", metavar="NAME", action="append", help=f"a table with the paper's numbers: "
+                   f"{', '.join(PRESETS)} (repeatable; default {DEFAULT_PRESET} unless --latency is given)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    specs: list[LatencySpec] = []
+    specs: list[LatencyModel] = []
     try:
-        if args.preset is not None:
-            if args.preset not in PRESETS:
-                raise LatencyError(f"unknown preset {args.preset!r}; use one of {', '.join(PRESETS)} or --latency FILE")
-            specs.append(PRESETS[args.preset])
+        specs += [preset(name) for name in args.preset or []]
         if args.latency is not None:
             specs.append(load_latency(args.latency))
         paths = write_report(args.outdir, specs or None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib import colormaps
@@ -16,6 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from alspec_eval.report.load import BASELINE, SINK, STATIC, Sweep
+
+if TYPE_CHECKING:
+    from alspec_eval.report.latency import Projection
 from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
 
 # Open-loop curves are read at the histogram's bin edges, where they are exact.
@@ -126,6 +130,34 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     fig.suptitle("Open-loop acceptance from the d/n histograms (dots: measured hit rate of each run)")
+    return fig
+
+
+def speedup_vs_score(sweep: Sweep, projection: "Projection") -> Figure:
+    """The trade-off a user decides on: per task, projected speedup (the paper's latency model on the cells'
+    measured per-layer hit rates) against score, one point per cell; the baseline at 1x."""
+    tasks = sweep.tasks
+    cols = min(3, len(tasks))
+    rows = math.ceil(len(tasks) / cols)
+    fig = _figure(4.6 * cols + 0.6, 3.6 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        for row in sweep.rows:
+            cell, entry = sweep.cell(task, row), projection.entries.get((row, task))
+            if cell is None or entry is None or cell.score is None:
+                continue
+            marker = {"baseline": "D", "dynamic": "o", "sink": "X", "static": "s"}[row.kind]
+            ax.plot(entry.speedup, cell.score, marker, color="black" if row.kind == "baseline" else "tab:blue",
+                    markersize=7)
+            ax.annotate(row.label, (entry.speedup, cell.score), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_title(task, fontsize=10)
+        ax.set_xlabel("projected speedup (×)")
+        ax.set_ylabel("score")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    estimate = " (with estimates: " + ", ".join(projection.spec.estimates) + ")" if projection.spec.estimates else ""
+    fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}")
     return fig
 
 

@@ -53,9 +53,10 @@ def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Seque
              html_table(table1_rows(sweep))]
     for title, paths in figures.items():
         parts.append(f"<h2>{html.escape(title)}</h2>" + "".join(_image(p) for p in paths))
-    parts.append("<h2>Projected decode latency (Appendix F model)</h2><p class='note'>Per layer: a hit costs "
-                 "speculative + non-attention time, a miss exact attention + non-attention + miss overhead; "
-                 "tokens/s = 10⁶ / Σ layers; speedup against exact attention on the same table.</p>")
+    parts.append("<h2>Projected decode speed (the paper's latency model, Appendix F)</h2><p class='note'>Per layer: "
+                 "a hit costs SFD_R + max(SFD_S − SFD_R, per_layer), a miss per_layer + SFD_S; token latency = fixed "
+                 "+ Σ layers from each cell's measured per-layer hit rates; speedup against full tensor parallelism, "
+                 "fixed + L (per_layer + FD), on the same table.</p>")
     parts += [_projection(p) for p in projections]
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -30,4 +30,4 @@ def test_notebook_executes(sweep_dir: Path, monkeypatch: pytest.MonkeyPatch) -> 
     text = "\n".join(str(o.get("data", {}).get("text/markdown", "")) + o.get("text", "") for o in outputs)
     assert "0.250 / 42.0%" in text and "tok/s" in text
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 4  # score vs hit rate, two heatmaps, open loop
+    assert len(images) == 5  # score vs hit rate, two heatmaps, open loop, speedup vs score

@@ -33,7 +33,7 @@ def md_rows(path: Path) -> dict[str, list[str]]:
 def test_files_exist(sweep_dir: Path, written: list[Path]) -> None:
     names = {p.name for p in written}
     assert names == {"table1.md", "table1.csv", "score_vs_hit_rate.png", "heatmap_alspec_gsm8k_cot.png",
-                     "heatmap_alspec_recall.png", "open_loop_acceptance.png", "latency.md", "latency.csv", "report.html"}
+                     "heatmap_alspec_recall.png", "open_loop_acceptance.png", "speedup_vs_score.png", "latency.md", "latency.csv", "report.html"}
     for p in written:
         assert p.parent == sweep_dir / "report" and p.stat().st_size > 0
         if p.suffix == ".png":
@@ -76,7 +76,7 @@ def test_html_is_self_contained(written: list[Path]) -> None:
     page = written[-1].read_text()
     assert page.count('src="data:image/png;base64,') == sum(p.suffix == ".png" for p in written)
     assert not re.search(r'src="(?!data:)', page)
-    assert "model tiny-4-layer" in page and "0.250 / 42.0%" in page and "example-llama8b-n150-128k" in page and "ILLUSTRATIVE" in page
+    assert "model tiny-4-layer" in page and "0.250 / 42.0%" in page and "h100-tp4-32k" in page and "Table 3" in page
 
 
 def test_heatmap_is_layers_by_lambda(sweep_dir: Path) -> None:
