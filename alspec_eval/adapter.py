@@ -42,19 +42,24 @@ class ALSpecLM(HFLM):
     def __init__(self, pretrained: str | transformers.PreTrainedModel, **kwargs: Any) -> None:
         check_lm_eval()
         self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
+        self._tt_runtime = None
         if self.spec_config.backend == "tt":
-            from .backends.tt import check_environment
+            from .backends.tt import prepare
 
-            check_environment(self.spec_config)  # no ttnn or no device: stop before the weights load
+            self._tt_runtime = prepare(self.spec_config)  # no ttnn or no device: stop before the weights load
+        batch = str(hf_kwargs.get("batch_size", 1))
+        self._fixed_batch = int(batch) if batch.isdigit() else None  # "auto": lm-eval decides later
         if pretrained == SMOLLM2_ALIAS:
             pretrained = str(smollm2_path())
         super().__init__(pretrained=pretrained, **hf_kwargs)
-        if self.spec_config.backend == "tt":
-            from .backends.tt import install
+        if self._tt_runtime is not None:
+            from .backends.tt import install as install_tt
+
+            self.speculator = install_tt(self.model, self.spec_config, self._tt_runtime)
         else:
             from .backends.sim import install
 
-        self.speculator = install(self.model, self.spec_config)
+            self.speculator = install(self.model, self.spec_config)
         self.task_stats: dict[str, AcceptanceStats] = {}
         self.decode_tokens = 0  # generated or teacher-forced tokens answered so far, for progress displays
         self._row_stats: dict[RowKey, dict[str, Any]] = {}
@@ -67,6 +72,10 @@ class ALSpecLM(HFLM):
         """Check what the config alone can tell before the weights load."""
         text_config = self._config.get_text_config()
         self.spec_config.check_layers(text_config.num_hidden_layers)
+        if self._tt_runtime is not None:
+            from .backends.tt import check_model
+
+            check_model(self._tt_runtime, self._config, self._fixed_batch)
         model_class = transformers.AutoModelForCausalLM._model_mapping.get(type(self._config), None)
         if model_class is not None and not model_class._supports_attention_backend:
             raise ConfigError(

@@ -28,6 +28,15 @@ MODEL_ARGS: dict[str, str] = {
 }
 
 
+def tt_window_problem(window: int) -> str | None:
+    """Why S cannot be the TT op's window (its program_config.k_chunk_size: a power of 2 and a multiple of 32)."""
+    if window % TILE or window & (window - 1):
+        return (f"window={window} is not a power of 2 that is a multiple of {TILE}: with backend=tt the window is the "
+                f"TT op's k_chunk_size; use window=32, 64, 128 (the authors' default), 256 or 512 "
+                "(backend=sim takes any S)")
+    return None
+
+
 class ConfigError(ValueError):
     """A bad `--model_args` value; the message names the value and the fix."""
 
@@ -119,6 +128,8 @@ class SpeculationConfig:
             raise ConfigError(f"tt_device_id={self.tt_device_id!r} is invalid; use a device index >= 0, e.g. tt_device_id=0")
         if self.window_align not in WINDOW_ALIGNS:
             raise ConfigError(f"window_align={self.window_align!r} is invalid; use 1 (exact windows) or 32 (the TT kernel's tile-aligned window)")
+        if self.backend == "tt" and tt_window_problem(self.window):
+            raise ConfigError(tt_window_problem(self.window))
         if self.window_align == 32 and self.window % 32:
             raise ConfigError(f"window={self.window} with window_align=32{' (forced by backend=tt)' if self.backend == 'tt' else ''} must be a multiple of 32; use e.g. window={max(32, self.window // 32 * 32)}")
         object.__setattr__(self, "static_layers", parse_layers(self.static_layers))

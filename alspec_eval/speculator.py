@@ -94,8 +94,8 @@ class Speculator:
         if not self.speculates(layer):
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         plan = self.plan(query, key)
-        if query.shape[2] == 1 and self.decode_kernel is not None:
-            fused = self.fused_decode(query, key, value, scaling)
+        if query.shape[2] == 1 and self.has_fused_decode():
+            fused = self.fused_decode(layer, query, key, value, scaling)
             exact, weights = fused.exact[:, None], None
         else:
             fused = None
@@ -142,7 +142,12 @@ class Speculator:
             return float("inf")
         return self.config.lam if self.region.lam is None else self.region.lam.to(rows.device)[rows]
 
-    def fused_decode(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> SpecDecodeOutput:
+    def has_fused_decode(self) -> bool:
+        """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call."""
+        return self.decode_kernel is not None
+
+    def fused_decode(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     scaling: float) -> SpecDecodeOutput:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
         cfg, pad = self.config, self.region.pad.to(query.device)
         cur_pos = torch.full_like(pad, key.shape[2] - 1)

@@ -60,8 +60,7 @@ def test_host_bfloat16_equals_sim(model):
 def _decode(kv_dtype: str, q, k, v, pad, lam: float = 0.1):
     config = SpeculationConfig(backend="tt", tt_mode="host", tt_kv_dtype=kv_dtype, window=WINDOW, lam=lam)
     speculator = TTSpeculator(config, 1, {}, None, runtime=TTRuntime(ttnn, config))
-    out = speculator.decode(q[:, :, 0], k, v, torch.full_like(pad, k.shape[2] - 1), WINDOW, lam,
-                            scale=q.shape[-1] ** -0.5, start=pad)
+    out = speculator.decode(0, q[:, :, 0], k, v, pad, k.shape[2] - 1 - pad, lam, q.shape[-1] ** -0.5)
     return out.exact[:, None], out.spec[:, None]
 
 

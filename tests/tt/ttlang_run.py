@@ -66,8 +66,7 @@ def kernel_check(lm) -> dict:
     k, v = torch.randn(2, 2, 150, 64) * 2, torch.randn(2, 2, 150, 64)
     pad = torch.tensor([0, 7])
     speculator, config = lm.speculator, lm.speculator.config
-    out = speculator.decode(q[:, :, 0], k, v, torch.full_like(pad, k.shape[2] - 1), WINDOW, config.lam, scale=0.125,
-                            start=pad)
+    out = speculator.decode(0, q[:, :, 0], k, v, pad, k.shape[2] - 1 - pad, config.lam, 0.125)
     exact, approx, d, n = out.exact[:, None], out.spec[:, None], out.d, out.n
     ref = speculative_flash_decode(q[:, :, 0], k, v, torch.full((2,), k.shape[2] - 1), WINDOW, math.inf,
                                    window_align=32, scale=0.125, start=pad)
