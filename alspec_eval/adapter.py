@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,11 +29,17 @@ from .shared_prefill import RowKey, SharedPrefill, Variant, row_keys
 from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
 from .report_io import write_json_atomic
-from .sidecar import register_sidecar
+from .sidecar import cli_option, register_sidecar
 from .stats import AcceptanceStats, run_statistics
 from .stopping import own_length
 
 _HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
+# lm-eval's request cache (CachingLM) is keyed by the request alone and answers cached requests without calling
+# the model: another lambda's answers would be served, and the cached samples would have no decisions.
+USE_CACHE_REFUSED = ("--use_cache is not supported with --model alspec: lm-eval keys its cache by the request alone, "
+                     "so answers cached under one lambda, window or policy would be served for another, without "
+                     "their acceptance statistics; drop --use_cache (alspec-sweep shares one exact prefill per "
+                     "request across a sweep's cells instead)")
 
 
 @register_model("alspec")
@@ -42,6 +49,8 @@ class ALSpecLM(HFLM):
     def __init__(self, pretrained: str | transformers.PreTrainedModel, **kwargs: Any) -> None:
         check_lm_eval()
         self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
+        if cli_option(sys.argv, "--use_cache", "-c") is not None:  # the stock CLI: refuse before the weights load
+            raise ConfigError(USE_CACHE_REFUSED)
         self._tt_runtime = None
         if self.spec_config.backend == "tt":
             from .backends.tt import prepare
@@ -64,6 +73,8 @@ class ALSpecLM(HFLM):
         self.decode_tokens = 0  # generated or teacher-forced tokens answered so far, for progress displays
         self._row_stats: dict[RowKey, dict[str, Any]] = {}
         self._row_starts: dict[RowKey, int] = {}
+        self._row_lengths: list[int] = []
+        self._probing = False
         self._rolling = False
         self.fork: SharedPrefill | None = None
         register_sidecar(self.statistics)
@@ -170,6 +181,7 @@ class ALSpecLM(HFLM):
             starts[slot][key] = start
         results: list = [None] * len(requests)
         for indices, self._row_starts in zip(passes, starts, strict=True):
+            self._row_lengths = sorted({len(k) for k in self._row_starts}, reverse=True)
             outputs = super()._loglikelihood_tokens([requests[i] for i in indices], disable_tqdm, override_bs)
             for i, out in zip(indices, outputs, strict=True):
                 results[i] = out
@@ -177,6 +189,8 @@ class ALSpecLM(HFLM):
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None,
                     labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self._probing:
+            return super()._model_call(inps, attn_mask, labels)
         keys = [self._match_row(row) for row in inps.tolist()]
         starts = [self._row_starts[k] for k in keys]
         if self.fork is not None:
@@ -195,16 +209,21 @@ class ALSpecLM(HFLM):
         return {"stats": trace.row_stats(row, start, end), "tokens": trace.accepted_layers(row, start, end)}
 
     def _match_row(self, row: list[int]) -> RowKey:
-        """The known input that this right-padded batch row holds."""
-        end = len(row)
-        while end > 1 and row[end - 1] == 0:
-            end -= 1
-        for length in range(end, len(row) + 1):
-            if tuple(row[:length]) in self._row_starts:
+        """The known input that this right-padded batch row holds: the longest known input the row starts with,
+        followed only by one repeated (padding) token. Needs no pad id and no knowledge of lm-eval's batching."""
+        for length in self._row_lengths:
+            if length <= len(row) and len(set(row[length:])) <= 1 and tuple(row[:length]) in self._row_starts:
                 return tuple(row[:length])
-        raise RuntimeError("a loglikelihood batch row matches no request; this lm-eval version batches differently")
+        raise RuntimeError("a loglikelihood batch row matches no request of this pass")
 
-    # ------------------------------------------------------------------ generation
+    def _detect_batch_size(self, *args: Any, **kwargs: Any) -> int:
+        """lm-eval's probe for --batch_size auto runs forward passes of its own tokens: outside speculation, so
+        they count in no statistic."""
+        self._probing = True
+        try:
+            return super()._detect_batch_size(*args, **kwargs)
+        finally:
+            self._probing = False
 
     def _prompt_key(self, context: str) -> RowKey:
         key = tuple(self.tok_encode(context))
@@ -238,6 +257,12 @@ class ALSpecLM(HFLM):
         end = prompt_len + self._own_length(out[prompt_len:].tolist(), stop) - 1
         return {"stats": trace.row_stats(row, int(region.spec_start[row]), end),
                 "tokens": trace.accepted_layers(row, prompt_len - 1, end)}
+
+    def set_cache_hook(self, cache_hook: Any) -> None:
+        """lm-eval's CachingLM (``use_cache``) registers here: refused, see USE_CACHE_REFUSED."""
+        if getattr(cache_hook, "dbdict", None) is not None:
+            raise ConfigError(USE_CACHE_REFUSED)
+        super().set_cache_hook(cache_hook)
 
     def reconfigure(self, **changes: Any) -> None:
         """Change speculation settings between evaluations (sweeps load the model once)."""

@@ -17,13 +17,19 @@ from typing import Any
 from .report_io import write_json_atomic
 
 
-def _cli_output_path(argv: list[str]) -> Path | None:
+def cli_option(argv: list[str], name: str, short: str) -> str | None:
+    """The value of an option of the stock ``lm_eval`` command line (``--name V``, ``--name=V`` or ``-s V``)."""
     for i, arg in enumerate(argv):
-        if arg in ("--output_path", "-o") and i + 1 < len(argv):
-            return Path(argv[i + 1])
-        if arg.startswith("--output_path="):
-            return Path(arg.split("=", 1)[1])
+        if arg in (name, short) and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
     return None
+
+
+def _cli_output_path(argv: list[str]) -> Path | None:
+    value = cli_option(argv, "--output_path", "-o")
+    return None if value is None else Path(value)
 
 
 def sidecar_for(results_file: Path) -> Path:

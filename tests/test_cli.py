@@ -45,3 +45,25 @@ def test_alspec_eval_run_delegates_to_lm_eval():
     result = subprocess.run([sys.executable, "-m", "alspec_eval", "run", "--help"], capture_output=True, text=True,
                             env=ENV)
     assert result.returncode == 0 and "--model_args" in result.stdout
+
+
+def test_use_cache_is_refused_in_one_line_before_loading(tmp_path):
+    result = subprocess.run(
+        [LM_EVAL, "--model", "alspec", "--model_args", f"pretrained={tmp_path}/missing,lambda=0.05",
+         "--tasks", "alspec_recall", "--device", "cpu", "--use_cache", str(tmp_path / "cache")],
+        capture_output=True, text=True, env=ENV)
+    assert result.returncode != 0
+    assert "alspec: --use_cache is not supported with --model alspec" in result.stderr
+    assert "Traceback" not in result.stderr and not list(tmp_path.glob("cache*"))
+
+
+def test_use_cache_through_simple_evaluate_is_refused():
+    import pytest
+    from lm_eval import simple_evaluate
+
+    from alspec_eval.config import ConfigError
+    from helpers import alspec_lm
+    from tiny import tiny_model
+
+    with pytest.raises(ConfigError, match="--use_cache is not supported"):
+        simple_evaluate(model=alspec_lm(tiny_model()), tasks=["alspec_recall"], limit=1, use_cache="/tmp/alspec_cache_x")

@@ -1,0 +1,45 @@
+"""--batch_size auto: lm-eval's probe batch runs outside speculation, and every output and statistic equals
+batch size 1's."""
+
+from __future__ import annotations
+
+import pytest
+from lm_eval.api.instance import Instance
+
+from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, sample_stats
+from tiny import tiny_model
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _rolling_requests() -> list[Instance]:
+    return [Instance("loglikelihood_rolling", {}, (p * 2,), i, ("roll", i, 1)) for i, p in enumerate(PROMPTS)]
+
+
+def _run(batch_size, **args):
+    lm = alspec_lm(tiny_model(), batch_size=batch_size, window=4, **args)
+    runs = {}
+    for name, requests, method in (("gen", gen_requests(), lm.generate_until), ("ll", ll_requests(), lm.loglikelihood),
+                                   ("roll", _rolling_requests(), lm.loglikelihood_rolling)):
+        runs[name] = (method(requests), sample_stats(requests))
+    return runs, lm.statistics()["tasks"], lm
+
+
+def test_batch_auto_equals_batch_one():
+    one, one_stats, _ = _run(1)
+    auto, auto_stats, lm = _run("auto", max_batch_size=4)
+    assert lm.batch_sizes or lm.batch_size_per_gpu == "auto"  # lm-eval did probe
+    assert auto == one
+    assert auto_stats == one_stats
+    assert all(t["total"]["speculated"] > 0 for t in one_stats.values())
+
+
+def test_rows_are_found_whatever_the_pad_token():
+    lm = alspec_lm(tiny_model(), batch_size=2, window=4)
+    lm._row_starts = {(5, 7, 9): 1, (5, 7): 1, (3,): 0}
+    lm._row_lengths = [3, 2, 1]
+    assert lm._match_row([5, 7, 9, 42, 42]) == (5, 7, 9)
+    assert lm._match_row([5, 7, 42, 42, 42]) == (5, 7)
+    assert lm._match_row([3, 1, 1]) == (3,)
+    with pytest.raises(RuntimeError, match="matches no request"):
+        lm._match_row([4, 1, 1])
