@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +30,7 @@ from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
 from .report_io import write_json_atomic
 from .sidecar import cli_option, register_sidecar
+from .distributed import gather_task_stats, is_main_process
 from .stats import AcceptanceStats, run_statistics
 from .stopping import own_length
 
@@ -69,7 +70,8 @@ class ALSpecLM(HFLM):
             from .backends.sim import install
 
             self.speculator = install(self.model, self.spec_config)
-        self.task_stats: dict[str, AcceptanceStats] = {}
+        self.task_stats: dict[str, AcceptanceStats] = {}  # every rank's, summed (data parallel)
+        self._local_stats: dict[str, AcceptanceStats] = {}  # this rank's
         self.decode_tokens = 0  # generated or teacher-forced tokens answered so far, for progress displays
         self._row_stats: dict[RowKey, dict[str, Any]] = {}
         self._row_starts: dict[RowKey, int] = {}
@@ -77,7 +79,7 @@ class ALSpecLM(HFLM):
         self._probing = False
         self._rolling = False
         self.fork: SharedPrefill | None = None
-        register_sidecar(self.statistics)
+        register_sidecar(self.statistics, lambda: is_main_process(self.rank))
 
     def _create_model(self, pretrained: str, *args: Any, **kwargs: Any) -> None:
         """Check what the config alone can tell before the weights load."""
@@ -120,19 +122,29 @@ class ALSpecLM(HFLM):
         for i, inst in enumerate(requests):
             by_task[inst.task_name or "default"].append(i)
         results: list = [None] * len(requests)
+        seen: Counter[int] = Counter()
         for task, indices in by_task.items():
             self._row_stats.clear()
             outputs = run([requests[i] for i in indices], disable_tqdm=disable_tqdm)
-            total = self.task_stats.get(task, AcceptanceStats.zeros(self.speculator.num_layers))
+            total = self._local_stats.get(task, AcceptanceStats.zeros(self.speculator.num_layers))
             for i, out in zip(indices, outputs, strict=True):
                 results[i] = out
-                rows = [self._row_stats[key] for key in keys_of(requests[i])]
+                inst = requests[i]
+                seen[id(inst)] += 1
+                if seen[id(inst)] > inst.repeats:  # lm-eval's padding of a data-parallel rank: not a request
+                    continue
+                rows = [self._row_stats[key] for key in keys_of(inst)]
                 self.decode_tokens += sum(len(r["tokens"]) for r in rows)
                 sample = sum((r["stats"] for r in rows), AcceptanceStats.zeros(self.speculator.num_layers))
                 total = total + sample
-                self._log_sample(requests[i], sample, rows)
-            self.task_stats[task] = total
+                self._log_sample(inst, sample, rows)
+            self._local_stats[task] = total
+        self.task_stats = gather_task_stats(self._local_stats, self.world_size, self.speculator.num_layers)
         return results
+
+    def reset_statistics(self) -> None:
+        """Start counting anew (a sweep's next cell)."""
+        self._local_stats, self.task_stats = {}, {}
 
     def _log_sample(self, inst: Instance, sample: AcceptanceStats, rows: list[dict[str, Any]]) -> None:
         """Per-sample statistics go into the samples log as an extra entry of the request's arguments."""

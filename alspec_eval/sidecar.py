@@ -47,14 +47,17 @@ def newest_results(output: Path, since: float) -> Path | None:
     return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
 
 
-def register_sidecar(statistics: Callable[[], dict[str, Any]]) -> None:
-    """At exit, write the statistics next to the results of an `lm_eval --output_path ...` run."""
+def register_sidecar(statistics: Callable[[], dict[str, Any]], is_main: Callable[[], bool] = lambda: True) -> None:
+    """At exit, write the statistics next to the results of an `lm_eval --output_path ...` run; in a data-parallel
+    run only the main process writes (its statistics are every rank's)."""
     output = _cli_output_path(sys.argv)
     if output is None:
         return
     started = time.time()
 
     def write() -> None:
+        if not is_main():
+            return
         results = newest_results(output, started)
         if results is not None:
             write_json_atomic(sidecar_for(results), statistics())

@@ -78,10 +78,12 @@ def main(argv: list[str] | None = None) -> None:
         out = run_sweep(niah_config(args))
     except ConfigError as err:
         sys.exit(f"alspec-niah: {err}")
+    from ..distributed import is_main_process
     from .figures import write_niah_figures
 
-    for path in write_niah_figures(Path(out)):
-        print(path)
+    if is_main_process():  # a data-parallel run writes its figures once
+        for path in write_niah_figures(Path(out)):
+            print(path)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> None:
         out = run_sweep(config)
     except ConfigError as err:
         sys.exit(f"alspec-sweep: {err}")
+    from ..distributed import is_main_process
+
+    if not is_main_process():  # a data-parallel run: the main process writes the report
+        return
     print(f"cells in {out / 'cells'}")
     if not args.no_report:
         from ..report.cli import main as report

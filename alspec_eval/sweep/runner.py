@@ -12,6 +12,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..config import ConfigError
+from ..distributed import barrier, is_main_process
 from ..shared_prefill import sweep_variants
 from ..models import SMOLLM2_ALIAS, smollm2_path
 from ..report_io import write_json_atomic
@@ -48,12 +49,13 @@ def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -
     return next((k for k in metrics if "," in k and "_stderr" not in k), None)  # lm-eval keys are "metric,filter"
 
 
-def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """One lm-eval evaluation of ``task`` with the model's current speculation settings."""
+def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str, Any]) -> dict[str, Any] | None:
+    """One lm-eval evaluation of ``task`` with the model's current speculation settings (None on a data-parallel
+    rank other than the main one)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    lm.task_stats = {}
+    lm.reset_statistics()
     started = time.perf_counter()
     metadata = {**resolved_model_args(config), **config.metadata}
     results = simple_evaluate(
@@ -61,6 +63,8 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
         apply_chat_template=config.apply_chat_template, gen_kwargs=config.gen_kwargs, log_samples=True,
         task_manager=TaskManager(metadata=metadata), random_seed=config.seed, numpy_random_seed=config.seed,
         torch_random_seed=config.seed, fewshot_random_seed=config.seed, bootstrap_iters=0)
+    if results is None:  # a data-parallel rank other than the main one: the main one writes the cell
+        return None
     numeric = {name: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
                for name, m in results["results"].items()}
     metric = primary_metric(task, numeric.get(task, {}), config.metrics)
@@ -73,7 +77,8 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
          **{k: s[k] for k in s.get("metrics", []) if k in s},
          "alspec": [args[-1]["alspec"] for args in s["arguments"] if isinstance(args[-1], dict)],
          "response": s["filtered_resps"]}
-        for name, task_samples in sorted(results.get("samples", {}).items()) for s in task_samples]
+        for name, task_samples in sorted(results.get("samples", {}).items())
+        for s in sorted(task_samples, key=lambda s: s["doc_id"])]  # in document order, however ranks split them
     return {"task": task, "cell": cell, **extra, "metric": metric,
             "score": numeric.get(task, {}).get(metric) if metric else None,
             "metrics": numeric.get(task, {}), "subtasks": {k: v for k, v in numeric.items() if k != task},
@@ -124,8 +129,10 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
     out = config.output_dir
     cells = config.cell_names()
     missing = [(t, c) for t in config.tasks for c in cells if not cell_path(out, t, c).exists()]
-    write_json_atomic(out / "sweep.json", {**asdict(config), "static_p": config.static.p if config.static else None,
-                                           "cells": cells})
+    barrier()  # every rank has read which cells exist before the main one writes any
+    if is_main_process():
+        write_json_atomic(out / "sweep.json", {**asdict(config), "static_p": config.static.p if config.static else None,
+                                               "cells": cells})
     if not missing:
         return out
     check_tasks(config.tasks)
@@ -136,10 +143,13 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
     def write(task: str, cell: str, extra: dict[str, Any]) -> None:
         progress.set_postfix_str(f"{task}: {cell}, {lm.decode_tokens} tokens so far")
         result = evaluate_cell(lm, config, task, cell, extra)
-        path = write_json_atomic(cell_path(out, task, cell), result)
+        path = cell_path(out, task, cell)
+        if result is not None:
+            write_json_atomic(path, result)
+        barrier()  # the cell is on disk for every rank (static calibration reads it)
         progress.set_postfix_str(f"{task}: {cell}, {lm.decode_tokens} tokens so far")
         progress.update()
-        if on_cell:
+        if on_cell and result is not None:
             on_cell(path)
 
     for task in config.tasks:

@@ -1,0 +1,75 @@
+"""Two ranks over torch.distributed (gloo) through lm-eval's simple_evaluate: statistics gathered from every rank
+equal one process's on the same requests, and files are written once."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("dp_worker.py")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _launch(world: int, out: Path, *extra: str) -> None:
+    port = _port()
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), port, str(out), *extra], env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+
+
+def _run(world: int, out: Path) -> dict:
+    _launch(world, out)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_two_ranks_equal_one_process(tmp_path):
+    one = _run(1, tmp_path / "one.json")
+    two = _run(2, tmp_path / "two.json")
+    assert two["alspec"]["tasks"] == one["alspec"]["tasks"]  # totals and per-layer counts, histograms included
+    assert two["samples"] == one["samples"]
+    assert two["score"] == one["score"]
+    total = one["alspec"]["tasks"]["alspec_recall"]["total"]
+    assert 0 < total["accepted"] < total["speculated"]
+    # stats_path (written in get_model_info) comes from the main process only, with every rank's statistics
+    assert sorted(p.name for p in tmp_path.glob("two.stats*.json")) == ["two.stats0.json"]
+    assert json.loads((tmp_path / "two.stats0.json").read_text())["tasks"] == one["alspec"]["tasks"]
+
+
+def _cells(out: Path) -> dict[str, dict]:
+    cells = {}
+    for path in sorted((out / "cells").rglob("*.json")):
+        cell = json.loads(path.read_text())
+        cell.pop("elapsed_s")
+        cells[f"{path.parent.name}/{path.stem}"] = cell
+    return cells
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_sweep_on_two_ranks_writes_one_process_cells_and_resumes(tmp_path):
+    from tiny import save_tiny
+
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    _launch(1, tmp_path / "one", "sweep", model)
+    _launch(2, tmp_path / "two", "sweep", model)
+    one, two = _cells(tmp_path / "one"), _cells(tmp_path / "two")
+    assert len(one) == 5 and two == one
+    # Resume under two ranks: a folder that already holds the baseline cell gets the other four, the same.
+    (tmp_path / "three" / "cells" / "alspec_recall").mkdir(parents=True)
+    baseline = tmp_path / "one" / "cells" / "alspec_recall" / "baseline.json"
+    (tmp_path / "three" / "cells" / "alspec_recall" / "baseline.json").write_text(baseline.read_text())
+    _launch(2, tmp_path / "three", "sweep", model)
+    assert _cells(tmp_path / "three") == one
