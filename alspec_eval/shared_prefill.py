@@ -95,12 +95,12 @@ class SharedPrefill:
         Only the logits HFLM reads are kept (from the last context token on); the rest of the output is zero.
         """
         if any((key, 0) not in self.rows for key in keys):
-            logits, stats = self._forward_all(host, inps, keys, starts)
+            logits, first, stats = self._forward_all(host, inps, keys, starts)
             variants = len(self.variants)
             for r, entry in enumerate(stats):
                 key, start = keys[r // variants], starts[r // variants]
-                lo = max(start - 1, 0)
-                self.rows[key, r % variants] = {**entry, "lo": lo, "logits": logits[r, lo:len(key)]}
+                lo = max(start - 1, 0)  # HFLM reads the logits from the last context token on
+                self.rows[key, r % variants] = {**entry, "lo": lo, "logits": logits[r, lo - first:len(key) - first]}
         entries = [self.rows[key, self.replay] for key in keys]
         out = inps.new_zeros((*inps.shape, entries[0]["logits"].shape[-1]), dtype=entries[0]["logits"].dtype)
         for b, (key, entry) in enumerate(zip(keys, entries, strict=True)):
@@ -136,16 +136,18 @@ class SharedPrefill:
         return out, rows
 
     def _forward_all(self, host: PrefillHost, inps: torch.Tensor, keys: list[RowKey],
-                     starts: list[int]) -> tuple[torch.Tensor, list[dict]]:
+                     starts: list[int]) -> tuple[torch.Tensor, int, list[dict]]:
         """Teacher-forced logits of every variant after one exact pass over the common prompt prefix.
 
-        Returns logits (batch * variants, length, vocab) and per row its statistics.
+        Returns logits (batch * variants, positions, vocab) from position ``first`` on (the last common prompt
+        position: no earlier logit is ever read, so none is kept), ``first``, and per row its statistics.
         """
         variants = len(self.variants)
         common = min(starts)
         cache = DynamicCache(config=host.model.config)
         with torch.no_grad():
-            prefix = host.model(inps[:, :common], past_key_values=cache, use_cache=True).logits if common else None
+            prefix = (host.model(inps[:, :common], past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+                      if common else None)
             cache.batch_repeat_interleave(variants)
             ends = [len(k) for k in keys]
             region = DecodeRegion.build([0] * len(keys) * variants, [s for s in starts for _ in range(variants)],
@@ -157,7 +159,7 @@ class SharedPrefill:
         logits = rest if prefix is None else torch.cat([prefix.repeat_interleave(variants, 0), rest], dim=1)
         stats = [host.teacher_forced_stats(trace, r, starts[r // variants], ends[r // variants])
                  for r in range(len(logits))]
-        return logits, stats
+        return logits, max(common - 1, 0), stats
 
 
 def sweep_variants(lambdas: list[float], baseline: bool = True, sink: bool = True) -> list[Variant]:

@@ -49,10 +49,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--kernel", default="auto", help="alspec's decode kernel: auto, sdpa, torch, triton")
+    parser.add_argument("--dtype", default="float32", help="model dtype, e.g. bfloat16 on CUDA")
     args = parser.parse_args()
 
     path = str(smollm2_path())
-    common = {"pretrained": path, "device": args.device, "batch_size": args.batch_size, "dtype": "float32"}
+    common = {"pretrained": path, "device": args.device, "batch_size": args.batch_size, "dtype": args.dtype}
     hf = HFLM(**common)
     alspec = ALSpecLM(**common, **{"lambda": 0.1, "window": 64, "kernel": args.kernel})
     texts = prompts(hf.tokenizer, args.prompts, args.tokens)
