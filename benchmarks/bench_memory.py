@@ -1,0 +1,67 @@
+"""Peak memory of a needle run at SmolLM2's full 8K context on the CPU: `--model alspec` and `alspec-niah` against
+the stock `--model hf` on the same prompt (target: ratio <= 1.1 for --model alspec).
+
+Each run is its own process (the stock commands, as a user types them); its peak resident set size comes from the
+kernel's accounting of that child (ru_maxrss). `alspec-niah` decodes a sweep's variants (baseline, each lambda and
+pure sink) as rows of one batch after one shared prefill, so it holds one KV cache per variant by design.
+
+    python benchmarks/bench_memory.py [--length 8192] [--max-gen-toks 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def peak_mib(cmd: list[str]) -> tuple[float, float]:
+    """(peak RSS in MiB, wall seconds) of one command run to completion."""
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status:
+        sys.exit(f"bench_memory: {' '.join(cmd)} failed:\n{proc.stderr.read()[-3000:]}")
+    return usage.ru_maxrss / 1024, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--length", type=int, default=8192, help="needle prompt length in tokens")
+    parser.add_argument("--max-gen-toks", type=int, default=16)
+    parser.add_argument("--window", type=int, default=64)
+    args = parser.parse_args()
+    from alspec_eval.models import smollm2_path
+
+    model = str(smollm2_path())
+    bin_dir = Path(sys.executable).parent
+    metadata = json.dumps({"max_seq_lengths": [args.length], "niah_depths": [0.5]})
+    gen = json.dumps({"max_gen_toks": args.max_gen_toks})
+    common = ["--tasks", "alspec_niah_single", "--metadata", metadata, "--limit", "1", "--device", "cpu",
+              "--batch_size", "1", "--gen_kwargs", f"max_gen_toks={args.max_gen_toks}"]
+    runs = {
+        "hf": [str(bin_dir / "lm_eval"), "--model", "hf", "--model_args", f"pretrained={model},dtype=float32", *common],
+        "alspec": [str(bin_dir / "lm_eval"), "--model", "alspec", "--model_args",
+                   f"pretrained={model},dtype=float32,lambda=0.1,window={args.window}", *common],
+    }
+    with tempfile.TemporaryDirectory() as out:
+        runs["alspec-niah (baseline, lambda 0.1, sink)"] = [
+            str(bin_dir / "alspec-niah"), "--lengths", str(args.length), "--depths", "0.5", "--lambdas", "0.1",
+            "--window", str(args.window), "--max-gen-toks", str(args.max_gen_toks), "--output", out]
+        results = {name: peak_mib(cmd) for name, cmd in runs.items()}
+    print(f"SmolLM2-135M float32, needle prompt of {args.length} tokens, {args.max_gen_toks} new tokens, "
+          f"CPU threads={os.cpu_count()}")
+    hf_peak = results["hf"][0]
+    for name, (peak, wall) in results.items():
+        print(f"{name:45s} peak {peak:8.0f} MiB  ratio to hf {peak / hf_peak:.3f}  wall {wall:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
