@@ -52,6 +52,8 @@ class ALSpecLM(HFLM):
         self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
         if cli_option(sys.argv, "--use_cache", "-c") is not None:  # the stock CLI: refuse before the weights load
             raise ConfigError(USE_CACHE_REFUSED)
+        # Checks --output_path now; writes at exit, if the model got loaded, from the main process only.
+        register_sidecar(self.statistics, lambda: hasattr(self, "speculator") and is_main_process(self.rank))
         self._tt_runtime = None
         if self.spec_config.backend == "tt":
             from .backends.tt import prepare
@@ -61,7 +63,13 @@ class ALSpecLM(HFLM):
         self._fixed_batch = int(batch) if batch.isdigit() else None  # "auto": lm-eval decides later
         if pretrained == SMOLLM2_ALIAS:
             pretrained = str(smollm2_path())
-        super().__init__(pretrained=pretrained, **hf_kwargs)
+        try:
+            super().__init__(pretrained=pretrained, **hf_kwargs)
+        except OSError as err:  # transformers' "not a local folder and not a valid model identifier" and kin
+            if not isinstance(pretrained, str):
+                raise
+            raise ConfigError(f"pretrained={pretrained!r} cannot be loaded ({str(err).splitlines()[0]}); give a local "
+                              "folder with config.json, a model id in the local hub cache, or pretrained=smollm2") from None
         if self._tt_runtime is not None:
             from .backends.tt import install as install_tt
 
@@ -79,7 +87,6 @@ class ALSpecLM(HFLM):
         self._probing = False
         self._rolling = False
         self.fork: SharedPrefill | None = None
-        register_sidecar(self.statistics, lambda: is_main_process(self.rank))
 
     def _create_model(self, pretrained: str, *args: Any, **kwargs: Any) -> None:
         """Check what the config alone can tell before the weights load."""

@@ -18,8 +18,16 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # as a plain open() would, like lm-eval's own result files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process umask (reading it means setting it; it is set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

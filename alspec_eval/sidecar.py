@@ -2,18 +2,20 @@
 
 The stock `lm_eval` CLI writes `results_<timestamp>.json` under `--output_path` but
 tells the model nothing about it, so at exit the sidecar is written beside the
-newest results file that this process produced, as `alspec_<timestamp>.json`.
+results file that this process produced, as `alspec_<timestamp>.json`.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .config import ConfigError
 from .report_io import write_json_atomic
 
 
@@ -37,29 +39,55 @@ def sidecar_for(results_file: Path) -> Path:
     return results_file.with_name("alspec_" + results_file.name.removeprefix("results_"))
 
 
-def newest_results(output: Path, since: float) -> Path | None:
-    """The results file written by this run: the newest one under ``output`` modified after ``since``."""
+def own_results(output: Path, since: float, statistics: dict[str, Any]) -> Path | None:
+    """The results file this run wrote: the newest one under ``output`` since ``since`` whose ``config.alspec``
+    holds this run's statistics (another run sharing the folder writes other statistics; an interrupted run none)."""
     if output.suffix == ".json":
         candidates = list(output.parent.glob(f"{output.stem}*.json"))
     else:
         candidates = list(output.rglob("results_*.json"))
     candidates = [p for p in candidates if p.stat().st_mtime >= since and not p.name.startswith("alspec_")]
-    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+    mine = json.loads(json.dumps(statistics))
+    for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            if json.loads(path.read_text()).get("config", {}).get("alspec") == mine:
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def check_output_path(output: Path) -> None:
+    """lm-eval only warns when --output_path cannot be written (and exits 0 with nothing saved): fail here instead,
+    before the evaluation runs, naming the part of the path that is a file."""
+    for part in (output, *output.parents):
+        if part.exists():
+            if not part.is_dir() and not (part == output and output.suffix == ".json"):
+                raise ConfigError(f"--output_path {output}: {part} is a file, not a folder; choose another path")
+            return
 
 
 def register_sidecar(statistics: Callable[[], dict[str, Any]], is_main: Callable[[], bool] = lambda: True) -> None:
-    """At exit, write the statistics next to the results of an `lm_eval --output_path ...` run; in a data-parallel
-    run only the main process writes (its statistics are every rank's)."""
+    """At exit, write the statistics next to the results of an `lm_eval --output_path ...` run, named after that
+    results file; in a data-parallel run only the main process writes (its statistics are every rank's).
+
+    Why at exit: lm-eval tells the model nothing about --output_path and writes the results file after the
+    evaluation returns, so the stock command line and the file it writes are all there is to go by."""
     output = _cli_output_path(sys.argv)
     if output is None:
         return
+    check_output_path(output)
     started = time.time()
 
     def write() -> None:
         if not is_main():
             return
-        results = newest_results(output, started)
+        stats = statistics()
+        results = own_results(output, started, stats)
         if results is not None:
-            write_json_atomic(sidecar_for(results), statistics())
+            write_json_atomic(sidecar_for(results), stats)
+        else:
+            print(f"alspec: no results file of this run under {output}; the acceptance statistics are in the "
+                  "results' config.alspec only if lm-eval wrote them", file=sys.stderr)
 
     atexit.register(write)

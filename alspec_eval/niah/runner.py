@@ -13,7 +13,6 @@ from pathlib import Path
 from ..config import ConfigError
 from ..sweep.config import SweepConfig, parse_config
 from .generator import SUPPORTED_LENGTHS
-from ..sweep.runner import run_sweep
 
 TASKS = {"single": "alspec_niah_single", "paper": "alspec_niah"}
 
@@ -28,7 +27,7 @@ def _floats(text: str, flag: str) -> list[float]:
 def _model_args(text: str) -> dict[str, object]:
     pairs = [p.split("=", 1) for p in text.split(",") if p]
     if any(len(p) != 2 for p in pairs):
-        raise ConfigError(f"--model-args {text!r}: write key=value pairs separated by ',', e.g. pretrained=smollm2")
+        raise ConfigError(f"--model_args {text!r}: write key=value pairs separated by ',', e.g. pretrained=smollm2")
     return dict(pairs)
 
 
@@ -49,36 +48,68 @@ def niah_config(args: argparse.Namespace) -> SweepConfig:
         "batch_size": args.batch_size, "device": args.device, "static": False,
         "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
         "metadata": metadata, "output": args.output or f"results/niah_{args.mode}", "seed": args.seed,
-    }, source="alspec-niah")
+    }, source="needle run")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alspec-niah", description=__doc__)
-    p.add_argument("--mode", choices=sorted(TASKS), default="single")
+    p = argparse.ArgumentParser(prog="alspec-niah", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--mode", choices=sorted(TASKS), default="single", help="paper (Appendix G) or single needles")
     p.add_argument("--lengths", default="2048", help="prompt lengths in tokens, powers of two from 1024 to 131072")
     p.add_argument("--depths", default="0.1,0.5,0.9", help="needle depths (single mode), fractions of the haystack")
-    p.add_argument("--lambdas", default="0.05,0.1,0.2,0.4")
+    p.add_argument("--lambdas", default="0.05,0.1,0.2,0.4", help="lambda cells (baseline and pure sink are added)")
     p.add_argument("--window", type=int, default=64, help="S, tokens in each sink window")
     p.add_argument("--samples", type=int, default=1, help="prompts per length (and depth)")
     p.add_argument("--needle", choices=["passkey", "fact"], default="passkey", help="single mode's needle")
-    p.add_argument("--model-args", default="pretrained=smollm2,dtype=float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--max-gen-toks", type=int, default=48)
+    p.add_argument("--model_args", "--model-args", dest="model_args", default="pretrained=smollm2,dtype=float32",
+                   help="lm-eval model_args of the model")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda:0")
+    p.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int, default=1, help="requests per batch")
+    p.add_argument("--max_gen_toks", "--max-gen-toks", dest="max_gen_toks", type=int, default=48,
+                   help="new tokens per answer")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="bake the model's chat template into the prompts (default: when it has one)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", help="output folder (default: results/niah_<mode>)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the needles and their placement")
+    p.add_argument("--output_path", "--output", dest="output", default=None,
+                   help="output folder (default: results/niah_<mode>)")
+    p.add_argument("--allow_longer", action="store_true",
+                   help="allow lengths beyond the model's context (for a model run with RoPE scaling)")
+    p.add_argument("--recompute", action="store_true",
+                   help="recompute cells made with other settings (or unreadable) instead of refusing")
     return p
+
+
+def check_context(config: SweepConfig, lengths: list[int], max_gen_toks: int) -> None:
+    """Lengths beyond the model's context are refused before the weights load: the prompt would be cut to the
+    context, and cells labelled with a length the model never saw."""
+    from transformers import AutoConfig
+
+    from ..sweep.runner import resolved_model_args
+
+    args = resolved_model_args(config)
+    model_config = AutoConfig.from_pretrained(args["pretrained"]).get_text_config()
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if "max_length" in args:
+        limit = int(args["max_length"])
+    if limit is not None and (too_long := [n for n in lengths if n + max_gen_toks > limit]):
+        raise ConfigError(f"--lengths {too_long}: with {max_gen_toks} new tokens they exceed the model's context of "
+                          f"{limit} positions (max_position_embeddings); use lengths up to "
+                          f"{max((n for n in SUPPORTED_LENGTHS if n + max_gen_toks <= limit), default=0)}, or "
+                          "--allow_longer for a model run with RoPE scaling")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    from ..distributed import is_main_process
+    from ..sweep.runner import run_sweep
+
     try:
-        out = run_sweep(niah_config(args))
+        config = niah_config(args)
+        if not args.allow_longer:
+            check_context(config, [int(x) for x in _floats(args.lengths, "--lengths")], args.max_gen_toks)
+        out = run_sweep(config, recompute=args.recompute)
     except ConfigError as err:
         sys.exit(f"alspec-niah: {err}")
-    from ..distributed import is_main_process
     from .figures import write_niah_figures
 
     if is_main_process():  # a data-parallel run writes its figures once

@@ -6,10 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from alspec_eval.latency import PRESETS, LatencyError, LatencyModel, load_latency, preset
-from alspec_eval.report.build import write_report
-from alspec_eval.report.latency import DEFAULT_PRESET
-from alspec_eval.report.load import NoCellsError
+from alspec_eval.latency import DEFAULT_PRESET, PRESETS, LatencyError, LatencyModel, load_latency, preset
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +21,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from alspec_eval.report.build import write_report
+    from alspec_eval.report.load import NoCellsError
+
     specs: list[LatencyModel] = []
     try:
         specs += [preset(name) for name in args.preset or []]

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from alspec_eval.latency import LatencyModel, Projection as Projected, full_tp, project_layers
+from alspec_eval.latency import DEFAULT_PRESET, LatencyModel, Projection as Projected, full_tp, project_layers
 from alspec_eval.report.load import BASELINE, Row, Sweep
 from alspec_eval.report.table import MISSING, markdown_table
 
-DEFAULT_PRESET = "h100-tp4-32k"  # every number measured in the paper (Table 3)
+__all__ = ["DEFAULT_PRESET", "Projection", "project", "projection_markdown", "projection_note", "projection_rows",
+           "write_projection_csv"]
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -107,7 +108,31 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
     for key in ("window", "batch_size"):
         if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool) or raw[key] < 1):
             raise ConfigError(f"{source}: {key}={raw[key]!r} must be an integer >= 1")
+    limit = raw.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0
+                              or (isinstance(limit, float) and limit > 1 and not limit.is_integer())):
+        raise ConfigError(f"{source}: limit={limit!r} must be a number of samples (an integer >= 1) or a fraction "
+                          "in (0, 1], e.g. limit: 8")
+    for key in ("num_fewshot", "seed"):
+        if raw.get(key) is not None and (isinstance(raw[key], bool) or not isinstance(raw[key], int) or raw[key] < 0):
+            raise ConfigError(f"{source}: {key}={raw[key]!r} must be an integer >= 0")
+    for key in ("gen_kwargs", "metadata", "metrics"):
+        if raw.get(key) is not None and not isinstance(raw[key], dict):
+            raise ConfigError(f"{source}: {key} must be a mapping, got {raw[key]!r}")
+    if "window_align" in raw and raw["window_align"] not in (1, 32):
+        raise ConfigError(f"{source}: window_align={raw['window_align']!r} must be 1 or 32")
     return SweepConfig(**raw)
+
+
+def fingerprint(config: SweepConfig, task: str, cell: str) -> dict[str, Any]:
+    """Everything that decides a cell's numbers: a cell is reused only when a rerun's fingerprint equals it."""
+    out = {"task": task, "cell": cell, "model_args": config.model_args, "window": config.window,
+           "window_align": config.window_align, "limit": config.limit, "num_fewshot": config.num_fewshot,
+           "apply_chat_template": config.apply_chat_template, "gen_kwargs": config.gen_kwargs,
+           "metadata": config.metadata, "seed": config.seed}
+    if cell == "static" and config.static is not None:
+        out["static"] = {"p": config.static.p, "lambda": config.static.lam}
+    return json.loads(json.dumps(out, sort_keys=True, default=str))
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepConfig:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import json
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -15,9 +19,10 @@ from ..config import ConfigError
 from ..distributed import barrier, is_main_process
 from ..shared_prefill import sweep_variants
 from ..models import SMOLLM2_ALIAS, smollm2_path
+from ..provenance import provenance
 from ..report_io import write_json_atomic
 from ..stats import AcceptanceStats
-from .config import SweepConfig, lambda_cell
+from .config import SweepConfig, fingerprint, lambda_cell
 
 CellHook = Callable[[Path], None]
 
@@ -49,9 +54,11 @@ def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -
     return next((k for k in metrics if "," in k and "_stderr" not in k), None)  # lm-eval keys are "metric,filter"
 
 
-def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str, Any]) -> dict[str, Any] | None:
-    """One lm-eval evaluation of ``task`` with the model's current speculation settings (None on a data-parallel
-    rank other than the main one)."""
+def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str, Any],
+                  settings: dict[str, Any]) -> dict[str, Any] | None:
+    """One lm-eval evaluation of ``task``; ``settings`` are the speculation settings this cell runs with (in a
+    shared prefill the model's own config is the group's, not the cell's). None on a data-parallel rank other
+    than the main one."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -71,6 +78,7 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
     total = sum(lm.task_stats.values(), AcceptanceStats.zeros(lm.speculator.num_layers))
     document = lm.statistics()
     del document["tasks"]
+    document["config"] = dataclasses.replace(lm.spec_config, **settings).to_dict()
     document.update(total.to_dict(lm.speculator.skipped_layers))
     samples = [
         {"task": name, "doc_id": s["doc_id"], "doc": _scalars(s["doc"]),
@@ -79,7 +87,8 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
          "response": s["filtered_resps"]}
         for name, task_samples in sorted(results.get("samples", {}).items())
         for s in sorted(task_samples, key=lambda s: s["doc_id"])]  # in document order, however ranks split them
-    return {"task": task, "cell": cell, **extra, "metric": metric,
+    return {"task": task, "cell": cell, **extra, "fingerprint": fingerprint(config, task, cell),
+            "provenance": provenance(resolved_model_args(config)), "metric": metric,
             "score": numeric.get(task, {}).get(metric) if metric else None,
             "metrics": numeric.get(task, {}), "subtasks": {k: v for k, v in numeric.items() if k != task},
             "alspec": document, "samples": len(samples), "sample_log": samples,
@@ -117,18 +126,82 @@ def static_layers(out: Path, task: str, config: SweepConfig) -> list[int]:
 def _cell_settings(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Speculation settings for a shared-group cell, and what its JSON records about them."""
     if name == "baseline":
-        return {"policy": "exact"}, {"policy": "exact", "lambda": None, "static_layers": None}
+        return {"policy": "exact", "static_layers": ()}, {"policy": "exact", "lambda": None, "static_layers": None}
     if name == "sink":
-        return {"policy": "sink"}, {"policy": "sink", "lambda": "inf", "static_layers": None}
+        return {"policy": "sink", "static_layers": ()}, {"policy": "sink", "lambda": "inf", "static_layers": None}
     lam = float(name.removeprefix("lambda_"))
-    return {"policy": "dynamic", "lam": lam}, {"policy": "dynamic", "lambda": lam, "static_layers": None}
+    return ({"policy": "dynamic", "lam": lam, "static_layers": ()},
+            {"policy": "dynamic", "lambda": lam, "static_layers": None})
 
 
-def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = None) -> Path:
-    """Run every missing cell of ``config``; returns the output folder. ``on_cell`` sees each written file."""
+def existing_cells(config: SweepConfig, recompute: bool) -> list[tuple[str, str]]:
+    """The (task, cell) pairs to compute. A cell file is reused only when its fingerprint equals this config's; a
+    stale or unreadable one is recomputed with ``recompute``, else refused in one line."""
+    out, missing, stale = config.output_dir, [], []
+    for task in config.tasks:
+        for cell in config.cell_names():
+            path = cell_path(out, task, cell)
+            if not path.exists():
+                missing.append((task, cell))
+                continue
+            try:
+                found = json.loads(path.read_text()).get("fingerprint")
+            except (OSError, ValueError, AttributeError):
+                found = "unreadable"
+            if found != fingerprint(config, task, cell):
+                stale.append((path, "unreadable (truncated?)" if found == "unreadable" else "made with other settings"))
+                missing.append((task, cell))
+    if stale and not recompute:
+        path, why = stale[0]
+        raise ConfigError(f"{path} is {why}{f' (and {len(stale) - 1} more cells)' if len(stale) > 1 else ''}; rerun "
+                          "with --recompute to compute them again, or choose another --output_path")
+    return missing
+
+
+def check_writable(out: Path, tasks: list[str]) -> None:
+    """The output folders exist or can be made, and can be written: checked before the model loads."""
+    for folder in (out, *(out / "cells" / t for t in tasks)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConfigError(f"output {folder} is a file, not a folder; choose another --output_path") from None
+        except OSError as err:
+            raise ConfigError(f"cannot create output folder {folder}: {err.strerror}; choose another --output_path") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"output folder {folder} is not writable; fix its permissions or choose another --output_path")
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """One sweep per output folder at a time: a second one refuses instead of computing every cell twice."""
+    if not is_main_process():
+        yield
+        return
+    with open(out / ".alspec-sweep.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another alspec-sweep is writing {out}; wait for it to finish or choose another "
+                              "--output_path") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = None, recompute: bool = False) -> Path:
+    """Run every missing (or, with ``recompute``, stale) cell of ``config``; returns the output folder.
+    ``on_cell`` sees each written file. Everything that can be checked is checked before the model loads."""
+    out = config.output_dir
+    check_writable(out, config.tasks)
+    with output_lock(out):
+        return _run_cells(config, on_cell, lm, recompute)
+
+
+def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute: bool) -> Path:
     out = config.output_dir
     cells = config.cell_names()
-    missing = [(t, c) for t in config.tasks for c in cells if not cell_path(out, t, c).exists()]
+    missing = existing_cells(config, recompute)
     barrier()  # every rank has read which cells exist before the main one writes any
     if is_main_process():
         write_json_atomic(out / "sweep.json", {**asdict(config), "static_p": config.static.p if config.static else None,
@@ -140,9 +213,9 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
     progress = tqdm(total=len(config.tasks) * len(cells), initial=len(config.tasks) * len(cells) - len(missing),
                     desc=f"sweep {config.name}", unit="cell")
 
-    def write(task: str, cell: str, extra: dict[str, Any]) -> None:
+    def write(task: str, cell: str, extra: dict[str, Any], settings: dict[str, Any]) -> None:
         progress.set_postfix_str(f"{task}: {cell}, {lm.decode_tokens} tokens so far")
-        result = evaluate_cell(lm, config, task, cell, extra)
+        result = evaluate_cell(lm, config, task, cell, extra, settings)
         path = cell_path(out, task, cell)
         if result is not None:
             write_json_atomic(path, result)
@@ -162,17 +235,18 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
                 for index, variant in enumerate(variants):
                     if variant.name in group:
                         fork.replay = index
-                        write(task, variant.name, _cell_settings(variant.name)[1])
+                        write(task, variant.name, _cell_settings(variant.name)[1], _cell_settings(variant.name)[0])
         else:
             for name in group:
                 settings, extra = _cell_settings(name)
-                lm.reconfigure(static_layers=(), **settings)
-                write(task, name, extra)
+                lm.reconfigure(**settings)
+                write(task, name, extra, settings)
         if "static" in todo:
             layers = static_layers(out, task, config)
             # No layer reaching p leaves nothing to approximate: the exact model is that policy.
-            lm.reconfigure(policy="static" if layers else "exact", static_layers=tuple(layers))
+            settings = {"policy": "static" if layers else "exact", "static_layers": tuple(layers)}
+            lm.reconfigure(**settings)
             write(task, "static", {"policy": "static", "lambda": None, "static_layers": layers,
-                                   "calibration": {"p": config.static.p, "lambda": config.static.lam}})
+                                   "calibration": {"p": config.static.p, "lambda": config.static.lam}}, settings)
     progress.close()
     return out
