@@ -14,9 +14,12 @@ import sys
 from typing import Any, Sequence
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The usage examples as written, and every option's default."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alspec-latency", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="alspec-latency", description=__doc__, formatter_class=_Formatter)
     p.add_argument("--preset", metavar="NAME", help="a latency table with the paper's numbers (--list-presets)")
     p.add_argument("--latency", metavar="FILE", help="your own table, YAML or JSON: num_layers, fixed_us, "
                    "per_layer_us, fd_us, sfd_s_us, sfd_r_us (microseconds per token), optional round_hits")

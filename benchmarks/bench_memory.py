@@ -5,7 +5,10 @@ Each run is its own process (the stock commands, as a user types them); its peak
 kernel's accounting of that child (ru_maxrss). `alspec-niah` decodes a sweep's variants (baseline, each lambda and
 pure sink) as rows of one batch after one shared prefill, so it holds one KV cache per variant by design.
 
-    python benchmarks/bench_memory.py [--length 8192] [--max-gen-toks 16]
+Peak RSS of one run varies by a few hundred MiB with the allocator's timing, so runs are repeated, interleaved,
+and the medians compared.
+
+    python benchmarks/bench_memory.py [--length 8192] [--max-gen-toks 16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +41,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192, help="needle prompt length in tokens")
     parser.add_argument("--max-gen-toks", type=int, default=16)
     parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     from alspec_eval.models import smollm2_path
 
@@ -55,12 +60,16 @@ def main() -> None:
         runs["alspec-niah (baseline, lambda 0.1, sink)"] = [
             str(bin_dir / "alspec-niah"), "--lengths", str(args.length), "--depths", "0.5", "--lambdas", "0.1",
             "--window", str(args.window), "--max-gen-toks", str(args.max_gen_toks), "--output", out]
-        results = {name: peak_mib(cmd) for name, cmd in runs.items()}
+        measured: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+        for _ in range(args.repeats):
+            for name, cmd in runs.items():
+                measured[name].append(peak_mib(cmd))
     print(f"SmolLM2-135M float32, needle prompt of {args.length} tokens, {args.max_gen_toks} new tokens, "
-          f"CPU threads={os.cpu_count()}")
-    hf_peak = results["hf"][0]
-    for name, (peak, wall) in results.items():
-        print(f"{name:45s} peak {peak:8.0f} MiB  ratio to hf {peak / hf_peak:.3f}  wall {wall:.0f} s")
+          f"CPU threads={os.cpu_count()}, medians of {args.repeats} interleaved runs")
+    peaks = {name: statistics.median(p for p, _ in m) for name, m in measured.items()}
+    for name, m in measured.items():
+        print(f"{name:45s} peak {peaks[name]:8.0f} MiB  ratio to hf {peaks[name] / peaks['hf']:.3f}  "
+              f"runs {[round(p) for p, _ in m]}  wall {statistics.median(w for _, w in m):.0f} s")
 
 
 if __name__ == "__main__":

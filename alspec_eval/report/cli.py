@@ -10,7 +10,8 @@ from alspec_eval.latency import DEFAULT_PRESET, PRESETS, LatencyError, LatencyMo
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alspec-report", description="Table 1, figures and projected latency of a lambda sweep.")
+    p = argparse.ArgumentParser(prog="alspec-report", description="Table 1, figures and projected latency of a lambda sweep.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("outdir", help="the sweep's output folder (holds sweep.json and cells/<task>/<cell>.json)")
     p.add_argument("--latency", metavar="FILE", help="your measured latency table, YAML or JSON (as alspec-latency "
                    "--latency: num_layers, fixed_us, per_layer_us, fd_us, sfd_s_us, sfd_r_us)")

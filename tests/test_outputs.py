@@ -1,0 +1,162 @@
+"""Outputs a user can trust: every cell says how it was made, a rerun reuses a cell only under the same settings,
+one sweep per folder, files as readable as lm-eval's, and mistakes stop in one line before the model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alspec_eval.config import ConfigError
+from alspec_eval.sidecar import check_output_path, own_results
+from alspec_eval.sweep.config import load_config
+from alspec_eval.sweep.runner import output_lock, run_sweep
+from tiny import save_tiny
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    model = save_tiny(root / "model", max_positions=4096)
+    overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": {"p": 0.5, "lambda": 1.0},
+                 "output": str(root / "out")}
+    config = load_config(CONFIGS / "smoke.yaml", overrides)
+    run_sweep(config)
+    return config, overrides, root / "out"
+
+
+def _cell(out: Path, name: str) -> dict:
+    return json.loads((out / "cells" / "alspec_recall" / f"{name}.json").read_text())
+
+
+def test_every_cell_records_its_own_settings(swept):
+    config, _, out = swept
+    expected = {"baseline": ("exact", 0.5), "lambda_0.5": ("dynamic", 0.5), "lambda_1": ("dynamic", 1.0),
+                "sink": ("sink", 0.5)}
+    for name, (policy, lam) in expected.items():  # shared-prefill variants: the group's model config is not theirs
+        recorded = _cell(out, name)["alspec"]["config"]
+        assert (recorded["policy"], recorded["lambda"]) == (policy, lam), name
+        assert recorded["window"] == 16 and recorded["backend"] == "sim" and recorded["kernel"] == "auto"
+    static = _cell(out, "static")
+    assert static["alspec"]["config"]["static_layers"] == static["static_layers"]
+    assert static["alspec"]["config"]["policy"] == ("static" if static["static_layers"] else "exact")
+    for name in [*expected, "static"]:
+        cell = _cell(out, name)
+        assert cell["provenance"]["versions"]["lm_eval"] and cell["provenance"]["versions"]["alspec-eval"]
+        assert cell["provenance"]["model_args"]["pretrained"] == config.model_args["pretrained"]
+        assert cell["fingerprint"]["window"] == 16 and cell["fingerprint"]["limit"] == 3
+        mode = stat.S_IMODE((out / "cells" / "alspec_recall" / f"{name}.json").stat().st_mode)
+        assert mode == 0o666 & ~_umask(), oct(mode)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_changed_settings_are_refused_before_loading_and_sweep_json_kept(swept):
+    _, overrides, out = swept
+    before = (out / "sweep.json").read_text()
+    for change in ({"window": 32}, {"limit": 5}):
+        changed = load_config(CONFIGS / "smoke.yaml", {**overrides, **change,
+                                                      "model_args": {"pretrained": "/no/such/model"}})
+        with pytest.raises(ConfigError, match="made with other settings.*--recompute"):
+            run_sweep(changed)
+    assert (out / "sweep.json").read_text() == before
+
+
+def test_truncated_cell_is_refused_then_recomputed(swept, tmp_path):
+    config, overrides, out = swept
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(out), str(copy)], check=True)
+    cell = copy / "cells" / "alspec_recall" / "lambda_1.json"
+    cell.write_text(cell.read_text()[:100])
+    again = load_config(CONFIGS / "smoke.yaml", {**overrides, "output": str(copy)})
+    with pytest.raises(ConfigError, match="lambda_1.json is unreadable"):
+        run_sweep(again)
+    run_sweep(again, recompute=True)
+    fresh, original = json.loads(cell.read_text()), _cell(out, "lambda_1")
+    fresh.pop("elapsed_s"), original.pop("elapsed_s")
+    assert fresh == original
+
+
+def test_second_sweep_on_a_folder_in_use_refuses(tmp_path):
+    with output_lock(tmp_path):
+        with pytest.raises(ConfigError, match="another alspec-sweep is writing"):
+            with output_lock(tmp_path):
+                pass
+
+
+def test_unwritable_output_and_bad_limit_stop_before_loading(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    result = subprocess.run([str(BIN / "alspec-sweep"), str(CONFIGS / "smoke.yaml"), "--output_path",
+                             str(tmp_path / "afile")], capture_output=True, text=True, env=ENV)
+    assert result.returncode != 0 and result.stderr.count("\n") == 1
+    assert "is a file, not a folder" in result.stderr and "Traceback" not in result.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((CONFIGS / "smoke.yaml").read_text() + "limit: three\n")
+    with pytest.raises(ConfigError, match="limit='three' must be a number of samples"):
+        load_config(bad)
+
+
+def test_sidecar_goes_beside_this_runs_results_only(tmp_path):
+    mine, other = {"config": {"lambda": 0.05}, "tasks": {"t": 1}}, {"config": {"lambda": 0.6}, "tasks": {}}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "results_2026-01-01T00-00-01.json").write_text(json.dumps({"config": {"alspec": mine}}))
+    (tmp_path / "m" / "results_2026-01-01T00-00-02.json").write_text(json.dumps({"config": {"alspec": other}}))
+    assert own_results(tmp_path, 0, mine).name == "results_2026-01-01T00-00-01.json"
+    assert own_results(tmp_path, 0, {"config": {}, "tasks": {"interrupted": 0}}) is None
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="afile is a file, not a folder"):
+        check_output_path(tmp_path / "afile" / "x")
+
+
+def test_stock_cli_output_path_under_a_file_fails_before_loading(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    result = subprocess.run([str(BIN / "lm_eval"), "--model", "alspec", "--model_args", "pretrained=/no/such/model",
+                             "--tasks", "alspec_recall", "--output_path", str(tmp_path / "afile" / "x")],
+                            capture_output=True, text=True, env=ENV)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "alspec: --output_path" in result.stderr and "afile is a file" in result.stderr
+
+
+def test_missing_model_is_one_line(tmp_path):
+    result = subprocess.run([str(BIN / "lm_eval"), "--model", "alspec", "--model_args", "pretrained=/no/such/model",
+                             "--tasks", "alspec_recall", "--limit", "1"], capture_output=True, text=True, env=ENV)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "alspec: pretrained='/no/such/model' cannot be loaded" in result.stderr
+    assert "a local folder with config.json" in result.stderr
+
+
+def test_needle_length_beyond_the_context_is_refused(tmp_path):
+    model = save_tiny(tmp_path / "model", max_positions=1024)
+    result = subprocess.run([str(BIN / "alspec-niah"), "--lengths", "2048", "--model_args", f"pretrained={model}",
+                             "--window", "-3", "--output_path", str(tmp_path / "out")], capture_output=True, text=True,
+                            env=ENV)
+    assert result.returncode != 0 and result.stderr.count("alspec-niah:") == 1  # no doubled prefix
+    result = subprocess.run([str(BIN / "alspec-niah"), "--lengths", "2048", "--model_args", f"pretrained={model}",
+                             "--output_path", str(tmp_path / "out")], capture_output=True, text=True, env=ENV)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "exceed the model's context of 1024 positions" in result.stderr and "--allow_longer" in result.stderr
+    assert not (tmp_path / "out" / "cells").exists()
+
+
+@pytest.mark.parametrize("module", ["alspec_eval.sweep.cli", "alspec_eval.niah.runner", "alspec_eval.report.cli",
+                                    "alspec_eval.latency_cli"])
+def test_help_imports_no_torch(module):
+    code = (f"import sys\nfrom {module} import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported for --help'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(default:" in result.stdout
