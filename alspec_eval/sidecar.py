@@ -67,6 +67,22 @@ def check_output_path(output: Path) -> None:
             return
 
 
+def summary(statistics: dict[str, Any]) -> list[str]:
+    """A line per task: decisions, hit rate, and the layers that accept most and least (printed after lm-eval's
+    score table)."""
+    lines = []
+    for task, stats in statistics["tasks"].items():
+        total = stats["total"]
+        line = f"alspec: {task}: speculated {total['speculated']}, accepted {total['accepted']}"
+        if total["hit_rate"] is not None:
+            line += f" ({100 * total['hit_rate']:.1f}%)"
+            rated = [(layer["hit_rate"], layer["layer"]) for layer in stats["layers"] if layer["hit_rate"] is not None]
+            (low, low_layer), (high, high_layer) = min(rated), max(rated)
+            line += f"; highest layer {high_layer} ({100 * high:.1f}%), lowest layer {low_layer} ({100 * low:.1f}%)"
+        lines.append(line)
+    return lines
+
+
 def register_sidecar(statistics: Callable[[], dict[str, Any]], is_main: Callable[[], bool] = lambda: True) -> None:
     """At exit, write the statistics next to the results of an `lm_eval --output_path ...` run, named after that
     results file; in a data-parallel run only the main process writes (its statistics are every rank's).
@@ -74,18 +90,26 @@ def register_sidecar(statistics: Callable[[], dict[str, Any]], is_main: Callable
     Why at exit: lm-eval tells the model nothing about --output_path and writes the results file after the
     evaluation returns, so the stock command line and the file it writes are all there is to go by."""
     output = _cli_output_path(sys.argv)
-    if output is None:
+    command_line = bool(sys.argv) and Path(sys.argv[0]).name in ("lm_eval", "lm-eval", "alspec-eval")
+    if output is None and not command_line:
         return
-    check_output_path(output)
+    if output is not None:
+        check_output_path(output)
     started = time.time()
 
     def write() -> None:
         if not is_main():
             return
         stats = statistics()
+        if command_line and stats["tasks"]:
+            print("\n".join(summary(stats)))
+        if output is None:
+            return
         results = own_results(output, started, stats)
         if results is not None:
-            write_json_atomic(sidecar_for(results), stats)
+            path = write_json_atomic(sidecar_for(results), stats)
+            if command_line:
+                print(f"alspec: statistics in {path}")
         else:
             print(f"alspec: no results file of this run under {output}; the acceptance statistics are in the "
                   "results' config.alspec only if lm-eval wrote them", file=sys.stderr)

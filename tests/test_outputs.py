@@ -160,3 +160,19 @@ def test_help_imports_no_torch(module):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "(default:" in result.stdout
+
+
+def test_stock_cli_prints_a_summary_and_the_sidecar_path(tmp_path):
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    result = subprocess.run([str(BIN / "lm_eval"), "--model", "alspec", "--model_args",
+                             f"pretrained={model},lambda=0.9,window=16", "--tasks", "alspec_recall", "--limit", "2",
+                             "--device", "cpu", "--output_path", str(tmp_path / "out")],
+                            capture_output=True, text=True, env=ENV)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (sidecar,) = (tmp_path / "out").rglob("alspec_*.json")
+    stats = json.loads(sidecar.read_text())["tasks"]["alspec_recall"]
+    total, layers = stats["total"], stats["layers"]
+    high = max(layers, key=lambda layer: (layer["hit_rate"], layer["layer"]))
+    assert (f"alspec: alspec_recall: speculated {total['speculated']}, accepted {total['accepted']} "
+            f"({100 * total['hit_rate']:.1f}%); highest layer {high['layer']}") in result.stdout
+    assert f"alspec: statistics in {sidecar}" in result.stdout
