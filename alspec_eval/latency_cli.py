@@ -45,7 +45,7 @@ def _presets_text() -> str:
 def _sweep_rows(model: Any, outdir: str) -> list[dict[str, Any]]:
     """One projection per (task, measured cell) of a sweep."""
     from .latency import full_tp, project_layers
-    from .report.load import BASELINE, load_sweep
+    from .report.cells import BASELINE, load_sweep
 
     sweep = load_sweep(outdir)
     rows = []

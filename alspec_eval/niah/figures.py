@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib import colormaps
 
 from ..report.figures import _figure, save
-from ..report.load import BASELINE, SINK, Sweep, load_sweep
+from ..report.cells import BASELINE, SINK, Sweep, load_sweep
 
 
 def _cells(outdir: Path) -> dict[str, dict[str, Any]]:

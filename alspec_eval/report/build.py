@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Sequence
 
 from alspec_eval.latency import LatencyModel, preset
-from alspec_eval.report.figures import (acceptance_heatmap, open_loop_acceptance_figure, save, score_vs_hit_rate,
-                                        speedup_vs_score)
+from alspec_eval.report.figures import (acceptance_heatmap, frontier, open_loop_acceptance_figure, save,
+                                        score_vs_hit_rate, speedup_vs_score)
+from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
 from alspec_eval.report.latency import DEFAULT_PRESET, project, projection_markdown, write_projection_csv
-from alspec_eval.report.load import load_sweep
+from alspec_eval.report.cells import load_sweep
 from alspec_eval.report.table import table1_markdown, write_table1_csv
 
 
@@ -26,11 +27,12 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     projection; the speedup-against-score figure uses the first table.
     """
     sweep = load_sweep(outdir)
+    cells = load(sweep.outdir).cells
     specs = [preset(DEFAULT_PRESET)] if latency is None else list(latency)
     report = sweep.outdir / "report"
     report.mkdir(exist_ok=True)
-    written = [report / "table1.md", write_table1_csv(sweep, report / "table1.csv")]
-    written[0].write_text(table1_markdown(sweep))
+    written = [report / "table1.md", write_table1_csv(sweep, report / "table1.csv", cells)]
+    written[0].write_text(table1_markdown(sweep, cells))
 
     heatmaps = [save(acceptance_heatmap(sweep, task), report / f"heatmap_{_slug(task)}.png")
                 for task in sweep.tasks if sweep.dynamic_cells(task)]
@@ -43,10 +45,17 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     trade_off = [save(speedup_vs_score(sweep, projections[0]), report / "speedup_vs_score.png")] if projections else []
     if trade_off:
         figures["Projected speedup against score"] = trade_off
+    choices: dict[str, str] = {}
+    if projections and cells["diff"].notna().any():
+        speedups = {(t, row.label): e.speedup for (row, t), e in projections[0].entries.items()}
+        choices = frontier_choice(cells, speedups)
+        trade_off.append(save(frontier(cells, projections[0]), report / "frontier.png"))
+        figures["Speed against paired score difference"] = trade_off[-1:]
+        written[0].write_text(written[0].read_text() + "\n" + "\n".join(choices.values()) + "\n")
     latency_md = report / "latency.md"
     latency_md.write_text("\n".join(projection_markdown(p) for p in projections))
     latency_csv = write_projection_csv(projections, report / "latency.csv")
 
     page = report / "report.html"
-    page.write_text(render_html(sweep, figures, projections))
+    page.write_text(render_html(sweep, figures, projections, cells, list(choices.values())))
     return [*written, *score_fig, *heatmaps, *open_loop, *trade_off, latency_md, latency_csv, page]

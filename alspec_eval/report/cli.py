@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from alspec_eval.report.build import write_report
-    from alspec_eval.report.load import NoCellsError
+    from alspec_eval.report.cells import NoCellsError
 
     specs: list[LatencyModel] = []
     try:

@@ -16,9 +16,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from alspec_eval.report.load import BASELINE, SINK, STATIC, Sweep
+from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, Sweep
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from alspec_eval.report.latency import Projection
 from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
 
@@ -159,6 +161,42 @@ def speedup_vs_score(sweep: Sweep, projection: "Projection") -> Figure:
     estimate = " (with estimates: " + ", ".join(projection.spec.estimates) + ")" if projection.spec.estimates else ""
     fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}")
     return fig
+
+
+def frontier(cells: "pd.DataFrame", projection: "Projection") -> Figure:
+    """Per task: projected speedup against the paired score difference to the baseline (95% interval), one point per
+    cell; filled points are not significantly worse, so the right-most filled point is the cheapest safe choice."""
+    from alspec_eval.report.frames import not_worse
+
+    tasks = list(dict.fromkeys(cells["task"]))
+    cols = min(3, len(tasks))
+    rows = math.ceil(len(tasks) / cols)
+    fig = _figure(4.6 * cols + 0.6, 3.6 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        group = cells[(cells["task"] == task) & cells["diff"].notna()]
+        ok = not_worse(group)
+        for (_, r), good in zip(group.iterrows(), ok):
+            entry = projection.entries.get((_row_of(r), task))
+            if entry is None:
+                continue
+            err = [[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]]
+            ax.errorbar(entry.speedup, r["diff"], yerr=err, fmt="o", color="tab:blue", capsize=3,
+                        markerfacecolor="tab:blue" if good else "white")
+            ax.annotate(r["row"], (entry.speedup, r["diff"]), textcoords="offset points", xytext=(5, 3), fontsize=7)
+        ax.axhline(0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_title(task, fontsize=10)
+        ax.set_xlabel(f"projected speedup (×), {projection.spec.name}")
+        ax.set_ylabel("score − baseline (95% CI)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    fig.suptitle("Speed against score: filled points are not significantly worse than the baseline")
+    return fig
+
+
+def _row_of(r: "pd.Series") -> Row:
+    return Row(int(r["rank"]), float(r["lambda"]) if r["policy"] == "dynamic" else -1.0)
 
 
 def save(fig: Figure, path: Path) -> Path:

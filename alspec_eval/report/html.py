@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from alspec_eval.report.latency import Projection, projection_note, projection_rows
-from alspec_eval.report.load import Sweep
+from alspec_eval.report.cells import Sweep
 from alspec_eval.report.table import table1_rows
 
 _STYLE = """
@@ -38,7 +41,8 @@ def _projection(p: Projection) -> str:
             f"{html.escape(projection_note(p))}</p>" + html_table(projection_rows(p)))
 
 
-def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[Projection]) -> str:
+def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[Projection],
+                cells: "pd.DataFrame | None" = None, choices: Sequence[str] = ()) -> str:
     """The report page; ``figures`` maps a section title to its PNG files."""
     meta = sweep.meta
     facts = ", ".join(f"{k} {html.escape(str(v))}" for k, v in
@@ -50,7 +54,8 @@ def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Seque
              "<h2>Table 1: score / hit rate</h2>",
              "<p class='note'>Score as lm-eval reports it; hit rate = share of non-trivial decode attention "
              "replaced by the sink approximation. – marks a cell not (yet) run.</p>",
-             html_table(table1_rows(sweep))]
+             html_table(table1_rows(sweep, cells)),
+             *(f"<p>{html.escape(c)}</p>" for c in choices)]
     for title, paths in figures.items():
         parts.append(f"<h2>{html.escape(title)}</h2>" + "".join(_image(p) for p in paths))
     parts.append("<h2>Projected decode speed (the paper's latency model, Appendix F)</h2><p class='note'>Per layer: "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from alspec_eval.latency import DEFAULT_PRESET, LatencyModel, Projection as Projected, full_tp, project_layers
-from alspec_eval.report.load import BASELINE, Row, Sweep
+from alspec_eval.report.cells import BASELINE, Row, Sweep
 from alspec_eval.report.table import MISSING, markdown_table
 
 __all__ = ["DEFAULT_PRESET", "Projection", "project", "projection_markdown", "projection_note", "projection_rows",

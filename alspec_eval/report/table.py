@@ -2,29 +2,42 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
-from alspec_eval.report.load import BASELINE, Cell, Sweep
+import pandas as pd
+
+from alspec_eval.report.cells import Sweep
 
 MISSING = "–"
 
 
-def format_cell(cell: Cell | None) -> str:
-    """"0.253 / 42.0%" (score as lm-eval reports it, hit rate in percent); the baseline has no hit rate."""
-    if cell is None:
+def format_cell(row: pd.Series | None) -> str:
+    """"0.807 (-0.004 [-0.02, +0.01]) / 94.8%": score as lm-eval reports it, the paired difference to the baseline
+    with its 95% interval where the cell has per-document scores, and the hit rate; the baseline has no hit rate."""
+    if row is None:
         return MISSING
-    score = MISSING if cell.score is None else f"{cell.score:.3f}"
-    if cell.row == BASELINE:
+    score = MISSING if pd.isna(row["score"]) else f"{row['score']:.3f}"
+    if row["policy"] == "exact":
         return score
-    hit = MISSING if cell.hit_rate is None else f"{100 * cell.hit_rate:.1f}%"
+    if not pd.isna(row["diff"]):
+        score += f" ({row['diff']:+.3f} [{row['diff_low']:+.2f}, {row['diff_high']:+.2f}])"
+    hit = MISSING if pd.isna(row["hit_rate"]) else f"{100 * row['hit_rate']:.1f}%"
     return f"{score} / {hit}"
 
 
-def table1_rows(sweep: Sweep) -> list[list[str]]:
-    """Header plus one formatted line per row of Table 1."""
+def table1_rows(sweep: Sweep, cells: pd.DataFrame | None = None) -> list[list[str]]:
+    """Header plus one formatted line per row of Table 1 (every declared row; a cell not run shows a dash)."""
+    cells = frames_of(sweep) if cells is None else cells
+    by_key = {(r.task, r.row): r for r in cells.itertuples(index=False)}
+    text = {key: format_cell(pd.Series(r._asdict())) for key, r in by_key.items()}
     header = ["", *sweep.tasks]
-    return [header, *([row.label, *(format_cell(sweep.cell(t, row)) for t in sweep.tasks)] for row in sweep.rows)]
+    return [header, *([row.label, *(text.get((t, row.label), MISSING) for t in sweep.tasks)] for row in sweep.rows)]
+
+
+def frames_of(sweep: Sweep) -> pd.DataFrame:
+    from alspec_eval.report.frames import load
+
+    return load(sweep.outdir).cells
 
 
 def markdown_table(rows: list[list[str]]) -> str:
@@ -34,26 +47,27 @@ def markdown_table(rows: list[list[str]]) -> str:
     return "\n".join([line(rows[0]), line(["---"] * len(rows[0])), *map(line, rows[1:])]) + "\n"
 
 
-def table1_markdown(sweep: Sweep) -> str:
+def table1_markdown(sweep: Sweep, cells: pd.DataFrame | None = None) -> str:
     metrics = sorted({f"{c.task}: `{c.metric}`" for c in sweep.cells if c.metric})
-    caption = "Score / speculation hit rate (share of non-trivial decode attention replaced by the sink approximation)."
-    return f"{caption}\n\n{markdown_table(table1_rows(sweep))}\nMetrics: {'; '.join(metrics)}\n"
+    caption = ("Score (paired difference to the baseline on the same documents, 95% bootstrap interval) / speculation "
+               "hit rate (share of non-trivial decode attention replaced by the sink approximation).")
+    return f"{caption}\n\n{markdown_table(table1_rows(sweep, cells))}\nMetrics: {'; '.join(metrics)}\n"
 
 
-def write_table1_csv(sweep: Sweep, path: Path) -> Path:
-    """Table 1 layout with numbers kept numeric: per task a score and a hit-rate (%) column."""
-    with path.open("w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(["row", "policy", "lambda", *(f"{t} {col}" for t in sweep.tasks for col in ("score", "hit_rate_pct"))])
-        for row in sweep.rows:
-            values: list[str] = []
-            for task in sweep.tasks:
-                cell = sweep.cell(task, row)
-                values += [_num(cell.score if cell else None), _num(100 * cell.hit_rate if cell and cell.hit_rate is not None else None)]
-            out.writerow([row.label, row.kind, f"{row.lam:g}" if row.kind == "dynamic" else "", *values])
+def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None) -> Path:
+    """Table 1 layout with numbers kept numeric: per task a score, hit-rate (%) and paired-difference columns."""
+    cells = frames_of(sweep) if cells is None else cells
+    columns = {"score": "score", "hit_rate_pct": "hit_rate_pct", "diff": "diff", "diff_low": "diff_low",
+               "diff_high": "diff_high", "p_value": "mcnemar_p"}
+    table = cells.assign(hit_rate_pct=100 * cells["hit_rate"])
+    wide = table.pivot(index="row", columns="task", values=list(columns))
+    order = [row.label for row in sweep.rows]
+    wide = wide.reindex(order)
+    wide.columns = [f"{task} {columns[col]}" for col, task in wide.columns]
+    wide = wide[[f"{t} {columns[c]}" for t in sweep.tasks for c in columns if f"{t} {columns[c]}" in wide.columns]]
+    kinds = {row.label: (row.kind, f"{row.lam:g}" if row.kind == "dynamic" else "") for row in sweep.rows}
+    wide.insert(0, "policy", [kinds[r][0] for r in wide.index])
+    wide.insert(1, "lambda", [kinds[r][1] for r in wide.index])
+    wide.index.name = "row"
+    wide.to_csv(path, float_format="%.17g")
     return path
-
-
-def _num(x: float | None) -> str:
-    return "" if x is None else repr(float(x))
-

@@ -25,6 +25,8 @@ from ..stats import AcceptanceStats
 from .config import SweepConfig, fingerprint, lambda_cell
 
 CellHook = Callable[[Path], None]
+# lm-eval's own stderr of each score (closed form for means; a bootstrap of this size for other aggregations).
+BOOTSTRAP_ITERS = 1000
 
 
 def cell_path(out: Path, task: str, cell: str) -> Path:
@@ -69,7 +71,7 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
         model=lm, tasks=[task], limit=config.limit, num_fewshot=config.num_fewshot,
         apply_chat_template=config.apply_chat_template, gen_kwargs=config.gen_kwargs, log_samples=True,
         task_manager=TaskManager(metadata=metadata), random_seed=config.seed, numpy_random_seed=config.seed,
-        torch_random_seed=config.seed, fewshot_random_seed=config.seed, bootstrap_iters=0)
+        torch_random_seed=config.seed, fewshot_random_seed=config.seed, bootstrap_iters=BOOTSTRAP_ITERS)
     if results is None:  # a data-parallel rank other than the main one: the main one writes the cell
         return None
     numeric = {name: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -81,7 +83,7 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
     document["config"] = dataclasses.replace(lm.spec_config, **settings).to_dict()
     document.update(total.to_dict(lm.speculator.skipped_layers))
     samples = [
-        {"task": name, "doc_id": s["doc_id"], "doc": _scalars(s["doc"]),
+        {"task": name, "doc_id": s["doc_id"], "filter": s.get("filter"), "doc": _scalars(s["doc"]),
          **{k: s[k] for k in s.get("metrics", []) if k in s},
          "alspec": [args[-1]["alspec"] for args in s["arguments"] if isinstance(args[-1], dict)],
          "response": s["filtered_resps"]}

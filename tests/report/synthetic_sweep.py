@@ -29,6 +29,17 @@ SCORES = {
     "alspec_recall": {"baseline": 0.875, 0.05: 0.875, 0.1: 0.8125, 0.2: 0.75, "sink": 0.5, "static": 0.625},
 }
 METRICS = {"alspec_gsm8k_cot": "exact_match,strict-match", "alspec_recall": "acc,none"}
+DOCUMENTS = {"alspec_gsm8k_cot": 20, "alspec_recall": 16}  # every score above is a multiple of 1/n
+
+
+def sample_log(task: str, score: float) -> list[dict[str, Any]]:
+    """Per-document 0/1 scores with the cell's mean: the first round(score n) documents right (nested across cells,
+    so a lower-scoring cell loses documents the baseline had), plus another filter's entries to be ignored."""
+    name, _, filt = METRICS[task].partition(",")
+    n = DOCUMENTS[task]
+    right = round(score * n)
+    log = [{"task": task, "doc_id": i, "filter": filt, name: float(i < right)} for i in range(n)]
+    return log + [{"task": task, "doc_id": i, "filter": "other-filter", name: 1.0} for i in range(n)]
 
 
 def ratios_for(accepted: int, lam: float) -> list[float]:
@@ -61,14 +72,17 @@ def stats(layers: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def cell_json(task: str, name: str, policy: str, lam: Any, layers: list[dict[str, Any]], score: float,
-              static_layers: list[int] | None = None) -> dict[str, Any]:
+              static_layers: list[int] | None = None, documents: bool = False) -> dict[str, Any]:
     metric = METRICS[task]
-    return {"task": task, "cell": name, "policy": policy, "lambda": lam, "static_layers": static_layers,
+    cell = {"task": task, "cell": name, "policy": policy, "lambda": lam, "static_layers": static_layers,
             "metric": metric, "score": score, "metrics": {metric: score, metric.replace(",", "_stderr,"): 0.1},
             "alspec": stats(layers), "samples": 16, "elapsed_s": 1.0}
+    if documents:
+        cell["sample_log"] = sample_log(task, score)
+    return cell
 
 
-def write_sweep(outdir: Path) -> Path:
+def write_sweep(outdir: Path, documents: bool = False) -> Path:
     (outdir / "sweep.json").parent.mkdir(parents=True, exist_ok=True)
     (outdir / "sweep.json").write_text(json.dumps({"name": "synthetic", "model": "tiny-4-layer", "window": 64,
                                                    "lambdas": LAMBDAS, "tasks": TASKS, "static_p": 0.8}))
@@ -87,6 +101,8 @@ def write_sweep(outdir: Path) -> Path:
                                     [layer_entry(i, SPECULATED, SPECULATED if i in STATIC_LAYERS else 0, wide if i in STATIC_LAYERS else empty)
                                      for i in range(NUM_LAYERS)], SCORES[task]["static"], STATIC_LAYERS)
         for name, data in cells.items():
+            if documents:
+                data["sample_log"] = sample_log(task, data["score"])
             path = outdir / "cells" / task / f"{name}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(data))

@@ -13,7 +13,7 @@ from alspec_eval.latency import PRESETS, LatencyError, LatencyModel, load_latenc
 from alspec_eval.latency_cli import main as latency_main
 from alspec_eval.report.cli import main as report_main
 from alspec_eval.report.latency import project
-from alspec_eval.report.load import BASELINE, SINK, STATIC, Row, load_sweep
+from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, load_sweep
 
 # The paper's own numbers, restated here from ../shared/paper/latency_appendix_f.md (ns, context 1K).
 N150 = {"n150-tp1": (846747, 69853, 2313703), "n150-tp2": (555015, 64309, 1207636),

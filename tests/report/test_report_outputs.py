@@ -12,7 +12,7 @@ from synthetic_sweep import ACCEPTED, LAMBDAS, SCORES, SPECULATED, TASKS, write_
 
 from alspec_eval.report.build import write_report
 from alspec_eval.report.figures import OPEN_LOOP_GRID, acceptance_heatmap, open_loop_curve, score_vs_hit_rate
-from alspec_eval.report.load import Row, load_sweep
+from alspec_eval.report.cells import Row, load_sweep
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Reading a sweep's output folder (sweep.json + cells/<task>/<cell>.json) into plain dataclasses.
 
-pandas is not a dependency, so the tidy form is a list of frozen records plus a lookup by
-(task, row); every table and figure reads from the same ``Sweep``.
+The files as frozen records with a lookup by (task, row); :mod:`.frames` turns them into tidy pandas frames.
 """
 
 from __future__ import annotations
@@ -79,6 +78,7 @@ class Cell:
     total: LayerStats
     samples: int | None = None
     elapsed_s: float | None = None
+    sample_log: tuple[dict[str, Any], ...] = ()  # per document: doc_id, filter and the metric values
 
     @property
     def row(self) -> Row:
@@ -169,7 +169,7 @@ def load_cell(path: Path) -> Cell:
     return Cell(task=d["task"], name=d.get("cell", path.stem), policy=d["policy"], lam=_as_lambda(d.get("lambda")),
                 static_layers=tuple(static) if static is not None else None, metric=d.get("metric", ""),
                 score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
-                samples=d.get("samples"), elapsed_s=d.get("elapsed_s"))
+                samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()))
 
 
 def _same_edges(edges: list[float]) -> bool:

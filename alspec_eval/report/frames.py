@@ -1,0 +1,147 @@
+"""A sweep as tidy pandas frames, with the paired statistics a user needs to call a score difference real.
+
+``load(outdir)`` gives three frames:
+
+- ``cells``: one row per (task, cell): policy, lambda, window, metric, score, lm-eval's stderr, n, decisions,
+  hit rate with its Wilson 95% interval, and against the baseline on the same documents the mean score
+  difference with a paired-bootstrap 95% interval (BOOTSTRAP_RESAMPLES resamples of documents, seeded) and,
+  for 0/1 metrics, McNemar's exact p-value;
+- ``layers``: one row per (task, cell, layer) with the counts;
+- ``documents``: one row per (task, cell, document) with the document's score on the cell's metric.
+
+Every table and figure of the report reads from these frames.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from alspec_eval.report.cells import BASELINE, Cell, load_sweep
+
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+class Frames(NamedTuple):
+    cells: pd.DataFrame
+    layers: pd.DataFrame
+    documents: pd.DataFrame
+
+
+def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (NaN, NaN without trials)."""
+    if trials == 0:
+        return math.nan, math.nan
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_bootstrap(differences: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                     level: float = 0.95) -> tuple[float, float, float]:
+    """Mean per-document difference and its percentile bootstrap interval, resampling documents."""
+    differences = np.asarray(differences, dtype=float)
+    if len(differences) == 0:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = differences[rng.integers(0, len(differences), size=(resamples, len(differences)))].mean(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(differences.mean()), float(low), float(high)
+
+
+def mcnemar_exact(only_baseline: int, only_cell: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant pairs (documents right in one run only)."""
+    n = only_baseline + only_cell
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(only_baseline, only_cell) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def document_scores(cell: Cell) -> pd.Series:
+    """The cell's per-document score on its own metric ("name,filter"), indexed by doc_id."""
+    name, _, filt = cell.metric.partition(",")
+    rows = {s["doc_id"]: float(s[name]) for s in cell.sample_log
+            if name in s and isinstance(s[name], (int, float)) and s.get("filter", filt) == filt}
+    return pd.Series(rows, dtype=float, name="score").sort_index()
+
+
+def load(outdir: str | Path) -> Frames:
+    """The sweep in ``outdir`` as (cells, layers, documents) frames."""
+    sweep = load_sweep(outdir)
+    window = sweep.meta.get("window")
+    cells, layers, documents = [], [], []
+    scores = {(c.task, c.name): document_scores(c) for c in sweep.cells}
+    for c in sweep.cells:
+        docs = scores[c.task, c.name]
+        documents += [{"task": c.task, "cell": c.name, "doc_id": d, "score": s} for d, s in docs.items()]
+        name, _, filt = c.metric.partition(",")
+        stderr = c.metrics.get(f"{name}_stderr,{filt}")
+        low, high = wilson(c.total.accepted, c.total.speculated) if c.policy != "exact" else (math.nan, math.nan)
+        row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.rank, "policy": c.policy,
+               "lambda": c.lam, "window": window, "metric": c.metric, "score": c.score,
+               "stderr": stderr if isinstance(stderr, (int, float)) else math.nan, "n": len(docs) or c.samples,
+               "speculated": c.total.speculated, "accepted": c.total.accepted,
+               "hit_rate": c.hit_rate if c.hit_rate is not None else math.nan, "hit_low": low, "hit_high": high}
+        row.update(_paired(docs, scores.get((c.task, _baseline_name(sweep, c.task))), c.row == BASELINE))
+        cells.append(row)
+        for i, layer in enumerate(c.layers):
+            layers.append({"task": c.task, "cell": c.name, "layer": i, "speculated": layer.speculated,
+                           "accepted": layer.accepted, "trivial": layer.trivial,
+                           "hit_rate": layer.hit_rate if layer.hit_rate is not None else math.nan,
+                           "skipped": layer.skipped})
+    frame = pd.DataFrame(cells).sort_values(["task", "rank", "lambda"], na_position="first", kind="stable")
+    return Frames(frame.reset_index(drop=True), pd.DataFrame(layers), pd.DataFrame(documents))
+
+
+def _baseline_name(sweep, task: str) -> str | None:  # noqa: ANN001 (report.cells.Sweep)
+    cell = sweep.cell(task, BASELINE)
+    return None if cell is None else cell.name
+
+
+def _paired(docs: pd.Series, baseline: pd.Series | None, is_baseline: bool) -> dict[str, float]:
+    """Difference against the baseline on the documents both scored: mean, bootstrap interval, McNemar p."""
+    empty = {"diff": math.nan, "diff_low": math.nan, "diff_high": math.nan, "p_value": math.nan, "n_paired": 0}
+    if is_baseline or baseline is None:
+        return empty
+    both = docs.index.intersection(baseline.index)
+    if len(both) == 0:
+        return empty
+    cell, base = docs[both].to_numpy(), baseline[both].to_numpy()
+    mean, low, high = paired_bootstrap(cell - base)
+    binary = np.isin(cell, (0.0, 1.0)).all() and np.isin(base, (0.0, 1.0)).all()
+    p = mcnemar_exact(int(((base == 1) & (cell == 0)).sum()), int(((base == 0) & (cell == 1)).sum())) if binary else math.nan
+    return {"diff": mean, "diff_low": low, "diff_high": high, "p_value": p, "n_paired": len(both)}
+
+
+def not_worse(cells: pd.DataFrame) -> pd.Series:
+    """Cells whose score is not significantly below the baseline: the interval of the difference reaches 0 (and,
+    for 0/1 metrics, McNemar does not reject at 5% where the cell is lower)."""
+    reaches_zero = cells["diff_high"] >= 0
+    mcnemar_ok = cells["p_value"].isna() | (cells["p_value"] >= 0.05) | (cells["diff"] >= 0)
+    return reaches_zero & mcnemar_ok & cells["diff"].notna()
+
+
+def frontier_choice(cells: pd.DataFrame, speedups: dict[tuple[str, str], float]) -> dict[str, str]:
+    """Per task, one sentence naming the cell with the largest projected speedup whose score is not significantly
+    below the baseline (``speedups`` maps (task, row label) to the latency model's speedup)."""
+    sentences = {}
+    for task, group in cells.groupby("task", sort=False):
+        group = group.assign(speedup=[speedups.get((task, r), math.nan) for r in group["row"]])
+        ok = group[not_worse(group) & group["speedup"].notna() & (group["policy"] != "exact")]
+        if ok.empty:
+            sentences[task] = f"{task}: no cell is free of a significant score loss against the baseline."
+            continue
+        best = ok.loc[ok["speedup"].idxmax()]
+        sentences[task] = (f"{task}: {best['row']} gives the largest projected speedup ({best['speedup']:.2f}x) "
+                           f"without a significantly lower score ({best['diff']:+.3f} "
+                           f"[{best['diff_low']:+.3f}, {best['diff_high']:+.3f}], n = {best['n_paired']}).")
+    return sentences

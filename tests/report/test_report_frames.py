@@ -1,0 +1,98 @@
+"""Tidy frames of a sweep and the paired statistics: bootstrap coverage, McNemar by hand, round trip of the cell
+files, and Table 1 with intervals added and nothing else changed."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from alspec_eval import report
+from alspec_eval.report.build import write_report
+from alspec_eval.report.frames import BOOTSTRAP_RESAMPLES, mcnemar_exact, not_worse, paired_bootstrap, wilson
+from synthetic_sweep import ACCEPTED, DOCUMENTS, LAMBDAS, NUM_LAYERS, SCORES, SPECULATED, TASKS, write_sweep
+
+
+@pytest.fixture(scope="module")
+def documented(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sweep(tmp_path_factory.mktemp("documented"), documents=True)
+
+
+def test_bootstrap_interval_covers_the_true_difference_at_the_stated_rate():
+    rng = np.random.default_rng(7)
+    true, trials, covered = 0.1, 300, 0
+    for t in range(trials):
+        diffs = true + rng.normal(0, 1, size=80)  # per-document differences with mean `true`
+        _, low, high = paired_bootstrap(diffs, resamples=2000, seed=t)
+        covered += low <= true <= high
+    assert 0.91 <= covered / trials <= 0.98  # 95% nominal; the percentile bootstrap runs slightly narrow at n=80
+
+
+def test_bootstrap_is_seeded():
+    diffs = np.arange(30) % 3 - 1.0
+    assert paired_bootstrap(diffs) == paired_bootstrap(diffs)
+    assert BOOTSTRAP_RESAMPLES == 10_000
+
+
+def test_mcnemar_by_hand():
+    # 1 document right only in the baseline, 9 only in the cell: p = 2 (C(10,0) + C(10,1)) / 2^10
+    assert mcnemar_exact(1, 9) == pytest.approx(2 * 11 / 1024)
+    assert mcnemar_exact(9, 1) == mcnemar_exact(1, 9)
+    assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
+
+
+def test_wilson_by_hand():
+    low, high = wilson(84, 200)
+    assert low == pytest.approx(0.35374, abs=1e-5) and high == pytest.approx(0.48928, abs=1e-5)  # worked by hand
+    assert all(math.isnan(x) for x in wilson(0, 0))
+
+
+def test_frames_round_trip_the_cells(documented: Path):
+    frames = report.load(documented)
+    cells = frames.cells.set_index(["task", "cell"])
+    for task in TASKS:
+        for lam in LAMBDAS:
+            row = cells.loc[(task, f"lambda_{lam:g}")]
+            assert row["score"] == SCORES[task][lam] and row["lambda"] == lam and row["window"] == 64
+            assert row["accepted"] == sum(ACCEPTED[task][lam]) and row["speculated"] == NUM_LAYERS * SPECULATED
+            assert row["stderr"] == 0.1 and row["n"] == DOCUMENTS[task] == row["n_paired"]
+            right_base, right = round(SCORES[task]["baseline"] * DOCUMENTS[task]), round(SCORES[task][lam] * DOCUMENTS[task])
+            assert row["diff"] == pytest.approx(SCORES[task][lam] - SCORES[task]["baseline"])
+            assert row["p_value"] == pytest.approx(mcnemar_exact(right_base - right, 0))
+            assert row["hit_low"] < row["hit_rate"] < row["hit_high"]
+    assert math.isnan(cells.loc[("alspec_recall", "baseline")]["diff"])
+    layers = frames.layers.set_index(["task", "cell", "layer"])
+    assert layers.loc[("alspec_recall", "lambda_0.1", 2)]["accepted"] == ACCEPTED["alspec_recall"][0.1][2]
+    docs = frames.documents
+    assert len(docs[(docs.task == "alspec_recall") & (docs.cell == "sink")]) == DOCUMENTS["alspec_recall"]
+    assert docs.groupby(["task", "cell"])["score"].mean().loc[("alspec_recall", "sink")] == SCORES["alspec_recall"]["sink"]
+
+
+def test_table1_gains_intervals_and_nothing_else(documented: Path, tmp_path: Path):
+    plain = write_sweep(tmp_path / "plain")
+    with_ci = (write_report(documented, latency=[])[0]).read_text().splitlines()
+    without = (write_report(plain, latency=[])[0]).read_text().splitlines()
+    table = [line for line in with_ci if line.startswith("|")]
+    assert [line.split(" | ")[0] for line in table] == [line.split(" | ")[0] for line in without if line.startswith("|")]
+    stripped = [pd.Series(line.split(" | ")).str.replace(r" \([+-][0-9.]+ \[[+-][0-9.]+, [+-][0-9.]+\]\)", "", regex=True)
+                .tolist() for line in table]
+    assert stripped == [line.split(" | ") for line in without if line.startswith("|")]
+    sink = next(line for line in table if line.startswith("| sink"))
+    assert "0.500 (-0.375 [" in sink  # recall: 8 of 16 documents right against 14
+
+
+def test_frontier_names_the_cheapest_safe_cell(documented: Path):
+    paths = write_report(documented)
+    names = {p.name for p in paths}
+    assert {"frontier.png", "table1.md"} <= names
+    md = (documented / "report" / "table1.md").read_text()
+    assert "alspec_recall: " in md and "gives the largest projected speedup" in md
+    frames = report.load(documented).cells
+    ok = not_worse(frames)
+    # recall at lambda 0.05 keeps the baseline's score: not worse; sink loses 6 of 16 documents: worse
+    key = frames.set_index(["task", "cell"]).index
+    assert ok[list(key).index(("alspec_recall", "lambda_0.05"))]
+    assert not ok[list(key).index(("alspec_recall", "sink"))]
