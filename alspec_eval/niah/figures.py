@@ -30,13 +30,28 @@ def _score(sample: dict[str, Any]) -> float:
     return next(v for k, v in sample.items() if k.isdigit())
 
 
+def _label(cell: dict[str, Any]) -> str:
+    """How a cell was made, for a title: "λ = 0.05", "baseline", "sink (λ = ∞)"."""
+    named = {"exact": "baseline", "sink": "sink (λ = ∞)", "static": "static layers"}
+    if cell["policy"] in named:
+        return named[cell["policy"]]
+    return f"λ = {cell['lambda']:g}" if isinstance(cell.get("lambda"), (int, float)) else cell["cell"]
+
+
 def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
-    """Figure 3a: score and hit rate per lambda, baseline and sink as references."""
+    """Figure 3a: score and hit rate per lambda, baseline and sink as references. Needle runs have few prompts,
+    so each score carries its Wilson 95% interval and n."""
+    from ..report.frames import wilson
+
     fig = _figure(6.4, 4.6)
     ax = fig.add_subplot()
     dynamic = sweep.dynamic_cells(task)
     lams = [c.lam for c in dynamic]
-    ax.plot(lams, [c.score for c in dynamic], "o-", color="tab:blue", label="needles found (dynamic)")
+    n = max((c.samples or 0 for c in dynamic), default=0)
+    intervals = [wilson(round(c.score * (c.samples or 0)), c.samples or 0) for c in dynamic]
+    err = [[c.score - lo for c, (lo, _) in zip(dynamic, intervals)], [hi - c.score for c, (_, hi) in zip(dynamic, intervals)]]
+    ax.errorbar(lams, [c.score for c in dynamic], yerr=err, fmt="o-", color="tab:blue", capsize=3,
+                label=f"needles found (dynamic), 95% interval, n = {n}")
     for row, style in ((BASELINE, "--"), (SINK, ":")):
         if (cell := sweep.cell(task, row)) is not None and cell.score is not None:
             ax.axhline(cell.score, linestyle=style, color="tab:blue", alpha=0.7, label=f"{row.label} score")
@@ -98,31 +113,42 @@ def length_depth_grid(cell: dict[str, Any]) -> Any:
     ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("needle depth")
-    ax.set_title(f"{cell['task']} {cell['cell']}: score (colour), hit rate (text)", fontsize=9)
+    ax.set_title(f"{cell['task']}, {_label(cell)}: score (colour), hit rate (text)", fontsize=9)
     return fig
 
 
 def token_traces(cell: dict[str, Any], tokenizer: Any, num_layers: int, limit: int = 6) -> Any:
-    """Figure 8: each answer's tokens shaded by how many layers accepted the approximation."""
+    """Figure 8: each answer's tokens shaded by how many layers accepted the approximation; each row is labelled
+    with its needle's depth and whether the answer found it, and a colour bar gives the scale."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
     traced = [s for s in cell["sample_log"] if s["alspec"] and "accepted_layers_per_token" in s["alspec"][0]][:limit]
-    fig = _figure(9.0, 0.9 + 0.55 * max(len(traced), 1))
+    rows = []
+    for sample in traced:
+        response = sample["response"][0] if isinstance(sample["response"], list) else sample["response"]
+        ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+        tokens = [tokenizer.decode([t]).replace("\n", "⏎") for t in ids]
+        rows.append((sample, tokens, sample["alspec"][0]["accepted_layers_per_token"]))
+    width = max((sum(max(len(t), 1) for t in tokens) for _, tokens, _ in rows), default=10)
+    fig = _figure(min(3.0 + 0.09 * width, 14.0), 0.8 + 0.45 * max(len(rows), 1))
     ax = fig.add_subplot()
     ax.set_axis_off()
-    cmap = colormaps["Blues"]
-    for row, sample in enumerate(traced):
-        counts = sample["alspec"][0]["accepted_layers_per_token"]
-        ids = tokenizer(sample["response"][0] if isinstance(sample["response"], list) else sample["response"],
-                        add_special_tokens=False)["input_ids"]
+    cmap, norm = colormaps["Blues"], Normalize(0, num_layers)
+    for row, (sample, tokens, counts) in enumerate(rows):
+        doc = sample.get("doc", {})
+        found = "found" if _score(sample) >= 1 else "missed"
+        depth = f"depth {doc['depth']:.0%}" if isinstance(doc.get("depth"), (int, float)) else ""
+        ax.text(-0.01, -row, f"{depth} {found}".strip(), fontsize=8, ha="right", va="center")
         x = 0.0
-        for token, count in zip(ids, counts, strict=False):
-            text = tokenizer.decode([token]).replace("\n", "⏎")
+        for text, count in zip(tokens, counts, strict=False):
             ax.text(x, -row, text, fontsize=8, family="monospace", va="center",
-                    bbox={"facecolor": cmap(count / num_layers), "edgecolor": "none", "pad": 1.5})
-            x += 0.0085 * max(len(text), 1)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(-len(traced) + 0.5, 0.5)
-    ax.set_title(f"{cell['task']} {cell['cell']}: tokens shaded by layers accepted (darker = more, of {num_layers})",
-                 fontsize=9)
+                    bbox={"facecolor": cmap(norm(count)), "edgecolor": "none", "pad": 1.5})
+            x += max(len(text), 1) / width
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(-len(rows) + 0.5, 0.5)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layers accepted", fraction=0.03, pad=0.01)
+    ax.set_title(f"{cell['task']}, {_label(cell)}: answer tokens shaded by layers that accepted A~", fontsize=9)
     return fig
 
 

@@ -65,36 +65,40 @@ def acceptance_heatmap(sweep: Sweep, task: str) -> Figure:
 
 
 def score_vs_hit_rate(sweep: Sweep) -> Figure:
-    """One line per task through its lambda cells; baseline dashed, sink and static as markers."""
-    fig = _figure(7.5, 4.8)
-    ax = fig.add_subplot()
+    """One panel per task (so tasks whose sink points coincide stay apart): the lambda cells as a line, the baseline
+    dashed, sink and static as markers."""
+    tasks = sweep.tasks
+    cols = min(3, len(tasks))
+    rows = math.ceil(len(tasks) / cols)
+    fig = _figure(4.4 * cols + 0.4, 3.6 * rows + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False)
     colours = _task_colours(sweep)
-    for task in sweep.tasks:
+    for ax, task in zip(axes.flat, tasks):
         colour = colours[task]
         points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task)
                   if c.hit_rate is not None and c.score is not None]
         if points:
-            xs, ys, lams = zip(*points)
-            ax.plot(xs, ys, "o-", color=colour, label=task)
+            xs, ys, _ = zip(*points)
+            ax.plot(xs, ys, "o-", color=colour, label="dynamic (λ)")
             for x, y, lam in points:
                 ax.annotate(f"λ={lam:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
         base = sweep.cell(task, BASELINE)
         if base is not None and base.score is not None:
-            ax.axhline(base.score, color=colour, linestyle="--", linewidth=1)
-        for row, marker in ((SINK, "X"), (STATIC, "s")):
+            ax.axhline(base.score, color=colour, linestyle="--", linewidth=1, label="baseline (exact)")
+        for row, marker, label in ((SINK, "X", "sink (λ = ∞)"), (STATIC, "s", "static layers")):
             cell = sweep.cell(task, row)
             if cell is not None and cell.hit_rate is not None and cell.score is not None:
-                ax.plot(100 * cell.hit_rate, cell.score, marker, color=colour, markersize=8, markeredgecolor="black")
-    handles, _ = ax.get_legend_handles_labels()
-    handles += [Line2D([], [], color="grey", linestyle="--", label="baseline (exact)"),
-                Line2D([], [], color="grey", marker="X", linestyle="", label="sink (λ = ∞)"),
-                Line2D([], [], color="grey", marker="s", linestyle="", label="static layers")]
-    ax.legend(handles=handles, fontsize=8, loc="best")
-    ax.set_xlim(0, 105)
-    ax.set_xlabel("speculation hit rate (%)")
-    ax.set_ylabel("score")
-    ax.set_title("Score against hit rate")
-    ax.grid(alpha=0.3)
+                ax.plot(100 * cell.hit_rate, cell.score, marker, color=colour, markersize=8, markeredgecolor="black",
+                        linestyle="", label=label)
+        ax.set_xlim(0, 105)
+        ax.set_xlabel("speculation hit rate (%)")
+        ax.set_ylabel("score")
+        ax.set_title(task, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    fig.suptitle("Score against hit rate")
     return fig
 
 
