@@ -15,7 +15,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-_EXPORTS = {"DecodeKernel": "registry", "select_kernel": "registry",
+_EXPORTS = {"DecodeKernel": "registry", "select_kernel": "registry", "torch_kernel": "registry",
             "SpecDecodeOutput": "reference", "speculative_flash_decode": "reference"}
 __all__ = sorted(_EXPORTS)
 

@@ -8,6 +8,8 @@ from typing import Protocol
 
 import torch
 
+from .cpu_fast import applies as cpu_fast_applies
+from .cpu_fast import speculative_decode_cpu
 from .reference import SpecDecodeOutput, speculative_flash_decode
 from .triton_decode import speculative_flash_decode_triton
 from .unfused import unfused_decode
@@ -21,6 +23,15 @@ class DecodeKernel(Protocol):
                  scale: float | None = None, *, start: torch.Tensor | None = None) -> SpecDecodeOutput: ...
 
 
+def torch_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: torch.Tensor, window: int,
+                 lam: float | torch.Tensor, chunk_size: int | None = None, window_align: int = 1,
+                 scale: float | None = None, *, start: torch.Tensor | None = None) -> SpecDecodeOutput:
+    """``kernel=torch``: the CPU fast path where it applies (one position, no left padding), else the reference."""
+    fast = chunk_size is None and cpu_fast_applies(q, cur_pos.to(q.device), start)
+    kernel = speculative_decode_cpu if fast else speculative_flash_decode
+    return kernel(q, k, v, cur_pos, window, lam, chunk_size, window_align, scale, start=start)
+
+
 def select_kernel(name: str, device: torch.device | str) -> DecodeKernel:
     """Kernel for ``auto|torch|triton|unfused``; auto is Triton on CUDA when installed, else torch.
 
@@ -32,7 +43,7 @@ def select_kernel(name: str, device: torch.device | str) -> DecodeKernel:
     if name == "auto":
         name = "triton" if device.type == "cuda" and has_triton else "torch"
     if name == "torch":
-        return speculative_flash_decode
+        return torch_kernel
     if name == "unfused":
         return unfused_decode
     if name == "triton":
