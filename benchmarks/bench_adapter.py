@@ -48,27 +48,33 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--kernel", default="auto", help="alspec's decode kernel: auto, sdpa, torch, triton")
+    parser.add_argument("--kernels", default="sdpa,torch",
+                        help="alspec's decode kernels to time, comma-separated: auto, sdpa, torch, triton")
     parser.add_argument("--dtype", default="float32", help="model dtype, e.g. bfloat16 on CUDA")
     args = parser.parse_args()
 
     path = str(smollm2_path())
     common = {"pretrained": path, "device": args.device, "batch_size": args.batch_size, "dtype": args.dtype}
-    hf = HFLM(**common)
-    alspec = ALSpecLM(**common, **{"lambda": 0.1, "window": 64, "kernel": args.kernel})
-    texts = prompts(hf.tokenizer, args.prompts, args.tokens)
-    timed(hf, texts[:1], 4), timed(alspec, texts[:1], 4)  # warm-up
-    times: dict[str, list[float]] = {"hf": [], "alspec": []}
-    for _ in range(args.repeats):
-        times["hf"].append(timed(hf, texts, args.new_tokens))
-        times["alspec"].append(timed(alspec, texts, args.new_tokens))
-    hf_s, alspec_s = statistics.median(times["hf"]), statistics.median(times["alspec"])
-    hit = alspec.statistics()["tasks"]["bench"]["total"]["hit_rate"]
+    models: dict[str, HFLM] = {"hf": HFLM(**common)}
+    for kernel in args.kernels.split(","):
+        models[kernel] = ALSpecLM(**common, **{"lambda": 0.1, "window": 64, "kernel": kernel})
+    texts = prompts(models["hf"].tokenizer, args.prompts, args.tokens)
+    for lm in models.values():
+        timed(lm, texts[:1], 4)  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(args.repeats):  # interleaved rounds
+        for name, lm in models.items():
+            times[name].append(timed(lm, texts, args.new_tokens))
+    medians = {name: statistics.median(t) for name, t in times.items()}
     print(f"device={args.device} threads={torch.get_num_threads()} prompts={args.prompts}x{args.tokens} tokens "
-          f"new={args.new_tokens} batch={args.batch_size} kernel={args.kernel}")
-    print(f"hf     median {hf_s:.2f} s  runs {[round(t, 2) for t in times['hf']]}")
-    print(f"alspec median {alspec_s:.2f} s  runs {[round(t, 2) for t in times['alspec']]}  hit rate {hit:.3f}")
-    print(f"ratio alspec/hf = {alspec_s / hf_s:.3f}")
+          f"new={args.new_tokens} batch={args.batch_size} dtype={args.dtype}, medians of {args.repeats} rounds")
+    print(f"hf              median {medians['hf']:.2f} s  runs {[round(t, 2) for t in times['hf']]}")
+    for name in models:
+        if name == "hf":
+            continue
+        hit = models[name].statistics()["tasks"]["bench"]["total"]["hit_rate"]
+        print(f"alspec {name:8s} median {medians[name]:.2f} s  runs {[round(t, 2) for t in times[name]]}  "
+              f"hit rate {hit:.3f}  ratio alspec/hf = {medians[name] / medians['hf']:.3f}")
 
 
 if __name__ == "__main__":
