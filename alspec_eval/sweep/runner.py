@@ -161,16 +161,15 @@ def existing_cells(config: SweepConfig, recompute: bool) -> list[tuple[str, str]
 
 
 def check_writable(out: Path, tasks: list[str]) -> None:
-    """The output folders exist or can be made, and can be written: checked before the model loads."""
+    """The output folders exist or can be made, and can be written: checked before the model loads, creating
+    nothing (the nearest existing folder of each must be a writable folder)."""
     for folder in (out, *(out / "cells" / t for t in tasks)):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise ConfigError(f"output {folder} is a file, not a folder; choose another --output_path") from None
-        except OSError as err:
-            raise ConfigError(f"cannot create output folder {folder}: {err.strerror}; choose another --output_path") from None
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise ConfigError(f"output folder {folder} is not writable; fix its permissions or choose another --output_path")
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not existing.is_dir():
+            raise ConfigError(f"output {folder}: {existing} is a file, not a folder; choose another --output_path")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"output folder {existing} is not writable; fix its permissions or choose another "
+                              "--output_path")
 
 
 @contextmanager
@@ -196,6 +195,9 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
     ``on_cell`` sees each written file. Everything that can be checked is checked before the model loads."""
     out = config.output_dir
     check_writable(out, config.tasks)
+    if is_main_process():
+        out.mkdir(parents=True, exist_ok=True)  # for the lock file
+    barrier()
     with output_lock(out):
         return _run_cells(config, on_cell, lm, recompute)
 
