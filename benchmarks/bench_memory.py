@@ -48,7 +48,6 @@ def main() -> None:
     model = str(smollm2_path())
     bin_dir = Path(sys.executable).parent
     metadata = json.dumps({"max_seq_lengths": [args.length], "niah_depths": [0.5]})
-    gen = json.dumps({"max_gen_toks": args.max_gen_toks})
     common = ["--tasks", "alspec_niah_single", "--metadata", metadata, "--limit", "1", "--device", "cpu",
               "--batch_size", "1", "--gen_kwargs", f"max_gen_toks={args.max_gen_toks}"]
     runs = {

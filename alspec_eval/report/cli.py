@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from alspec_eval.latency import DEFAULT_PRESET, PRESETS, LatencyError, LatencyModel, load_latency, preset
+from alspec_eval.latency import DEFAULT_PRESET, PRESETS, LatencyModel, load_latency, preset
 
 
 def _parser() -> argparse.ArgumentParser:

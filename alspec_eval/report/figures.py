@@ -14,7 +14,6 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
 from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, Sweep
 
