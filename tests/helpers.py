@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -79,3 +81,13 @@ def stepwise_logprob(lm: ALSpecLM, context: list[int], continuation: list[int]):
             if i + 1 < len(continuation):
                 logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0, -1]
     return total, trace
+
+
+def read_cells(out: Path) -> dict[str, dict]:
+    """A sweep folder's cells by "task/cell", without the wall time (the one field two equal runs differ in)."""
+    cells = {}
+    for path in sorted((out / "cells").rglob("*.json")):
+        cell = json.loads(path.read_text())
+        cell.pop("elapsed_s")
+        cells[f"{path.parent.name}/{path.stem}"] = cell
+    return cells

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import read_cells
+
 WORKER = Path(__file__).with_name("dp_worker.py")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
@@ -49,14 +51,6 @@ def test_two_ranks_equal_one_process(tmp_path):
     assert json.loads((tmp_path / "two.stats0.json").read_text())["tasks"] == one["alspec"]["tasks"]
 
 
-def _cells(out: Path) -> dict[str, dict]:
-    cells = {}
-    for path in sorted((out / "cells").rglob("*.json")):
-        cell = json.loads(path.read_text())
-        cell.pop("elapsed_s")
-        cells[f"{path.parent.name}/{path.stem}"] = cell
-    return cells
-
 
 @pytest.mark.filterwarnings("ignore")
 def test_sweep_on_two_ranks_writes_one_process_cells_and_resumes(tmp_path):
@@ -65,11 +59,11 @@ def test_sweep_on_two_ranks_writes_one_process_cells_and_resumes(tmp_path):
     model = save_tiny(tmp_path / "model", max_positions=4096)
     _launch(1, tmp_path / "one", "sweep", model)
     _launch(2, tmp_path / "two", "sweep", model)
-    one, two = _cells(tmp_path / "one"), _cells(tmp_path / "two")
+    one, two = read_cells(tmp_path / "one"), read_cells(tmp_path / "two")
     assert len(one) == 5 and two == one
     # Resume under two ranks: a folder that already holds the baseline cell gets the other four, the same.
     (tmp_path / "three" / "cells" / "alspec_recall").mkdir(parents=True)
     baseline = tmp_path / "one" / "cells" / "alspec_recall" / "baseline.json"
     (tmp_path / "three" / "cells" / "alspec_recall" / "baseline.json").write_text(baseline.read_text())
     _launch(2, tmp_path / "three", "sweep", model)
-    assert _cells(tmp_path / "three") == one
+    assert read_cells(tmp_path / "three") == one

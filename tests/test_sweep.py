@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ from alspec_eval.config import ConfigError
 from alspec_eval.shared_prefill import sweep_variants
 from alspec_eval.sweep.config import load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
-from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, sample_stats
+from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, read_cells, sample_stats
 from tiny import save_tiny, tiny_model
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -68,14 +67,6 @@ def test_shared_prefill_equals_separate_runs():
     assert accepted[0] == 0 and 0 < accepted[1] < accepted[2] < accepted[3]
 
 
-def _cells(out: Path) -> dict[str, dict]:
-    cells = {}
-    for path in sorted((out / "cells").rglob("*.json")):
-        cell = json.loads(path.read_text())
-        cell.pop("elapsed_s")
-        cells[f"{path.parent.name}/{path.stem}"] = cell
-    return cells
-
 
 def test_killed_sweep_resumes_to_the_same_cells(tmp_path):
     model = save_tiny(tmp_path / "model", max_positions=4096)
@@ -90,7 +81,7 @@ def test_killed_sweep_resumes_to_the_same_cells(tmp_path):
     assert [p.name for p in (tmp_path / "a" / "cells" / "alspec_recall").iterdir()] == ["baseline.json"]
     run_sweep(interrupted)
     straight = run_sweep(load_config(CONFIGS / "smoke.yaml", {**overrides, "output": str(tmp_path / "b")}))
-    resumed, fresh = _cells(tmp_path / "a"), _cells(straight)
+    resumed, fresh = read_cells(tmp_path / "a"), read_cells(straight)
     assert resumed == fresh
     assert sorted(fresh) == [f"alspec_recall/{c}" for c in sorted(["baseline", "lambda_0.5", "lambda_1", "sink", "static"])]
     sink, static = fresh["alspec_recall/sink"], fresh["alspec_recall/static"]
