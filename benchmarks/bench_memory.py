@@ -56,13 +56,15 @@ def main() -> None:
                    f"pretrained={model},dtype=float32,lambda=0.1,window={args.window}", *common],
     }
     niah = "alspec-niah (baseline, lambda 0.1, sink)"
-    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in [*runs, niah]}
+    niah_seq = "alspec-niah --no_shared_prefill"
+    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in [*runs, niah, niah_seq]}
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as out:  # a fresh folder each time: a sweep reuses finished cells
             runs[niah] = [
                 str(bin_dir / "alspec-niah"), "--lengths", str(args.length), "--depths", "0.5", "--lambdas", "0.1",
                 "--window", str(args.window), "--max-gen-toks", str(args.max_gen_toks), "--output", out,
                 "--allow_longer"]  # the same prompt as the lm_eval runs: 8K plus the new tokens, cut by lm-eval to 8K
+            runs[niah_seq] = [*runs[niah][:-3], "--output", out + "/sequential", "--allow_longer", "--no_shared_prefill"]
             for name, cmd in runs.items():
                 measured[name].append(peak_mib(cmd))
     print(f"SmolLM2-135M float32, needle prompt of {args.length} tokens, {args.max_gen_toks} new tokens, "

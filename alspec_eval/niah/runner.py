@@ -46,6 +46,7 @@ def niah_config(args: argparse.Namespace) -> SweepConfig:
         "name": f"niah_{args.mode}", "tasks": [TASKS[args.mode]], "lambdas": _floats(args.lambdas, '--lambdas'),
         "model_args": {**_model_args(args.model_args), "trace_tokens": True}, "window": args.window,
         "batch_size": args.batch_size, "device": args.device, "static": False,
+        "shared_prefill": not args.no_shared_prefill,
         "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
         "metadata": metadata, "output": args.output or f"results/niah_{args.mode}", "seed": args.seed,
     }, source="needle run")
@@ -74,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
                    help="output folder (default: results/niah_<mode>)")
     p.add_argument("--allow_longer", action="store_true",
                    help="allow lengths beyond the model's context (for a model run with RoPE scaling)")
+    p.add_argument("--no_shared_prefill", action="store_true",
+                   help="run the cells one after another instead of as rows of one batch after one shared prefill: "
+                        "one KV cache at a time (less memory at long context), one prefill per cell (more time)")
     p.add_argument("--recompute", action="store_true",
                    help="recompute cells made with other settings (or unreadable) instead of refusing")
     return p
