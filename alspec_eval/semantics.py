@@ -10,6 +10,8 @@ of the sequence); ``pos`` is the current token's position, so the context holds 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .config import TILE, WINDOW_ALIGNS  # noqa: F401  (settings, kept torch-free in config; re-exported here)
@@ -53,12 +55,16 @@ def distances(approx: torch.Tensor, exact: torch.Tensor) -> tuple[torch.Tensor, 
 
 def accept(d: torch.Tensor, n: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
     """Accept iff d <= lambda n. lambda may be per query; lambda = inf accepts all (also n = 0)."""
-    lam = torch.as_tensor(lam, dtype=torch.float32, device=d.device)
+    if isinstance(lam, (int, float)):  # one threshold: no tensor to build (decode steps call this per layer)
+        return torch.ones_like(d, dtype=torch.bool) if math.isinf(lam) else d <= lam * n
+    lam = lam.to(dtype=torch.float32, device=d.device)
     return (d <= lam * n) | torch.isinf(lam)
 
 
 def accept_squared(d2: torch.Tensor, n2: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
     """The TT op's form of :func:`accept` on its own squared values: d^2 <= lambda^2 n^2 (no square root on
     the device). Equal to ``accept`` except where rounding of the squares moves a tie."""
-    lam = torch.as_tensor(lam, dtype=torch.float32, device=d2.device)
+    if isinstance(lam, (int, float)):
+        return torch.ones_like(d2, dtype=torch.bool) if math.isinf(lam) else d2 <= lam * lam * n2
+    lam = lam.to(dtype=torch.float32, device=d2.device)
     return (d2 <= lam * lam * n2) | torch.isinf(lam)

@@ -25,14 +25,20 @@ SHAPES = [(9, 3, 64), (32, 8, 128)]  # (q heads, kv heads, head_dim): SmolLM2-13
 CONTEXTS = [4096, 16384, 32768]
 
 
+FLUSH = torch.empty(64 * 2**20 // 4)  # larger than the last-level cache
+
+
 def median_ms(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 5) -> dict[str, float]:
-    """Median wall time per call of each function, measured in interleaved rounds."""
+    """Median wall time per call of each function, measured in interleaved rounds. Each call starts with the
+    caches flushed, as a decode step finds a layer's KV cache (read once per token), so that no candidate
+    inherits another's warm cache (plain SDPA with enable_gqa copies K/V and evicts them, for one)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            FLUSH.fill_(1.0)
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -13,15 +13,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..semantics import window_bounds
-from .reference import SpecDecodeOutput, check_inputs, resolve_start, verify
+from .. import semantics
+from .reference import SpecDecodeOutput, check_inputs
 
 
 def applies(q: torch.Tensor, cur_pos: torch.Tensor, start: torch.Tensor | None) -> bool:
     """Whether the fast path covers this call: CPU, no left padding, one position for the whole batch."""
     if q.device.type != "cpu" or (start is not None and bool(start.any())):
         return False
-    return bool((cur_pos == cur_pos[0]).all())
+    return len(cur_pos) == 1 or bool((cur_pos == cur_pos[0]).all())
 
 
 def speculative_decode_cpu(
@@ -37,24 +37,24 @@ def speculative_decode_cpu(
     *,
     start: torch.Tensor | None = None,
 ) -> SpecDecodeOutput:
-    """Same contract as :func:`.reference.speculative_flash_decode` where :func:`applies`; ``chunk_size`` unused."""
+    """Same contract as :func:`.reference.speculative_flash_decode` where :func:`applies`; ``chunk_size`` unused.
+    The window geometry is :mod:`alspec_eval.semantics`' on the one position, as Python integers (no small ops)."""
     check_inputs(q, k, v, cur_pos, window, window_align, start)
     b, hq, dim = q.shape
     hkv = k.shape[1]
-    cur_pos = cur_pos.to(dtype=torch.long)
-    _, pos = resolve_start(start, cur_pos)
-    last_start, trivial = window_bounds(pos[:1], window, window_align)
-    length = int(pos[0]) + 1
+    pos = int(cur_pos[0])
+    trivial = bool(semantics.is_trivial(pos, window))
     qg = q.view(b, hkv, hq // hkv, dim)
-    exact = F.scaled_dot_product_attention(qg, k[:, :, :length], v[:, :, :length], scale=scale)
-    if bool(trivial[0]):
+    exact = F.scaled_dot_product_attention(qg, k[:, :, :pos + 1], v[:, :, :pos + 1], scale=scale).view(b, hq, dim)
+    if trivial:
         spec = exact
     else:
-        first, last = int(last_start[0]), min(int(last_start[0]) + window, length)  # aligned windows stop at pos
+        first = semantics.last_window_end(pos, window_align) - window
+        last = min(first + window, pos + 1)  # an aligned last window stops at the current token
         keys = torch.cat([k[:, :, :window], k[:, :, first:last]], dim=2)
         values = torch.cat([v[:, :, :window], v[:, :, first:last]], dim=2)
-        spec = F.scaled_dot_product_attention(qg, keys, values, scale=scale)
-    exact, spec = exact.reshape(b, hq, dim), spec.reshape(b, hq, dim)
-    trivial = trivial.expand(b)
-    d, n, decision = verify(exact, spec, trivial, lam)
-    return SpecDecodeOutput(exact, spec, d, n, decision, trivial)
+        spec = F.scaled_dot_product_attention(qg, keys, values, scale=scale).view(b, hq, dim)
+    d, n = semantics.distances(spec, exact)
+    flags = torch.full((b,), trivial)
+    decision = flags if trivial else semantics.accept(d, n, lam)
+    return SpecDecodeOutput(exact, spec, d, n, decision, flags)

@@ -27,7 +27,7 @@ def torch_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: tor
                  lam: float | torch.Tensor, chunk_size: int | None = None, window_align: int = 1,
                  scale: float | None = None, *, start: torch.Tensor | None = None) -> SpecDecodeOutput:
     """``kernel=torch``: the CPU fast path where it applies (one position, no left padding), else the reference."""
-    fast = chunk_size is None and cpu_fast_applies(q, cur_pos.to(q.device), start)
+    fast = chunk_size is None and cpu_fast_applies(q, cur_pos, start)
     kernel = speculative_decode_cpu if fast else speculative_flash_decode
     return kernel(q, k, v, cur_pos, window, lam, chunk_size, window_align, scale, start=start)
 

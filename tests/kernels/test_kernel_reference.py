@@ -8,7 +8,7 @@ import pytest
 import torch
 from kernel_oracle import fill_padding, make_inputs, padded_oracle, sdpa_over, window_positions
 
-from alspec_eval.kernels import reference, select_kernel, speculative_flash_decode
+from alspec_eval.kernels import reference, select_kernel, speculative_flash_decode, torch_kernel
 from alspec_eval.kernels.reference import partial_flash_cpu, partial_math
 from alspec_eval.kernels.unfused import unfused_decode
 
@@ -111,8 +111,8 @@ def test_sdpa_kernel_and_selection() -> None:
     torch.testing.assert_close(alt.exact, ref.exact, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(alt.spec, ref.spec, atol=1e-5, rtol=1e-5)
     assert torch.equal(alt.trivial, ref.trivial)
-    assert select_kernel("auto", "cpu") is speculative_flash_decode
-    assert select_kernel("torch", "cpu") is speculative_flash_decode
+    assert select_kernel("auto", "cpu") is torch_kernel  # the CPU fast path where it applies, else the reference
+    assert select_kernel("torch", "cpu") is torch_kernel
     assert select_kernel("unfused", torch.device("cpu")) is unfused_decode
     with pytest.raises(ValueError, match="unknown kernel"):
         select_kernel("flash", "cpu")
