@@ -194,7 +194,7 @@ def frontier(cells: "pd.DataFrame", projection: "Projection") -> Figure:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
-    fig.suptitle("Speed against score: filled points are not significantly worse than the baseline")
+    fig.suptitle("Speed against score (filled: not significantly worse than the baseline)", fontsize=9)
     return fig
 
 
