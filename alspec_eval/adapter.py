@@ -28,6 +28,7 @@ from .config import ConfigError, SpeculationConfig
 from .shared_prefill import RowKey, SharedPrefill, Variant, row_keys
 from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
+from .provenance import versions
 from .report_io import write_json_atomic
 from .sidecar import cli_option, register_sidecar
 from .distributed import gather_task_stats, is_main_process
@@ -310,8 +311,10 @@ class ALSpecLM(HFLM):
 
     def statistics(self) -> dict[str, Any]:
         """Schema v1: config, histogram edges and per-task, per-layer statistics."""
-        return run_statistics(self.spec_config.to_dict(), self.speculator.num_layers,
-                              self.speculator.skipped_layers, self.task_stats)
+        stats = run_statistics(self.spec_config.to_dict(), self.speculator.num_layers,
+                               self.speculator.skipped_layers, self.task_stats)
+        stats["provenance"] = {"model": getattr(self.model.config, "_name_or_path", None), "versions": versions()}
+        return stats
 
     def get_model_info(self) -> dict[str, Any]:
         info = super().get_model_info()

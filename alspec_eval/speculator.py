@@ -44,6 +44,8 @@ class _Pass:
     cols: torch.Tensor
     index: torch.Tensor
     mask: torch.Tensor | None
+    lam: float | torch.Tensor  # the threshold of each speculated position
+    lam_batch: float | torch.Tensor  # the threshold of each batch row (what a fused kernel takes)
     decisions: dict[int, Decision] = field(default_factory=dict)
 
 
@@ -95,7 +97,7 @@ class Speculator:
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         plan = self.plan(query, key)
         if query.shape[2] == 1 and self.has_fused_decode():
-            fused = self.fused_decode(layer, query, key, value, scaling)
+            fused = self.fused_decode(layer, plan, query, key, value, scaling)
             exact, weights = fused.exact[:, None], None
         else:
             fused = None
@@ -111,7 +113,7 @@ class Speculator:
             approx, accept, ratio = fused.spec[rows], fused.accept[rows], fused.d[rows] / fused.n[rows]
         else:
             approx = self.approximate(plan, query, key, value, scaling)
-            accept, ratio = self.verify(approx, exact[rows, cols], self.row_lambda(rows))
+            accept, ratio = self.verify(approx, exact[rows, cols], plan.lam)
         plan.decisions[layer] = (accept, ratio)
         return self.commit(exact, plan, approx, accept), weights
 
@@ -132,7 +134,8 @@ class Speculator:
         positions, valid = semantics.window_positions(pos[rows, cols], cfg.window, cfg.window_align)
         index = (positions + pad[rows, None]).clamp_max(k_len - 1)
         mask = None if bool(valid.all()) else valid[:, None, None, :]
-        self._passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask)
+        lam_batch = self.row_lambda(torch.arange(len(pad), device=query.device))
+        self._passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, self.row_lambda(rows), lam_batch)
         return self._passes[-1]
 
     def row_lambda(self, rows: torch.Tensor) -> float | torch.Tensor:
@@ -146,14 +149,13 @@ class Speculator:
         """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call."""
         return self.decode_kernel is not None
 
-    def fused_decode(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    def fused_decode(self, layer: int, plan: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
         cfg, pad = self.config, self.region.pad.to(query.device)
         cur_pos = torch.full_like(pad, key.shape[2] - 1)
-        lam = self.row_lambda(torch.arange(len(pad), device=query.device))
-        return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, lam, window_align=cfg.window_align,
-                                  scale=scaling, start=pad)
+        return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, plan.lam_batch,
+                                  window_align=cfg.window_align, scale=scaling, start=pad)
 
     def approximate(self, plan: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     scaling: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError
-from ..sweep.config import SweepConfig, parse_config
+from ..sweep.config import SweepConfig, parse_config, parse_model_args
 from .generator import SUPPORTED_LENGTHS
 
 TASKS = {"single": "alspec_niah_single", "paper": "alspec_niah"}
@@ -22,13 +22,6 @@ def _floats(text: str, flag: str) -> list[float]:
         return [float(x) for x in text.split(",") if x]
     except ValueError:
         raise ConfigError(f"{flag} {text!r}: write numbers separated by ',', e.g. {flag} 0.1,0.5") from None
-
-
-def _model_args(text: str) -> dict[str, object]:
-    pairs = [p.split("=", 1) for p in text.split(",") if p]
-    if any(len(p) != 2 for p in pairs):
-        raise ConfigError(f"--model_args {text!r}: write key=value pairs separated by ',', e.g. pretrained=smollm2")
-    return dict(pairs)
 
 
 def niah_config(args: argparse.Namespace) -> SweepConfig:
@@ -44,7 +37,7 @@ def niah_config(args: argparse.Namespace) -> SweepConfig:
         metadata["niah_depths"] = _floats(args.depths, '--depths')
     return parse_config({
         "name": f"niah_{args.mode}", "tasks": [TASKS[args.mode]], "lambdas": _floats(args.lambdas, '--lambdas'),
-        "model_args": {**_model_args(args.model_args), "trace_tokens": True}, "window": args.window,
+        "model_args": {**parse_model_args(args.model_args), "trace_tokens": True}, "window": args.window,
         "batch_size": args.batch_size, "device": args.device, "static": False,
         "shared_prefill": not args.no_shared_prefill,
         "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},

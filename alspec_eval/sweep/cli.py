@@ -25,20 +25,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_args(text: str) -> dict[str, str]:
-    from ..config import ConfigError
-
-    pairs = [item.split("=", 1) for item in text.split(",") if item]
-    if any(len(p) != 2 for p in pairs):
-        raise ConfigError(f"--model_args {text!r}: write key=value pairs separated by commas, e.g. pretrained=smollm2")
-    return dict(pairs)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     from ..config import ConfigError
     from ..distributed import is_main_process
-    from .config import load_config
+    from .config import load_config, parse_model_args
     from .runner import run_sweep
 
     try:
@@ -50,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.model_args:
             from dataclasses import replace
 
-            config = replace(config, model_args={**config.model_args, **_model_args(args.model_args)})
+            config = replace(config, model_args={**config.model_args, **parse_model_args(args.model_args)})
         out = run_sweep(config, recompute=args.recompute)
     except ConfigError as err:
         sys.exit(f"alspec-sweep: {err}")

@@ -144,3 +144,11 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Sw
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err})") from None
     return parse_config({**(raw or {}), **(overrides or {})}, source=str(path))
+
+
+def parse_model_args(text: str, flag: str = "--model_args") -> dict[str, str]:
+    """lm-eval's ``key=value,key=value`` model_args string of a command line."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    if any(len(p) != 2 for p in pairs):
+        raise ConfigError(f"{flag} {text!r}: write key=value pairs separated by commas, e.g. pretrained=smollm2")
+    return dict(pairs)

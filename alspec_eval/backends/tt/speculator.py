@@ -57,13 +57,12 @@ class TTSpeculator(Speculator):
     def has_fused_decode(self) -> bool:
         return True
 
-    def fused_decode(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    def fused_decode(self, layer: int, plan: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step's A, A~, d, n and decision for every batch row; query (B, Hq, 1, D), key/value (B, Hkv, L, D)."""
         pad = self.region.pad.to(key.device)
         pos = key.shape[2] - 1 - pad  # logical position of the current token
-        lam = self.row_lambda(torch.arange(len(pad), device=key.device))
-        return self.decode(layer, query[:, :, 0], key, value, pad, pos, lam, scaling)
+        return self.decode(layer, query[:, :, 0], key, value, pad, pos, plan.lam_batch, scaling)
 
     def decode(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
                pos: torch.Tensor, lam: float | torch.Tensor, scale: float) -> SpecDecodeOutput:
