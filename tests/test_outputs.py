@@ -176,3 +176,18 @@ def test_stock_cli_prints_a_summary_and_the_sidecar_path(tmp_path):
     assert (f"alspec: alspec_recall: speculated {total['speculated']}, accepted {total['accepted']} "
             f"({100 * total['hit_rate']:.1f}%); highest layer {high['layer']}") in result.stdout
     assert f"alspec: statistics in {sidecar}" in result.stdout
+
+
+def test_bundled_gsm8k_score_and_statistics_share_the_task_name():
+    """lm-eval reports the score under the name the user asked for; the statistics must sit under the same one."""
+    from lm_eval import simple_evaluate
+
+    from helpers import alspec_lm
+    from tiny import tiny_model
+
+    results = simple_evaluate(model=alspec_lm(tiny_model(), window=4), tasks=["alspec_gsm8k_cot_local"], limit=1,
+                              num_fewshot=0, gen_kwargs="max_gen_toks=4", bootstrap_iters=0)
+    assert set(results["results"]) == {"alspec_gsm8k_cot_local"}
+    assert "exact_match,strict-match" in results["results"]["alspec_gsm8k_cot_local"]
+    tasks = results["config"]["alspec"]["tasks"]
+    assert set(tasks) == {"alspec_gsm8k_cot_local"} and tasks["alspec_gsm8k_cot_local"]["total"]["speculated"] > 0
