@@ -35,7 +35,7 @@ def test_lm_eval_alspec_on_smollm2(tmp_path):
     for lam in (0.05, 0.4):
         results, sidecar, samples = run_lm_eval(tmp_path / str(lam), f"pretrained={model},lambda={lam},window=64")
         stats = results["config"]["alspec"]
-        assert stats == sidecar and stats["schema_version"] == 1 and stats["config"]["lambda"] == lam
+        assert stats == sidecar and stats["schema_version"] == 2 and stats["config"]["lambda"] == lam
         task = stats["tasks"]["alspec_recall"]
         assert [layer["layer"] for layer in task["layers"]] == list(range(30))
         assert task["total"]["speculated"] == sum(layer["speculated"] for layer in task["layers"]) > 0
@@ -43,3 +43,22 @@ def test_lm_eval_alspec_on_smollm2(tmp_path):
         assert sum(s["accepted"] for s in per_sample) == task["total"]["accepted"]
         hit_rates[lam] = task["total"]["hit_rate"]
     assert hit_rates[0.05] < hit_rates[0.4]
+
+
+@pytest.mark.slow
+def test_bundled_hellaswag_is_above_chance_and_sink_attention_moves_it():
+    """The demo's benchmark: a real multiple-choice task (teacher-forced loglikelihood) on which the embedded model
+    scores well above chance (0.25) and whose score speculation can change."""
+    from lm_eval import simple_evaluate
+
+    runs = {}
+    for policy in ("exact", "sink"):
+        out = simple_evaluate(model="alspec", model_args=f"pretrained={smollm2_path()},policy={policy},window=16",
+                              tasks=["alspec_hellaswag"], limit=40, batch_size=4, device="cpu", log_samples=True,
+                              bootstrap_iters=0)
+        runs[policy] = ({s["doc_id"]: s["acc_norm"] for s in out["samples"]["alspec_hellaswag"]},
+                        out["config"]["alspec"]["tasks"]["alspec_hellaswag"]["total"])
+    (exact, exact_total), (sink, sink_total) = runs["exact"], runs["sink"]
+    assert sum(exact.values()) / len(exact) >= 0.4 and exact_total["speculated"] == 0
+    assert sink_total["speculated"] == sink_total["accepted"] > 0
+    assert sum(exact[d] != sink[d] for d in exact) > 0
