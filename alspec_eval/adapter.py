@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import transformers
+from transformers import DynamicCache
 from lm_eval import utils
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
@@ -28,12 +29,13 @@ from .config import ConfigError, SpeculationConfig
 from .shared_prefill import RowKey, SharedPrefill, Variant, row_keys
 from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
+from .selfspec import selfspec_generate
 from .provenance import versions
 from .report_io import write_json_atomic
 from .sidecar import cli_option, register_sidecar
 from .distributed import gather_task_stats, is_main_process
 from .stats import AcceptanceStats, run_statistics
-from .stopping import own_length
+from .stopping import has_stopped, own_length
 
 _HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
 # lm-eval's request cache (CachingLM) is keyed by the request alone and answers cached requests without calling
@@ -257,6 +259,8 @@ class ALSpecLM(HFLM):
             out, entries = self.fork.generate(self, context, max_length, stop, generation_kwargs)
             self._row_stats.update(zip(row_keys(context, generation_kwargs.get("attention_mask")), entries, strict=True))
             return out
+        if self.spec_config.policy == "selfspec":
+            return self._selfspec_generate(context, max_length, stop, generation_kwargs)
         mask = generation_kwargs.get("attention_mask")
         region = DecodeRegion.from_left_padded(torch.ones_like(context) if mask is None else mask,
                                                self.spec_config.speculate_prefill)
@@ -266,6 +270,35 @@ class ALSpecLM(HFLM):
             key = tuple(context[b, int(region.pad[b]):].tolist())
             self._row_stats[key] = self.generation_stats(trace, region, b, out[b], context.shape[1], stop)
         return out
+
+    def _selfspec_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
+                           generation_kwargs: dict[str, Any]) -> torch.Tensor:
+        """policy=selfspec: each row decoded alone by greedy self-speculation, laid out as HF's generate would."""
+        keys = row_keys(context, generation_kwargs.get("attention_mask"))
+        rows = []
+        for key in keys:
+            tokens, entry = self.selfspec_row(None, list(key), max_length - context.shape[1], stop, generation_kwargs)
+            self._row_stats[key] = entry
+            rows.append(tokens)
+        out = context.new_full((len(context), context.shape[1] + max(map(len, rows))), self.tokenizer.pad_token_id)
+        out[:, :context.shape[1]] = context
+        for b, tokens in enumerate(rows):
+            out[b, context.shape[1]:context.shape[1] + len(tokens)] = torch.tensor(tokens)
+        return out
+
+    def selfspec_row(self, cache: DynamicCache | None, pending: list[int], max_new: int, stop: Sequence[str],
+                     generation_kwargs: dict[str, Any], gamma: int | None = None) -> tuple[list[int], dict[str, Any]]:
+        """One row's greedy self-speculative generation (after ``cache``, from ``pending`` on) and its statistics
+        entry; ``gamma`` overrides the config's (a sweep's shared prefill runs every gamma)."""
+        if generation_kwargs.get("do_sample"):
+            raise ConfigError("policy=selfspec decodes greedily (it is lossless against greedy decoding); "
+                              "drop do_sample=true from the task's or --gen_kwargs' generation settings")
+        eos_ids = self._eos_ids()
+        decode = lambda t: self.tok_decode(t, skip_special_tokens=False)  # noqa: E731
+        tokens, draft = selfspec_generate(self.model, self.speculator, pending, max_new, gamma or self.spec_config.gamma,
+                                          lambda t: has_stopped(t, stop, eos_ids, decode), cache)
+        return tokens, {"stats": dataclasses.replace(AcceptanceStats.zeros(self.speculator.num_layers), draft=draft),
+                        "tokens": []}
 
     def generate_rows(self, context: torch.Tensor, max_length: int, stop: list[str], **kwargs: Any) -> torch.Tensor:
         """HFLM's own generation (the shared prefill calls it for its forked batch)."""
@@ -302,10 +335,12 @@ class ALSpecLM(HFLM):
         finally:
             self.fork = None
 
-    def _own_length(self, tokens: list[int], stop: Sequence[str]) -> int:
+    def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
-        return own_length(tokens, stop, eos_ids, lambda t: self.tok_decode(t, skip_special_tokens=False))
+        return set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+
+    def _own_length(self, tokens: list[int], stop: Sequence[str]) -> int:
+        return own_length(tokens, stop, self._eos_ids(), lambda t: self.tok_decode(t, skip_special_tokens=False))
 
     # ------------------------------------------------------------------ results
 

@@ -8,8 +8,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-Policy = Literal["dynamic", "sink", "static", "exact"]
-POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact")
+Policy = Literal["dynamic", "sink", "static", "exact", "selfspec"]
+POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact", "selfspec")
+DEFAULT_GAMMA = 4  # draft tokens per verification step under policy=selfspec
 BACKENDS: tuple[str, ...] = ("sim", "tt")
 KERNELS: tuple[str, ...] = ("auto", "torch", "triton", "sdpa")
 TILE = 32  # a Tenstorrent tile; window_align=32 mirrors the TT op (the rules themselves: semantics.py)
@@ -24,7 +25,7 @@ MODEL_ARGS: dict[str, str] = {
     "backend": "backend", "window_align": "window_align", "speculate_prefill": "speculate_prefill",
     "trace_tokens": "trace_tokens", "kernel": "kernel", "stats_path": "stats_path",
     "tt_mode": "tt_mode", "tt_device_id": "tt_device_id", "tt_kv_dtype": "tt_kv_dtype",
-    "tt_kernel": "tt_kernel",
+    "tt_kernel": "tt_kernel", "gamma": "gamma",
 }
 
 
@@ -97,6 +98,7 @@ class SpeculationConfig:
     tt_device_id: int = 0
     tt_kv_dtype: str = "bfloat8_b"
     tt_kernel: str = "ttnn"
+    gamma: int | None = None  # policy=selfspec only; DEFAULT_GAMMA when not given
 
     def __post_init__(self) -> None:
         lam = self.lam
@@ -137,8 +139,25 @@ class SpeculationConfig:
             raise ConfigError("policy=static needs the layers to approximate; pass e.g. static_layers=0;3;7-9")
         if self.policy != "static" and self.static_layers:
             raise ConfigError(f"static_layers={';'.join(map(str, self.static_layers))} only applies to policy=static; drop it or set policy=static")
+        self._check_gamma()
         object.__setattr__(self, "speculate_prefill", _as_bool("speculate_prefill", self.speculate_prefill))
         object.__setattr__(self, "trace_tokens", _as_bool("trace_tokens", self.trace_tokens))
+
+    def _check_gamma(self) -> None:
+        gamma = self.gamma
+        if self.policy != "selfspec":
+            if gamma is not None:
+                raise ConfigError(f"gamma={gamma} only applies to policy=selfspec; drop it or set policy=selfspec")
+            return
+        if isinstance(gamma, str) and gamma.isdigit():
+            gamma = int(gamma)
+        gamma = DEFAULT_GAMMA if gamma is None else gamma
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ConfigError(f"gamma={self.gamma!r} is invalid; use an integer >= 1 (draft tokens per verification "
+                              f"step), e.g. gamma={DEFAULT_GAMMA}")
+        if self.backend != "sim":
+            raise ConfigError("policy=selfspec runs on backend=sim only (the TT op speculates attention, not tokens)")
+        object.__setattr__(self, "gamma", gamma)
 
     @classmethod
     def from_model_args(cls, args: dict[str, Any], known: set[str] = frozenset()) -> tuple["SpeculationConfig", dict[str, Any]]:

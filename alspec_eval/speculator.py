@@ -85,7 +85,9 @@ class Speculator:
             self._passes.append(None)
 
     def speculates(self, layer: int) -> bool:
-        return self.region is not None and self.config.policy != "exact" and layer not in self.skipped_layers
+        # selfspec drafts under a sink config (alspec_eval.selfspec); its own passes are exact
+        return (self.region is not None and self.config.policy not in ("exact", "selfspec")
+                and layer not in self.skipped_layers)
 
     # ------------------------------------------------------------------ the attention call
 

@@ -1,4 +1,4 @@
-"""Acceptance statistics, schema version 1 (DESIGN.md, Statistics).
+"""Acceptance statistics, schema version 2 (DESIGN.md, Statistics; version 2 adds ``selfspec``).
 
 A run records, per batch row, token position and layer, one decision code and the
 ratio d/n. Reducing a row's codes gives a sample's counts and ratio histogram;
@@ -9,14 +9,14 @@ decisions, statistics do not depend on batch composition.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from . import semantics
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Decision codes, one per (row, position, layer); 0 marks positions outside the decode region.
 TRIVIAL, REJECTED, ACCEPTED = 1, 2, 3
@@ -33,13 +33,54 @@ def ratio_bins(ratios: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class DraftStats:
+    """Token-level self-speculation (policy=selfspec): per verification step, how many of the drafted tokens the
+    exact model accepted. tau, the mean tokens per step, counts the verifier's own token too."""
+
+    gamma: int
+    hist: list[int]  # verification steps by accepted draft tokens, 0..gamma
+    drafted: int = 0  # the last step of a row drafts fewer than gamma when max_gen_toks is near
+
+    @classmethod
+    def zeros(cls, gamma: int) -> "DraftStats":
+        return cls(gamma, [0] * (gamma + 1))
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.hist[accepted] += 1
+
+    @property
+    def steps(self) -> int:
+        return sum(self.hist)
+
+    @property
+    def accepted(self) -> int:
+        return sum(k * n for k, n in enumerate(self.hist))
+
+    @property
+    def tau(self) -> float | None:
+        return (self.accepted + self.steps) / self.steps if self.steps else None
+
+    def __add__(self, other: "DraftStats") -> "DraftStats":
+        if other.gamma != self.gamma:
+            raise ValueError(f"cannot add self-speculation statistics of gamma {self.gamma} and {other.gamma}")
+        return DraftStats(self.gamma, [a + b for a, b in zip(self.hist, other.hist)], self.drafted + other.drafted)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gamma": self.gamma, "steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+                "tau": self.tau, "hist": list(self.hist)}
+
+
+@dataclass
 class AcceptanceStats:
-    """Per-layer counts and ratio histograms for a sample, a task or a whole run."""
+    """Per-layer counts and ratio histograms for a sample, a task or a whole run (and, under policy=selfspec,
+    the token-level draft statistics)."""
 
     speculated: torch.Tensor  # (L,) non-trivial decisions
     accepted: torch.Tensor  # (L,)
     trivial: torch.Tensor  # (L,)
     hist: torch.Tensor  # (L, NUM_BINS) counts of d/n over non-trivial decisions
+    draft: DraftStats | None = field(default=None)
 
     @classmethod
     def zeros(cls, num_layers: int) -> "AcceptanceStats":
@@ -69,15 +110,19 @@ class AcceptanceStats:
             self.accepted + other.accepted,
             self.trivial + other.trivial,
             self.hist + other.hist,
+            self.draft if other.draft is None else other.draft if self.draft is None else self.draft + other.draft,
         )
 
     def summary(self) -> dict[str, Any]:
         """Totals over layers, as logged per sample."""
         spec, acc = int(self.speculated.sum()), int(self.accepted.sum())
-        return {"speculated": spec, "accepted": acc, "trivial": int(self.trivial.sum()), "hit_rate": _rate(acc, spec)}
+        out = {"speculated": spec, "accepted": acc, "trivial": int(self.trivial.sum()), "hit_rate": _rate(acc, spec)}
+        if self.draft is not None:
+            out["selfspec"] = {k: v for k, v in self.draft.to_dict().items() if k != "hist"}
+        return out
 
     def to_dict(self, skipped_layers: dict[int, str] | None = None) -> dict[str, Any]:
-        """Schema v1 form of one task: per-layer entries and totals."""
+        """Schema v2 form of one task: per-layer entries and totals."""
         skipped_layers = skipped_layers or {}
         layers = []
         for i in range(len(self.speculated)):
@@ -93,13 +138,16 @@ class AcceptanceStats:
             if i in skipped_layers:
                 entry["skipped"] = skipped_layers[i]
             layers.append(entry)
-        total = {**self.summary(), "hist": self.hist.sum(0).tolist()}
-        return {"layers": layers, "total": total}
+        total = {k: v for k, v in self.summary().items() if k != "selfspec"}
+        out: dict[str, Any] = {"layers": layers, "total": {**total, "hist": self.hist.sum(0).tolist()}}
+        if self.draft is not None:
+            out["selfspec"] = self.draft.to_dict()
+        return out
 
 
 def run_statistics(config: dict[str, Any], num_layers: int, skipped_layers: dict[int, str],
                    tasks: dict[str, AcceptanceStats]) -> dict[str, Any]:
-    """Schema v1 of a run: config, histogram edges and per-task, per-layer statistics."""
+    """Schema v2 of a run: config, histogram edges and per-task, per-layer statistics."""
     return {
         "schema_version": SCHEMA_VERSION,
         "config": config,

@@ -28,3 +28,12 @@ def own_length(tokens: list[int], stop: Sequence[str], eos_ids: Collection[int],
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if stopped(mid) else (mid + 1, hi)
     return lo
+
+
+def has_stopped(tokens: list[int], stop: Sequence[str], eos_ids: Collection[int],
+                decode: Callable[[list[int]], str]) -> bool:
+    """Whether ``tokens`` hold an EOS or their text a stop string (a self-speculating row ends its steps here)."""
+    if any(t in eos_ids for t in tokens):
+        return True
+    text = decode(tokens)
+    return any(s in text for s in stop if s)

@@ -13,6 +13,8 @@ from typing import Any
 
 from alspec_eval.stats import RATIO_EDGES, SCHEMA_VERSION
 
+READABLE_SCHEMAS = (1, SCHEMA_VERSION)
+
 
 class NoCellsError(FileNotFoundError):
     """The folder holds no finished cell; raised so the CLI can print one line with the fix."""
@@ -150,13 +152,13 @@ def _as_lambda(value: Any) -> float | None:
 
 
 def load_cell(path: Path) -> Cell:
-    """Parse one cell file; a statistics schema other than v1 is an error, not a silent misread."""
+    """Parse one cell file; a statistics schema this version cannot read is an error, not a silent misread."""
     try:
         d = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e}); delete it and re-run that cell") from None
     stats = d.get("alspec") or {}
-    if stats.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+    if stats.get("schema_version", SCHEMA_VERSION) not in READABLE_SCHEMAS:  # v2 only adds ``selfspec``
         raise ValueError(f"{path}: statistics schema_version {stats['schema_version']} is not {SCHEMA_VERSION}; "
                          "re-run the cell with this alspec-eval")
     edges = stats.get("ratio_edges")

@@ -1,0 +1,79 @@
+"""policy=selfspec: token-level self-speculation with the same sink, to set against attention-level speculation.
+
+TriForce and MagicDec's StreamingLLM self-speculation draft with the model itself, its attention restricted to
+the first S and the last S positions (the sink A~ of DESIGN.md, Semantics 2), and verify the drafted tokens with
+exact attention in one pass. Greedy, so lossless: the output is the exact model's. One cache serves both: the
+draft attends over the verifier's KV entries of the committed tokens and its own of the tokens drafted in this
+step; those are cut off before verification, and the accepted tokens keep the verifier's entries.
+
+Rows decode one at a time (no padding), so a row's tokens and statistics do not depend on its batch mates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .region import DecodeRegion
+from .speculator import Speculator
+from .stats import DraftStats
+
+
+def row_cache(model: PreTrainedModel, cache: DynamicCache, row: int, start: int) -> DynamicCache:
+    """Batch row ``row`` of a left-padded cache, from its first real position ``start`` on, as a cache of its own."""
+    out = DynamicCache(config=model.config)
+    for i, layer in enumerate(cache.layers):
+        out.update(layer.keys[row:row + 1, :, start:].clone(), layer.values[row:row + 1, :, start:].clone(), i)
+    return out
+
+
+def truncate(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` positions (transformers' crop takes how many to drop, as a negative count)."""
+    cache.crop(min(length - cache.get_seq_length(), 0))
+
+
+@torch.no_grad()
+def selfspec_generate(model: PreTrainedModel, speculator: Speculator, pending: list[int], max_new: int, gamma: int,
+                      stopped: Callable[[list[int]], bool], cache: DynamicCache | None = None) -> tuple[list[int], DraftStats]:
+    """Greedy self-speculative decoding of one row: up to ``max_new`` new tokens, ending at the verification step
+    after which ``stopped`` holds. ``cache`` holds the exact KV entries of the prompt before ``pending`` (none:
+    the whole prompt is pending); the pending tokens are prefilled exactly and give the first token."""
+    cache = DynamicCache(config=model.config) if cache is None else cache
+    device = model.device
+    logits = model(torch.tensor([pending], device=device), past_key_values=cache, use_cache=True,
+                   logits_to_keep=1).logits
+    token = int(logits[0, -1].argmax())
+    out, stats = [token], DraftStats.zeros(gamma)
+    sink = dataclasses.replace(speculator.config, policy="sink", gamma=None)
+    while len(out) < max_new and not stopped(out):
+        drafts = _draft(model, speculator, sink, cache, token, min(gamma, max_new - len(out) - 1))
+        committed = cache.get_seq_length()
+        logits = model(torch.tensor([[token, *drafts]], device=device), past_key_values=cache, use_cache=True).logits
+        verified = logits[0].argmax(-1).tolist()
+        accepted = next((i for i, (d, v) in enumerate(zip(drafts, verified)) if d != v), len(drafts))
+        truncate(cache, committed + accepted + 1)  # the fed token and the accepted drafts, with the verifier's entries
+        token = verified[accepted]
+        out += [*drafts[:accepted], token]
+        stats.record(len(drafts), accepted)
+    return out, stats
+
+
+def _draft(model: PreTrainedModel, speculator: Speculator, sink, cache: DynamicCache, token: int,
+           count: int) -> list[int]:
+    """``count`` greedy tokens from sink attention after ``token``; the cache is left as it was."""
+    committed, drafts = cache.get_seq_length(), []
+    config, speculator.config = speculator.config, sink
+    try:
+        with speculator.speculating(DecodeRegion.build([0], [0], device=model.device)):
+            for _ in range(count):
+                logits = model(torch.tensor([[token]], device=model.device), past_key_values=cache,
+                               use_cache=True).logits
+                token = int(logits[0, -1].argmax())
+                drafts.append(token)
+    finally:
+        speculator.config = config
+        truncate(cache, committed)
+    return drafts

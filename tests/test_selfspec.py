@@ -1,0 +1,110 @@
+"""policy=selfspec: greedy self-speculative decoding with a sink-attention draft (issue 18).
+
+Lossless against greedy decoding; tau against a step-by-step reference that shares no code with the decoder's
+loop (fresh caches for every drafted token, verification by one uncached exact forward of the whole sequence).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from alspec_eval.config import ConfigError, SpeculationConfig
+from alspec_eval.hooks import speculation
+from alspec_eval.region import DecodeRegion
+from alspec_eval.selfspec import selfspec_generate
+from helpers import GEN_KWARGS, PROMPTS, TOKENIZER, alspec_lm, gen_requests, sample_stats
+from tiny import tiny_model
+
+WINDOW = 4
+
+
+def reference(model, prompt: list[int], max_new: int, gamma: int) -> tuple[list[int], list[int]]:
+    """Generated tokens and accepted drafts per step, one token at a time: each draft token from a fresh exact
+    prefill of the committed tokens, then sink attention over it; each drafted token verified by the argmax of an
+    uncached exact forward over everything before it."""
+    def exact_next(tokens: list[int]) -> list[int]:
+        with torch.no_grad():
+            return model(torch.tensor([tokens])).logits[0].argmax(-1).tolist()
+
+    out, steps = [exact_next(prompt)[-1]], []
+    with speculation(model, SpeculationConfig(policy="sink", window=WINDOW)) as speculator:
+        while len(out) < max_new:
+            committed, drafts = prompt + out, []
+            for _ in range(min(gamma, max_new - len(out) - 1)):
+                cache = DynamicCache(config=model.config)
+                with torch.no_grad():
+                    model(torch.tensor([committed[:-1]]), past_key_values=cache, use_cache=True)
+                    with speculator.speculating(DecodeRegion.build([0], [0])):
+                        logits = model(torch.tensor([[committed[-1], *drafts]]), past_key_values=cache).logits
+                drafts.append(int(logits[0, -1].argmax()))
+            verified = exact_next(committed + drafts)[len(committed) - 1:]
+            accepted = 0
+            while accepted < len(drafts) and drafts[accepted] == verified[accepted]:
+                accepted += 1
+            out += drafts[:accepted] + [verified[accepted]]
+            steps.append(accepted)
+    return out, steps
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_tau_matches_the_step_by_step_reference(gamma):
+    model = tiny_model(layers=3)
+    prompt = TOKENIZER(PROMPTS[0])["input_ids"]
+    expected_tokens, expected_steps = reference(copy.deepcopy(model), prompt, 20, gamma)
+    with speculation(model, SpeculationConfig(policy="selfspec", window=WINDOW, gamma=gamma)) as speculator:
+        tokens, stats = selfspec_generate(model, speculator, prompt, 20, gamma, lambda t: False)
+    assert tokens == expected_tokens
+    assert stats.hist == [expected_steps.count(k) for k in range(gamma + 1)]
+    assert stats.tau == pytest.approx(len(tokens[1:]) / len(expected_steps))  # every step's tokens, then 1 prefill
+    assert 0 < stats.accepted < stats.drafted  # the draft is neither always right nor always wrong here
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_outputs_equal_greedy_baseline_and_batches_agree(arch):
+    model = tiny_model(arch, layers=3)
+    baseline = alspec_lm(model, policy="exact").generate_until(gen_requests())
+    per_batch = {}
+    for batch in (1, 4):
+        requests = gen_requests()
+        assert alspec_lm(model, batch_size=batch, policy="selfspec", gamma=3, window=WINDOW).generate_until(requests) == baseline
+        per_batch[batch] = sample_stats(requests)
+    assert per_batch[1] == per_batch[4]
+    assert all(s["selfspec"]["steps"] > 0 and s["speculated"] == 0 for s in per_batch[1])
+
+
+def test_task_statistics_sum_the_samples_and_loglikelihood_is_exact():
+    from helpers import ll_requests
+
+    model = tiny_model(layers=3)
+    lm = alspec_lm(model, policy="selfspec", gamma=2, window=WINDOW)
+    requests = gen_requests()
+    lm.generate_until(requests)
+    task = lm.statistics()["tasks"]["gen"]
+    assert task["selfspec"]["steps"] == sum(s["selfspec"]["steps"] for s in sample_stats(requests))
+    assert task["selfspec"]["accepted"] == sum(k * n for k, n in enumerate(task["selfspec"]["hist"]))
+    assert task["selfspec"]["tau"] == pytest.approx(1 + task["selfspec"]["accepted"] / task["selfspec"]["steps"])
+    exact = alspec_lm(model, policy="exact").loglikelihood(ll_requests())
+    assert lm.loglikelihood(ll_requests()) == exact
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"policy": "dynamic", "gamma": 4}, "gamma=4 only applies to policy=selfspec"),
+    ({"policy": "selfspec", "gamma": 0}, "gamma=0 is invalid"),
+    ({"policy": "selfspec", "gamma": "two"}, "gamma='two' is invalid"),
+])
+def test_bad_gamma_is_one_line(args, message):
+    with pytest.raises(ConfigError, match=message):
+        SpeculationConfig(**args)
+
+
+def test_sampling_is_refused():
+    lm = alspec_lm(tiny_model(layers=2), policy="selfspec")
+    requests = gen_requests()
+    for r in requests:
+        r.arguments = (r.arguments[0], {**GEN_KWARGS, "do_sample": True})
+    with pytest.raises(ConfigError, match="decodes greedily"):
+        lm.generate_until(requests)
