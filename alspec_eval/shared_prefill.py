@@ -5,6 +5,8 @@ sweep's variants (baseline, each lambda, pure sink) run as rows of one batch aft
 exact prefill, each row with its own lambda. lm-eval still scores each variant on its
 own: the first pass computes every variant and answers with variant 0; later passes
 replay the stored generations / logits of variant ``replay`` through the same HFLM code.
+Self-speculation variants (one per gamma) decode each row alone from its slice of the same
+prefill; their teacher-forced rows are exact (token-level speculation scores nothing differently).
 
 The module works through :class:`PrefillHost`, the few things it needs of the adapter.
 """
@@ -20,6 +22,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .region import DecodeRegion, Trace
+from .selfspec import row_cache
 from .speculator import Speculator
 
 RowKey = tuple[int, ...]  # a request's input tokens (without padding): how rows are found again
@@ -42,6 +45,10 @@ class PrefillHost(Protocol):
     def teacher_forced_stats(self, trace: Trace, row: int, start: int, end: int) -> dict[str, Any]:
         """A teacher-forced row's statistics entry."""
 
+    def selfspec_row(self, cache: DynamicCache | None, pending: list[int], max_new: int, stop: Sequence[str],
+                     generation_kwargs: dict[str, Any], gamma: int | None = None) -> tuple[list[int], dict[str, Any]]:
+        """A row's self-speculative generation after ``cache`` and its statistics entry."""
+
 
 def row_keys(context: torch.Tensor, attention_mask: torch.Tensor | None) -> list[RowKey]:
     """The keys of a left-padded batch of prompts."""
@@ -51,11 +58,13 @@ def row_keys(context: torch.Tensor, attention_mask: torch.Tensor | None) -> list
 
 @dataclass(frozen=True)
 class Variant:
-    """One cell of a sweep that can share the prefill: the baseline, a lambda, or pure sink (lam = inf)."""
+    """One cell of a sweep that can share the prefill: the baseline, a lambda, pure sink (lam = inf) or
+    self-speculation with draft length ``gamma``."""
 
     name: str
     lam: float = 0.0
     exact: bool = False
+    gamma: int | None = None
 
 
 @dataclass
@@ -66,19 +75,19 @@ class SharedPrefill:
     replay: int = 0
     rows: dict[tuple[RowKey, int], dict[str, Any]] = field(default_factory=dict)
 
-    def region_args(self, batch: int) -> dict[str, list]:
+    @staticmethod
+    def region_args(batch: int, variants: list[Variant]) -> dict[str, list]:
         """Per-row lambda and exact flags for a batch of ``batch`` requests, each repeated once per variant."""
-        return {"lam": [v.lam for _ in range(batch) for v in self.variants],
-                "exact": [v.exact for _ in range(batch) for v in self.variants]}
+        return {"lam": [v.lam for _ in range(batch) for v in variants],
+                "exact": [v.exact or v.gamma is not None for _ in range(batch) for v in variants]}
 
     def generate(self, host: PrefillHost, context: torch.Tensor, max_length: int, stop: list[str],
                  generation_kwargs: dict[str, Any]) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         """Generations of the variant being replayed and their statistics; the first pass generates every variant."""
         keys = row_keys(context, generation_kwargs.get("attention_mask"))
         if any((key, 0) not in self.rows for key in keys):
-            out, rows = self._generate_all(host, context, max_length, stop, dict(generation_kwargs))
-            for r, (key, variant, entry) in enumerate(rows):
-                self.rows[key, variant] = {**entry, "generated": out[r, context.shape[1]:]}
+            for key, variant, entry in self._generate_all(host, context, max_length, stop, dict(generation_kwargs)):
+                self.rows[key, variant] = entry
         entries = [self.rows[key, self.replay] for key in keys]
         width = max(len(e["generated"]) for e in entries)
         pad_id = host.tokenizer.pad_token_id
@@ -108,32 +117,42 @@ class SharedPrefill:
         return out, entries
 
     def _generate_all(self, host: PrefillHost, context: torch.Tensor, max_length: int, stop: list[str],
-                      generation_kwargs: dict[str, Any]) -> tuple[torch.Tensor, list[tuple[RowKey, int, dict]]]:
-        """Every variant after one exact prefill of the prompts (all but their last token).
-
-        Returns the output rows (batch * variants, variant-major within a request) and per row its
-        prompt key, variant index and statistics.
-        """
+                      generation_kwargs: dict[str, Any]) -> list[tuple[RowKey, int, dict[str, Any]]]:
+        """Every variant after one exact prefill of the prompts (all but their last token): per output row its
+        prompt key, variant index and statistics entry with the ``generated`` tokens."""
         mask = generation_kwargs.pop("attention_mask", None)
         mask = torch.ones_like(context) if mask is None else mask
-        variants = len(self.variants)
         cache = DynamicCache(config=host.model.config)
         if context.shape[1] > 1:
             positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
             with torch.no_grad():
                 host.model(context[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
                            past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(variants)
-        context_v, mask_v = context.repeat_interleave(variants, 0), mask.repeat_interleave(variants, 0)
-        region = DecodeRegion.from_left_padded(mask_v, False, **self.region_args(len(context)))
+        keys, pads = row_keys(context, mask), (mask.shape[1] - mask.long().sum(-1)).tolist()
+        rows = []
+        for v, variant in enumerate(self.variants):
+            if variant.gamma is None:
+                continue
+            for b, key in enumerate(keys):
+                own = row_cache(host.model, cache, b, pads[b]) if len(key) > 1 else None
+                tokens, entry = host.selfspec_row(own, list(key[-1:] if own is not None else key), max_length - context.shape[1],
+                                                  stop, generation_kwargs, variant.gamma)
+                rows.append((key, v, {**entry, "generated": context.new_tensor(tokens)}))
+        attention = [v for v, variant in enumerate(self.variants) if variant.gamma is None]
+        if not attention:
+            return rows
+        cache.batch_repeat_interleave(len(attention))
+        context_v, mask_v = context.repeat_interleave(len(attention), 0), mask.repeat_interleave(len(attention), 0)
+        region = DecodeRegion.from_left_padded(
+            mask_v, False, **self.region_args(len(context), [self.variants[v] for v in attention]))
         with host.speculator.speculating(region) as trace:
             out = host.generate_rows(context_v, max_length, stop, attention_mask=mask_v, past_key_values=cache,
                                      **generation_kwargs)
-        rows = []
         for r in range(len(out)):
-            rows.append((tuple(context_v[r, int(region.pad[r]):].tolist()), r % variants,
-                         host.generation_stats(trace, region, r, out[r], context.shape[1], stop)))
-        return out, rows
+            entry = host.generation_stats(trace, region, r, out[r], context.shape[1], stop)
+            rows.append((keys[r // len(attention)], attention[r % len(attention)],
+                         {**entry, "generated": out[r, context.shape[1]:]}))
+        return rows
 
     def _forward_all(self, host: PrefillHost, inps: torch.Tensor, keys: list[RowKey],
                      starts: list[int]) -> tuple[torch.Tensor, int, list[dict]]:
@@ -152,7 +171,7 @@ class SharedPrefill:
             ends = [len(k) for k in keys]
             region = DecodeRegion.build([0] * len(keys) * variants, [s for s in starts for _ in range(variants)],
                                         [e for e in ends for _ in range(variants)], device=inps.device,
-                                        **self.region_args(len(keys)))
+                                        **self.region_args(len(keys), self.variants))
             with host.speculator.speculating(region) as trace:
                 rest = host.model(inps[:, common:].repeat_interleave(variants, 0), past_key_values=cache,
                                   use_cache=True).logits
@@ -162,10 +181,11 @@ class SharedPrefill:
         return logits, max(common - 1, 0), stats
 
 
-def sweep_variants(lambdas: list[float], baseline: bool = True, sink: bool = True) -> list[Variant]:
+def sweep_variants(lambdas: list[float], baseline: bool = True, sink: bool = True,
+                   gammas: Sequence[int] = ()) -> list[Variant]:
     """The variants of a sweep that share a prefill, in the order their cells are named."""
     out = [Variant("baseline", exact=True)] if baseline else []
     out += [Variant(f"lambda_{lam:g}", lam=float(lam)) for lam in lambdas]
     if sink:
         out.append(Variant("sink", lam=math.inf))
-    return out
+    return out + [Variant(f"selfspec_g{gamma}", gamma=gamma) for gamma in gammas]

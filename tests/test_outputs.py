@@ -29,7 +29,7 @@ def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     model = save_tiny(root / "model", max_positions=4096)
     overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": {"p": 0.5, "lambda": 1.0},
-                 "output": str(root / "out")}
+                 "gammas": [2], "output": str(root / "out")}
     config = load_config(CONFIGS / "smoke.yaml", overrides)
     run_sweep(config)
     return config, overrides, root / "out"
@@ -45,12 +45,15 @@ def test_every_cell_records_its_own_settings(swept):
                 "sink": ("sink", 0.5)}
     for name, (policy, lam) in expected.items():  # shared-prefill variants: the group's model config is not theirs
         recorded = _cell(out, name)["alspec"]["config"]
-        assert (recorded["policy"], recorded["lambda"]) == (policy, lam), name
+        assert (recorded["policy"], recorded["lambda"], recorded["gamma"]) == (policy, lam, None), name
         assert recorded["window"] == 16 and recorded["backend"] == "sim" and recorded["kernel"] == "auto"
+    selfspec = _cell(out, "selfspec_g2")
+    assert (selfspec["alspec"]["config"]["policy"], selfspec["alspec"]["config"]["gamma"]) == ("selfspec", 2)
+    assert selfspec["gamma"] == 2 and selfspec["alspec"]["selfspec"]["steps"] > 0
     static = _cell(out, "static")
     assert static["alspec"]["config"]["static_layers"] == static["static_layers"]
     assert static["alspec"]["config"]["policy"] == ("static" if static["static_layers"] else "exact")
-    for name in [*expected, "static"]:
+    for name in [*expected, "selfspec_g2", "static"]:
         cell = _cell(out, name)
         assert cell["provenance"]["versions"]["lm_eval"] and cell["provenance"]["versions"]["alspec-eval"]
         assert cell["provenance"]["model_args"]["pretrained"] == config.model_args["pretrained"]

@@ -30,6 +30,7 @@ def test_shipped_configs_are_valid(name):
     ({"static": {"p": 0.8, "lambda": 0.3}}, "static.lambda=0.3 must be one of lambdas"),
     ({"static": {"q": 0.8}}, "unknown key 'q'"),
     ({"window": 0}, "window=0 must be an integer >= 1"),
+    ({"gammas": [4, 0]}, "gammas must be a list of draft lengths"),
 ])
 def test_config_errors_name_the_key_and_fix(change, message):
     raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.2], **change}
@@ -45,7 +46,7 @@ def test_missing_config_file():
 def test_shared_prefill_equals_separate_runs():
     model = tiny_model()
     lam = median_ratio(alspec_lm(model), PROMPTS[0])
-    variants = sweep_variants([lam, 2 * lam])
+    variants = sweep_variants([lam, 2 * lam], gammas=[2])
     shared_lm = alspec_lm(model, batch_size=2)
     shared = {}
     with shared_lm.shared_prefill(variants) as fork:
@@ -55,7 +56,8 @@ def test_shared_prefill_equals_separate_runs():
             shared[variant.name] = (shared_lm.generate_until(gen), sample_stats(gen),
                                     shared_lm.loglikelihood(ll), sample_stats(ll))
     for variant in variants:
-        policy = {"baseline": {"policy": "exact"}, "sink": {"policy": "sink"}}.get(variant.name, {"lambda": variant.lam})
+        policy = {"baseline": {"policy": "exact"}, "sink": {"policy": "sink"},
+                  "selfspec_g2": {"policy": "selfspec", "gamma": 2}}.get(variant.name, {"lambda": variant.lam})
         lm = alspec_lm(model, batch_size=2, **policy)
         gen, ll = gen_requests(), ll_requests()
         texts, gen_stats, lls, ll_stats = shared[variant.name]
@@ -64,7 +66,9 @@ def test_shared_prefill_equals_separate_runs():
         assert [x for x, _ in lm.loglikelihood(ll)] == pytest.approx([x for x, _ in lls], abs=1e-4), variant
         assert sample_stats(ll) == ll_stats, variant
     accepted = [sum(s["accepted"] for s in shared[v.name][1]) for v in variants]
-    assert accepted[0] == 0 and 0 < accepted[1] < accepted[2] < accepted[3]
+    assert accepted[0] == 0 and 0 < accepted[1] < accepted[2] < accepted[3] and accepted[4] == 0
+    assert shared["selfspec_g2"][0] == shared["baseline"][0]  # lossless
+    assert all(s["selfspec"]["steps"] > 0 for s in shared["selfspec_g2"][1])
 
 
 

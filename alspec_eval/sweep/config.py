@@ -33,6 +33,7 @@ class SweepConfig:
     baseline: bool = True
     sink: bool = True
     static: StaticBaseline | None = field(default_factory=StaticBaseline)
+    gammas: list[int] = field(default_factory=list)  # a policy=selfspec row per draft length
     shared_prefill: bool = True
     device: str = "cpu"
     batch_size: int = 1
@@ -52,11 +53,16 @@ class SweepConfig:
     def cell_names(self) -> list[str]:
         """Cells per task, in run order: the shared-prefill group first, static last (it calibrates on them)."""
         return ([*(["baseline"] if self.baseline else []), *(lambda_cell(lam) for lam in self.lambdas),
-                 *(["sink"] if self.sink else []), *(["static"] if self.static else [])])
+                 *(["sink"] if self.sink else []), *(selfspec_cell(g) for g in self.gammas),
+                 *(["static"] if self.static else [])])
 
 
 def lambda_cell(lam: float) -> str:
     return f"lambda_{lam:g}"
+
+
+def selfspec_cell(gamma: int) -> str:
+    return f"selfspec_g{gamma}"
 
 
 def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
@@ -103,6 +109,12 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
         raw["static"] = StaticBaseline(p=float(p), lam=float(lam))
     else:
         raise ConfigError(f"{source}: static must be a mapping like {{p: 0.8, lambda: 0.1}} or false, got {static!r}")
+    gammas = raw.get("gammas", [])
+    if not isinstance(gammas, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1
+                                               for g in gammas):
+        raise ConfigError(f"{source}: gammas must be a list of draft lengths (integers >= 1), e.g. [2, 4], "
+                          f"got {gammas!r}")
+    raw["gammas"] = sorted(set(gammas))
     if not isinstance(raw.get("model_args", {}), dict):
         raise ConfigError(f"{source}: model_args must be a mapping, e.g. {{pretrained: smollm2, dtype: float32}}")
     for key in ("window", "batch_size"):

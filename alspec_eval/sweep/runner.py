@@ -128,11 +128,17 @@ def static_layers(out: Path, task: str, config: SweepConfig) -> list[int]:
 def _cell_settings(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Speculation settings for a shared-group cell, and what its JSON records about them."""
     if name == "baseline":
-        return {"policy": "exact", "static_layers": ()}, {"policy": "exact", "lambda": None, "static_layers": None}
+        return ({"policy": "exact", "static_layers": (), "gamma": None},
+                {"policy": "exact", "lambda": None, "static_layers": None})
     if name == "sink":
-        return {"policy": "sink", "static_layers": ()}, {"policy": "sink", "lambda": "inf", "static_layers": None}
+        return ({"policy": "sink", "static_layers": (), "gamma": None},
+                {"policy": "sink", "lambda": "inf", "static_layers": None})
+    if name.startswith("selfspec_g"):
+        gamma = int(name.removeprefix("selfspec_g"))
+        return ({"policy": "selfspec", "static_layers": (), "gamma": gamma},
+                {"policy": "selfspec", "lambda": None, "gamma": gamma, "static_layers": None})
     lam = float(name.removeprefix("lambda_"))
-    return ({"policy": "dynamic", "lam": lam, "static_layers": ()},
+    return ({"policy": "dynamic", "lam": lam, "static_layers": (), "gamma": None},
             {"policy": "dynamic", "lambda": lam, "static_layers": None})
 
 
@@ -233,8 +239,9 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
         todo = [c for c in cells if (task, c) in missing]
         group = [c for c in todo if c != "static"]
         if group and config.shared_prefill:
-            variants = sweep_variants(config.lambdas, baseline=config.baseline, sink=config.sink)
-            lm.reconfigure(policy="dynamic", static_layers=())
+            variants = sweep_variants(config.lambdas, baseline=config.baseline, sink=config.sink,
+                                      gammas=config.gammas)
+            lm.reconfigure(policy="dynamic", static_layers=(), gamma=None)
             with lm.shared_prefill(variants) as fork:
                 for index, variant in enumerate(variants):
                     if variant.name in group:
@@ -248,7 +255,7 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
         if "static" in todo:
             layers = static_layers(out, task, config)
             # No layer reaching p leaves nothing to approximate: the exact model is that policy.
-            settings = {"policy": "static" if layers else "exact", "static_layers": tuple(layers)}
+            settings = {"policy": "static" if layers else "exact", "static_layers": tuple(layers), "gamma": None}
             lm.reconfigure(**settings)
             write(task, "static", {"policy": "static", "lambda": None, "static_layers": layers,
                                    "calibration": {"p": config.static.p, "lambda": config.static.lam}}, settings)
