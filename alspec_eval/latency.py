@@ -52,6 +52,7 @@ class LatencyModel:
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)  # field -> the paper's table, or "estimate: why"
     reference_tokens_per_s: dict[str, float] = field(default_factory=dict)  # other measured rates to compare with
+    context_tokens: int | None = None  # K of fd_us; self-speculation's draft attention is scaled from it
 
     @property
     def estimates(self) -> list[str]:
@@ -103,12 +104,17 @@ class LatencyModel:
             v = data[k]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise LatencyError(f"latency table {default_name!r}: {k}={v!r} must be a number >= 0 (microseconds)")
-        unknown = set(data) - {"name", "num_layers", "round_hits", "description", *FIELDS}
+        context = data.get("context_tokens")
+        if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+            raise LatencyError(f"latency table {default_name!r}: context_tokens={context!r} must be an integer >= 1 "
+                               "(the context of fd_us)")
+        unknown = set(data) - {"name", "num_layers", "round_hits", "description", "context_tokens", *FIELDS}
         if unknown:
             raise LatencyError(f"latency table {default_name!r}: unknown field(s) {', '.join(sorted(unknown))}; "
-                               f"use num_layers, {', '.join(FIELDS)}, round_hits, name, description")
+                               f"use num_layers, {', '.join(FIELDS)}, round_hits, context_tokens, name, description")
         return cls(name=str(data.get("name", default_name)), num_layers=layers,
                    round_hits=bool(data.get("round_hits", True)), description=str(data.get("description", "")),
+                   context_tokens=context,
                    sources=dict.fromkeys(FIELDS, "measured by the user"), **{k: float(data[k]) for k in FIELDS})
 
 
@@ -155,7 +161,7 @@ def _n150(tp: int) -> LatencyModel:
     context = 1024
     return LatencyModel(
         name=f"n150-tp{tp}", num_layers=LLAMA_8B_LAYERS, fixed_us=fixed / 1e3, per_layer_us=per_layer / 1e3,
-        fd_us=fd / 1e3, sfd_s_us=fd / 1e3, sfd_r_us=fd / 1e3 * 2 * SPEC_WINDOW / context,
+        fd_us=fd / 1e3, sfd_s_us=fd / 1e3, sfd_r_us=fd / 1e3 * 2 * SPEC_WINDOW / context, context_tokens=context,
         description=f"Llama 3.1 8B on {tp} x N150, context 1K (Appendix F, {table})",
         sources={"fixed_us": f"{PAPER} Appendix F, {table} (embedding + LM head)",
                  "per_layer_us": f"{PAPER} Appendix F, {table} (per layer without flash decode)",
@@ -172,6 +178,7 @@ def _h100(context: str) -> LatencyModel:
     return LatencyModel(
         name=f"h100-tp4-{context}", num_layers=LLAMA_8B_LAYERS, fixed_us=fixed, per_layer_us=non_attention,
         fd_us=attention, sfd_s_us=attention, sfd_r_us=0.0, round_hits=False,
+        context_tokens=int(context.removesuffix("k")) * 1024,
         description=f"Llama 3 8B, SGLang + FlashInfer: speculative parallel + TP4 on 8 H100s against TP4 "
                     f"({context} context, Table 3)",
         sources={"fixed_us": f"{cite}: 1e6 / TP4 tokens/s ({tp4}) minus the layers' time",
@@ -243,3 +250,57 @@ def project_layers(model: LatencyModel, hit_rates: Sequence[float]) -> tuple[Pro
         rates = [sum(rates) / len(rates) if rates else 0.0] * model.num_layers
     mean = sum(rates) / len(rates)
     return Projection(model.name, mean, model.per_layer_alspec_us(rates), model.full_tp_us(), model.estimates), averaged
+
+
+# ---------------------------------------------------------------------------------------------- self-speculation
+
+@dataclass(frozen=True)
+class SelfSpecProjection:
+    """Token-level self-speculation (policy=selfspec) on one latency model, with every input stated.
+
+    The standard expected speedup of speculative decoding (Leviathan et al., 2023) with tau tokens per verification
+    step, gamma drafted tokens per step and a draft step costing ``cost_ratio`` verification steps:
+    speedup = tau / (gamma * cost_ratio + 1). Both step costs are ESTIMATES from this model's numbers:
+    - a draft step is a decode step whose attention reads 2S keys instead of K: fixed + L (per_layer + FD x 2S/K)
+      (flash decode is memory bound, its time proportional to the keys read);
+    - verifying gamma + 1 tokens costs one exact decode step, fixed + L (per_layer + FD) (memory bound at small
+      gamma: the weights and the KV cache are read once).
+    """
+
+    preset: str
+    tau: float
+    gamma: int
+    window: int
+    context_tokens: int
+    draft_us: float
+    verify_us: float
+
+    @property
+    def cost_ratio(self) -> float:
+        return self.draft_us / self.verify_us
+
+    @property
+    def speedup(self) -> float:
+        return self.tau / (self.gamma * self.cost_ratio + 1)
+
+    @property
+    def token_latency_us(self) -> float:
+        return self.verify_us / self.speedup
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1e6 / self.token_latency_us
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cost_ratio": self.cost_ratio, "speedup": self.speedup,
+                "tokens_per_s": self.tokens_per_s, "estimates": ["draft_us", "verify_us"]}
+
+
+def project_selfspec(model: LatencyModel, tau: float, gamma: int, window: int) -> SelfSpecProjection:
+    """Self-speculation with a sink of ``window`` (S) tokens at each end, at this model's context."""
+    if model.context_tokens is None:
+        raise LatencyError(f"latency table {model.name!r} has no context_tokens, so the draft's 2S-key attention "
+                           "cannot be scaled from fd_us; add context_tokens (the context of fd_us)")
+    keys = min(1.0, 2 * window / model.context_tokens)
+    draft = model.fixed_us + model.num_layers * (model.per_layer_us + model.fd_us * keys)
+    return SelfSpecProjection(model.name, tau, gamma, window, model.context_tokens, draft, model.full_tp_us())

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Sequence
 
 from alspec_eval.latency import LatencyModel, preset
-from alspec_eval.report.figures import (acceptance_heatmap, frontier, open_loop_acceptance_figure, save,
-                                        score_vs_hit_rate, speedup_vs_score)
+from alspec_eval.report.figures import (acceptance_heatmap, attention_vs_token_speculation, frontier,
+                                        open_loop_acceptance_figure, save, score_vs_hit_rate, speedup_vs_score)
 from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
 from alspec_eval.report.latency import DEFAULT_PRESET, project, projection_markdown, write_projection_csv
@@ -52,10 +52,16 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
         trade_off.append(save(frontier(cells, projections[0]), report / "frontier.png"))
         figures["Speed against paired score difference"] = trade_off[-1:]
         written[0].write_text(written[0].read_text() + "\n" + "\n".join(choices.values()) + "\n")
+    comparison = [save(attention_vs_token_speculation(sweep, task, projections[0]),
+                       report / f"alspec_vs_selfspec_{_slug(task)}.png")
+                  for task in sweep.tasks if projections and any(sweep.cell(task, r) for r in sweep.rows
+                                                                 if r.kind == "selfspec")]
+    if comparison:
+        figures["Attention-level against token-level speculation"] = comparison
     latency_md = report / "latency.md"
     latency_md.write_text("\n".join(projection_markdown(p) for p in projections))
     latency_csv = write_projection_csv(projections, report / "latency.csv")
 
     page = report / "report.html"
     page.write_text(render_html(sweep, figures, projections, cells, list(choices.values())))
-    return [*written, *score_fig, *heatmaps, *open_loop, *trade_off, latency_md, latency_csv, page]
+    return [*written, *score_fig, *heatmaps, *open_loop, *trade_off, *comparison, latency_md, latency_csv, page]

@@ -22,25 +22,32 @@ class NoCellsError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Row:
-    """A row of Table 1: baseline, one lambda, sink or static."""
+    """A row of Table 1: baseline, one lambda, sink, static, or token-level self-speculation with one gamma."""
 
-    rank: int  # 0 baseline, 1 dynamic, 2 sink, 3 static: the paper's row order
+    rank: int  # 0 baseline, 1 dynamic, 2 sink, 3 static (the paper's row order), 4 selfspec
     lam: float = -1.0  # only meaningful for dynamic rows
+    gamma: int = 0  # only meaningful for selfspec rows
 
     @property
     def kind(self) -> str:
-        return ("baseline", "dynamic", "sink", "static")[self.rank]
+        return ("baseline", "dynamic", "sink", "static", "selfspec")[self.rank]
 
     @property
     def label(self) -> str:
+        if self.kind == "selfspec":
+            return f"selfspec γ = {self.gamma}"
         return f"λ = {self.lam:g}" if self.kind == "dynamic" else self.kind
 
     @classmethod
-    def for_policy(cls, policy: str, lam: float | None) -> "Row":
+    def for_policy(cls, policy: str, lam: float | None, gamma: int | None = None) -> "Row":
         if policy == "dynamic":
             if lam is None:
                 raise ValueError("a dynamic cell needs a numeric lambda")
             return cls(1, lam)
+        if policy == "selfspec":
+            if gamma is None:
+                raise ValueError("a selfspec cell needs its gamma")
+            return cls(4, gamma=gamma)
         return cls({"exact": 0, "sink": 2, "static": 3}[policy])
 
 
@@ -81,15 +88,22 @@ class Cell:
     samples: int | None = None
     elapsed_s: float | None = None
     sample_log: tuple[dict[str, Any], ...] = ()  # per document: doc_id, filter and the metric values
+    draft: dict[str, Any] | None = None  # selfspec: gamma, steps, drafted, accepted, tau, hist
 
     @property
     def row(self) -> Row:
-        return Row.for_policy(self.policy, self.lam)
+        return Row.for_policy(self.policy, self.lam, None if self.draft is None else self.draft["gamma"])
 
     @property
     def hit_rate(self) -> float | None:
-        """Share of non-trivial decisions that used the approximation; None for the exact baseline."""
-        return None if self.policy == "exact" else self.total.hit_rate
+        """Share of non-trivial decisions that used the approximation; None for the exact baseline and for
+        token-level self-speculation (its attention is exact)."""
+        return None if self.policy in ("exact", "selfspec") else self.total.hit_rate
+
+    @property
+    def tau(self) -> float | None:
+        """Self-speculation's mean tokens per verification step; None for the other policies."""
+        return None if self.draft is None else self.draft["tau"]
 
     def layer_hit_rates(self) -> list[float]:
         """Per-layer share of attention replaced by A~ (0 where nothing was speculated or exact policy)."""
@@ -133,8 +147,14 @@ class Sweep:
         return sorted(found | {_as_lambda(x) for x in self.meta.get("lambdas") or []})
 
     @property
+    def gammas(self) -> list[int]:
+        """Declared and measured self-speculation draft lengths, sorted."""
+        found = {c.draft["gamma"] for c in self.cells if c.draft is not None}
+        return sorted(found | set(self.meta.get("gammas") or []))
+
+    @property
     def rows(self) -> list[Row]:
-        return [BASELINE, *(Row(1, lam) for lam in self.lambdas), SINK, STATIC]
+        return [BASELINE, *(Row(1, lam) for lam in self.lambdas), SINK, STATIC, *(Row(4, gamma=g) for g in self.gammas)]
 
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))
@@ -171,7 +191,8 @@ def load_cell(path: Path) -> Cell:
     return Cell(task=d["task"], name=d.get("cell", path.stem), policy=d["policy"], lam=_as_lambda(d.get("lambda")),
                 static_layers=tuple(static) if static is not None else None, metric=d.get("metric", ""),
                 score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
-                samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()))
+                samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),
+                draft=stats.get("selfspec"))
 
 
 def _same_edges(edges: list[float]) -> bool:

@@ -151,9 +151,9 @@ def speedup_vs_score(sweep: Sweep, projection: "Projection") -> Figure:
             cell, entry = sweep.cell(task, row), projection.entries.get((row, task))
             if cell is None or entry is None or cell.score is None:
                 continue
-            marker = {"baseline": "D", "dynamic": "o", "sink": "X", "static": "s"}[row.kind]
-            ax.plot(entry.speedup, cell.score, marker, color="black" if row.kind == "baseline" else "tab:blue",
-                    markersize=7)
+            marker = {"baseline": "D", "dynamic": "o", "sink": "X", "static": "s", "selfspec": "^"}[row.kind]
+            colour = {"baseline": "black", "selfspec": "tab:orange"}.get(row.kind, "tab:blue")
+            ax.plot(entry.speedup, cell.score, marker, color=colour, markersize=7)
             ax.annotate(row.label, (entry.speedup, cell.score), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set_title(task, fontsize=10)
         ax.set_xlabel("projected speedup (×)")
@@ -199,7 +199,48 @@ def frontier(cells: "pd.DataFrame", projection: "Projection") -> Figure:
 
 
 def _row_of(r: "pd.Series") -> Row:
+    if r["policy"] == "selfspec":
+        return Row(4, gamma=int(r["gamma"]))
     return Row(int(r["rank"]), float(r["lambda"]) if r["policy"] == "dynamic" else -1.0)
+
+
+def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "Projection") -> Figure:
+    """At one S: attention-level speculation's hit rate per lambda next to token-level self-speculation's tau per
+    gamma, each point labelled with the latency model's projected speedup."""
+    dynamic = [c for c in sweep.dynamic_cells(task) if c.hit_rate is not None]
+    drafts = [c for g in sweep.gammas if (c := sweep.cell(task, Row(4, gamma=g))) is not None and c.tau is not None]
+    fig = _figure(9.0, 3.4)
+    left, right = fig.subplots(1, 2)
+
+    def speedup(cell) -> str:  # noqa: ANN001 (a report Cell)
+        entry = projection.entries.get((cell.row, task))
+        return "" if entry is None else f"{entry.speedup:.2f}×"
+
+    xs, ys = [c.lam for c in dynamic], [100 * c.hit_rate for c in dynamic]
+    left.plot(xs, ys, "o-", color="tab:blue")
+    for c, x, y in zip(dynamic, xs, ys):
+        left.annotate(speedup(c), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    left.set_xscale("log")
+    left.set_ylim(0, 105)
+    left.set_xlabel("λ")
+    left.set_ylabel("hit rate (%)")
+    left.set_title("attention-level (ALSpec)", fontsize=10)
+    gs, taus = [c.row.gamma for c in drafts], [c.tau for c in drafts]
+    right.plot(gs, taus, "s-", color="tab:orange")
+    for c, x, y in zip(drafts, gs, taus):
+        right.annotate(speedup(c), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    right.plot(gs, [g + 1 for g in gs], ":", color="grey", label="τ = γ + 1 (every draft accepted)")
+    right.set_xticks(gs)
+    right.set_ylim(bottom=1)
+    right.set_xlabel("γ (drafted tokens per step)")
+    right.set_ylabel("τ (tokens per verification step)")
+    right.set_title("token-level (self-speculation, sink draft)", fontsize=10)
+    right.legend(fontsize=7, loc="upper left")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{task}, S = {sweep.meta.get('window')}: labels are projected speedups ({projection.spec.name})",
+                 fontsize=9)
+    return fig
 
 
 def save(fig: Figure, path: Path) -> Path:

@@ -85,12 +85,13 @@ def load(outdir: str | Path) -> Frames:
         documents += [{"task": c.task, "cell": c.name, "doc_id": d, "score": s} for d, s in docs.items()]
         name, _, filt = c.metric.partition(",")
         stderr = c.metrics.get(f"{name}_stderr,{filt}")
-        low, high = wilson(c.total.accepted, c.total.speculated) if c.policy != "exact" else (math.nan, math.nan)
+        low, high = wilson(c.total.accepted, c.total.speculated) if c.hit_rate is not None else (math.nan, math.nan)
         row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.rank, "policy": c.policy,
                "lambda": c.lam, "window": window, "metric": c.metric, "score": c.score,
                "stderr": stderr if isinstance(stderr, (int, float)) else math.nan, "n": len(docs) or c.samples,
                "speculated": c.total.speculated, "accepted": c.total.accepted,
-               "hit_rate": c.hit_rate if c.hit_rate is not None else math.nan, "hit_low": low, "hit_high": high}
+               "hit_rate": c.hit_rate if c.hit_rate is not None else math.nan, "hit_low": low, "hit_high": high,
+               "gamma": c.draft["gamma"] if c.draft else math.nan, "tau": c.tau if c.tau is not None else math.nan}
         row.update(_paired(docs, scores.get((c.task, _baseline_name(sweep, c.task))), c.row == BASELINE))
         cells.append(row)
         for i, layer in enumerate(c.layers):
@@ -98,7 +99,7 @@ def load(outdir: str | Path) -> Frames:
                            "accepted": layer.accepted, "trivial": layer.trivial,
                            "hit_rate": layer.hit_rate if layer.hit_rate is not None else math.nan,
                            "skipped": layer.skipped})
-    frame = pd.DataFrame(cells).sort_values(["task", "rank", "lambda"], na_position="first", kind="stable")
+    frame = pd.DataFrame(cells).sort_values(["task", "rank", "lambda", "gamma"], na_position="first", kind="stable")
     return Frames(frame.reset_index(drop=True), pd.DataFrame(layers), pd.DataFrame(documents))
 
 

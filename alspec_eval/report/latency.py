@@ -1,18 +1,20 @@
 """The report's latency section: the paper's model (:mod:`alspec_eval.latency`) on every cell of a sweep.
 
 A cell's projection uses its measured per-layer hit rates (sink and static cells: 1 on the layers they
-approximate); the baseline row is full tensor parallelism. Where the sweep's model has another number
+approximate); the baseline row is full tensor parallelism. A self-speculation cell's uses its tau, gamma and
+the draft/verify cost ratio (:func:`alspec_eval.latency.project_selfspec`, inputs stated in the note). Where the sweep's model has another number
 of layers than the latency table, every layer gets the cell's mean per-layer hit rate (said in the note).
 """
 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from alspec_eval.latency import DEFAULT_PRESET, LatencyModel, Projection as Projected, full_tp, project_layers
+from alspec_eval.latency import (DEFAULT_PRESET, LatencyModel, Projection as Projected, SelfSpecProjection, full_tp,
+                                 project_layers, project_selfspec)
 from alspec_eval.report.cells import BASELINE, Row, Sweep
 from alspec_eval.report.table import MISSING, markdown_table
 
@@ -29,20 +31,29 @@ class Projection:
     rows: list[Row]
     entries: dict[tuple[Row, str], Projected]
     averaged: bool  # hit rates were averaged over layers (layer counts differ)
+    selfspec: dict[tuple[Row, str], SelfSpecProjection] = field(default_factory=dict)
 
 
 def project(sweep: Sweep, spec: LatencyModel) -> Projection:
     """Projected tokens/s and speedup of every measured cell; the baseline row needs no cell."""
     entries: dict[tuple[Row, str], Projected] = {}
+    selfspec: dict[tuple[Row, str], SelfSpecProjection] = {}
     averaged = False
     for task in sweep.tasks:
         entries[(BASELINE, task)] = full_tp(spec)
         for row in sweep.rows[1:]:
             cell = sweep.cell(task, row)
-            if cell is not None:
-                entries[(row, task)], avg = project_layers(spec, cell.layer_hit_rates())
-                averaged |= avg
-    return Projection(spec, sweep.tasks, sweep.rows, entries, averaged)
+            if cell is None:
+                continue
+            if cell.draft is not None:
+                if cell.tau is not None and spec.context_tokens is not None:
+                    ss = selfspec[(row, task)] = project_selfspec(spec, cell.tau, row.gamma, int(sweep.meta["window"]))
+                    entries[(row, task)] = Projected(spec.name, 0.0, ss.token_latency_us, ss.verify_us,
+                                                     [*spec.estimates, "draft_us", "verify_us"])
+                continue
+            entries[(row, task)], avg = project_layers(spec, cell.layer_hit_rates())
+            averaged |= avg
+    return Projection(spec, sweep.tasks, sweep.rows, entries, averaged, selfspec)
 
 
 def projection_rows(p: Projection) -> list[list[str]]:
@@ -62,6 +73,14 @@ def projection_note(p: Projection) -> str:
         note += f" ESTIMATES, not the paper's measurements: {', '.join(s.estimates)} ({s.sources[s.estimates[0]]})."
     if p.averaged:
         note += " The measured model's layer count differs from this table's: every layer gets the mean per-layer hit rate."
+    if p.selfspec:
+        ss = next(iter(p.selfspec.values()))
+        note += (f" Self-speculation rows: speedup = τ / (γ c + 1) (Leviathan et al., 2023) with c = draft step / "
+                 f"verification step = {ss.draft_us:.4g} / {ss.verify_us:.4g} µs = {ss.cost_ratio:.3f}; ESTIMATES: the "
+                 f"draft step reads 2S = {2 * ss.window} keys instead of K = {ss.context_tokens} (FD scaled by 2S/K), "
+                 "and verifying γ + 1 tokens costs one exact decode step.")
+    elif any(row.kind == "selfspec" for row in p.rows) and s.context_tokens is None:
+        note += " Self-speculation rows are not projected: this table gives no context_tokens to scale FD from."
     return note
 
 

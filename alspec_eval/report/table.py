@@ -1,4 +1,5 @@
-"""Table 1 of the paper: score / hit rate per row (baseline, lambdas, sink, static) and task."""
+"""Table 1 of the paper: score / hit rate per row (baseline, lambdas, sink, static) and task; self-speculation
+rows (one per gamma) show score / tau instead."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def format_cell(row: pd.Series | None) -> str:
         return score
     if not pd.isna(row["diff"]):
         score += f" ({row['diff']:+.3f} [{row['diff_low']:+.2f}, {row['diff_high']:+.2f}])"
+    if row["policy"] == "selfspec":
+        return f"{score} / τ = {MISSING if pd.isna(row['tau']) else format(row['tau'], '.2f')}"
     hit = MISSING if pd.isna(row["hit_rate"]) else f"{100 * row['hit_rate']:.1f}%"
     return f"{score} / {hit}"
 
@@ -51,13 +54,16 @@ def table1_markdown(sweep: Sweep, cells: pd.DataFrame | None = None) -> str:
     metrics = sorted({f"{c.task}: `{c.metric}`" for c in sweep.cells if c.metric})
     caption = ("Score (paired difference to the baseline on the same documents, 95% bootstrap interval) / speculation "
                "hit rate (share of non-trivial decode attention replaced by the sink approximation).")
+    if sweep.gammas:
+        caption += (" Self-speculation rows (the same sink as the draft, gamma tokens per step): score / τ, the mean "
+                    "tokens per verification step, the verifier's own token included.")
     return f"{caption}\n\n{markdown_table(table1_rows(sweep, cells))}\nMetrics: {'; '.join(metrics)}\n"
 
 
 def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None) -> Path:
     """Table 1 layout with numbers kept numeric: per task a score, hit-rate (%) and paired-difference columns."""
     cells = frames_of(sweep) if cells is None else cells
-    columns = {"score": "score", "hit_rate_pct": "hit_rate_pct", "diff": "diff", "diff_low": "diff_low",
+    columns = {"score": "score", "hit_rate_pct": "hit_rate_pct", "tau": "tau", "diff": "diff", "diff_low": "diff_low",
                "diff_high": "diff_high", "p_value": "mcnemar_p"}
     table = cells.assign(hit_rate_pct=100 * cells["hit_rate"])
     wide = table.pivot(index="row", columns="task", values=list(columns))
@@ -65,9 +71,11 @@ def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None
     wide = wide.reindex(order)
     wide.columns = [f"{task} {columns[col]}" for col, task in wide.columns]
     wide = wide[[f"{t} {columns[c]}" for t in sweep.tasks for c in columns if f"{t} {columns[c]}" in wide.columns]]
-    kinds = {row.label: (row.kind, f"{row.lam:g}" if row.kind == "dynamic" else "") for row in sweep.rows}
+    kinds = {row.label: (row.kind, f"{row.lam:g}" if row.kind == "dynamic" else "",
+                         str(row.gamma) if row.kind == "selfspec" else "") for row in sweep.rows}
     wide.insert(0, "policy", [kinds[r][0] for r in wide.index])
     wide.insert(1, "lambda", [kinds[r][1] for r in wide.index])
+    wide.insert(2, "gamma", [kinds[r][2] for r in wide.index])
     wide.index.name = "row"
     wide.to_csv(path, float_format="%.17g")
     return path

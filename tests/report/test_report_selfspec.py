@@ -1,0 +1,62 @@
+"""Self-speculation rows in the report: score / tau in Table 1, the projected speedup from tau, and the figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from alspec_eval.latency import preset
+from alspec_eval.report.build import write_report
+from alspec_eval.report.cells import Row, load_sweep
+from alspec_eval.report.latency import project
+from alspec_eval.stats import RATIO_EDGES
+from synthetic_sweep import NUM_LAYERS, SCORES, TASKS, cell_json, layer_entry, write_sweep
+
+TAU = {2: 1.8, 4: 2.5}  # per gamma: tau = 1 + accepted / steps, from the histograms below
+HIST = {2: [4, 4, 2], 4: [3, 3, 1, 2, 1]}  # 10 steps each: accepted 8 (tau 1.8) and 15 (tau 2.5)
+
+
+def add_selfspec(outdir) -> None:
+    meta = json.loads((outdir / "sweep.json").read_text())
+    (outdir / "sweep.json").write_text(json.dumps({**meta, "gammas": [2, 4]}))
+    for task in TASKS:
+        for gamma, hist in HIST.items():
+            cell = cell_json(task, f"selfspec_g{gamma}", "selfspec", None,
+                             [layer_entry(i, 0, 0, [0] * (len(RATIO_EDGES) + 1)) for i in range(NUM_LAYERS)],
+                             SCORES[task]["baseline"], documents=True)
+            accepted = sum(k * n for k, n in enumerate(hist))
+            cell["alspec"]["selfspec"] = {"gamma": gamma, "steps": sum(hist), "drafted": gamma * sum(hist),
+                                          "accepted": accepted, "tau": 1 + accepted / sum(hist), "hist": hist}
+            cell["gamma"] = gamma
+            (outdir / "cells" / task / f"selfspec_g{gamma}.json").write_text(json.dumps(cell))
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+    out = write_sweep(tmp_path / "sweep", documents=True)
+    add_selfspec(out)
+    return out
+
+
+def test_table1_shows_score_and_tau(sweep_dir):
+    written = write_report(sweep_dir)
+    table = (sweep_dir / "report" / "table1.md").read_text()
+    task = TASKS[0]
+    line = next(l for l in table.splitlines() if l.startswith("| selfspec γ = 4 |"))
+    assert f"{SCORES[task]['baseline']:.3f} (+0.000 [+0.00, +0.00]) / τ = {TAU[4]:.2f}" in line
+    assert {p.name for p in written} >= {f"alspec_vs_selfspec_{t}.png" for t in TASKS}
+    rows = (sweep_dir / "report" / "table1.csv").read_text().splitlines()
+    assert any(r.startswith("selfspec γ = 2,selfspec,,2,") for r in rows)
+    assert "speedup = τ / (γ c + 1)" in (sweep_dir / "report" / "latency.md").read_text()
+
+
+def test_projected_speedup_is_tau_over_draft_cost(sweep_dir):
+    spec = preset("h100-tp4-32k")  # Table 3, 32K: attention 29 us, non-attention 100 us per layer, TP4 214.2 tok/s
+    verify = 1e6 / 214.2
+    fixed = verify - 32 * (29 + 100)
+    draft = fixed + 32 * (100 + 29 * 2 * 64 / 32768)  # the synthetic sweep's S = 64
+    p = project(load_sweep(sweep_dir), spec)
+    for gamma, tau in TAU.items():
+        entry = p.entries[(Row(4, gamma=gamma), TASKS[0])]
+        assert entry.speedup == pytest.approx(tau / (gamma * draft / verify + 1))
