@@ -81,7 +81,8 @@ def _as_bool(name: str, value: Any) -> bool:
 class SpeculationConfig:
     """What to speculate and how to verify it (DESIGN.md, Semantics 1-7).
 
-    ``lam`` is the paper's lambda: a position is accepted iff ||A~ - A|| <= lam * ||A||.
+    ``lam`` is the paper's lambda: a position is accepted iff ||A~ - A|| <= lam * ||A||. ``policy=selfspec`` is
+    token-level self-speculation instead (``gamma`` drafted tokens per step, the sink A~ as draft; selfspec.py).
     """
 
     lam: float = 0.1
