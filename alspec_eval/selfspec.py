@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .config import SpeculationConfig
 from .region import DecodeRegion
 from .speculator import Speculator
 from .stats import DraftStats
@@ -61,7 +62,7 @@ def selfspec_generate(model: PreTrainedModel, speculator: Speculator, pending: l
     return out, stats
 
 
-def _draft(model: PreTrainedModel, speculator: Speculator, sink, cache: DynamicCache, token: int,
+def _draft(model: PreTrainedModel, speculator: Speculator, sink: SpeculationConfig, cache: DynamicCache, token: int,
            count: int) -> list[int]:
     """``count`` greedy tokens from sink attention after ``token``; the cache is left as it was."""
     committed, drafts = cache.get_seq_length(), []

@@ -34,6 +34,13 @@ def _cli_output_path(argv: list[str]) -> Path | None:
     return None if value is None else Path(value)
 
 
+def lm_eval_command_line(argv: list[str]) -> bool:
+    """Whether this process is lm-eval's command line (``lm_eval``, ``python -m lm_eval``) or ``alspec-eval run``."""
+    prog = Path(argv[0]) if argv else Path()
+    return (prog.name in ("lm_eval", "lm-eval", "alspec-eval")
+            or (prog.name == "__main__.py" and prog.parent.name in ("lm_eval", "alspec_eval")))
+
+
 def sidecar_for(results_file: Path) -> Path:
     """`results_2026-01-01T00-00-00.json` -> `alspec_2026-01-01T00-00-00.json` in the same folder."""
     return results_file.with_name("alspec_" + results_file.name.removeprefix("results_"))
@@ -89,10 +96,9 @@ def register_sidecar(statistics: Callable[[], dict[str, Any]], is_main: Callable
 
     Why at exit: lm-eval tells the model nothing about --output_path and writes the results file after the
     evaluation returns, so the stock command line and the file it writes are all there is to go by."""
-    output = _cli_output_path(sys.argv)
-    command_line = bool(sys.argv) and Path(sys.argv[0]).name in ("lm_eval", "lm-eval", "alspec-eval")
-    if output is None and not command_line:
+    if not lm_eval_command_line(sys.argv):  # a sweep's or a script's --output_path is not lm-eval's
         return
+    output = _cli_output_path(sys.argv)
     if output is not None:
         check_output_path(output)
     started = time.time()
@@ -101,15 +107,13 @@ def register_sidecar(statistics: Callable[[], dict[str, Any]], is_main: Callable
         if not is_main():
             return
         stats = statistics()
-        if command_line and stats["tasks"]:
+        if stats["tasks"]:
             print("\n".join(summary(stats)))
         if output is None:
             return
         results = own_results(output, started, stats)
         if results is not None:
-            path = write_json_atomic(sidecar_for(results), stats)
-            if command_line:
-                print(f"alspec: statistics in {path}")
+            print(f"alspec: statistics in {write_json_atomic(sidecar_for(results), stats)}")
         else:
             print(f"alspec: no results file of this run under {output}; the acceptance statistics are in the "
                   "results' config.alspec only if lm-eval wrote them", file=sys.stderr)

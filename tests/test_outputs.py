@@ -165,6 +165,16 @@ def test_help_imports_no_torch(module):
     assert "(default:" in result.stdout
 
 
+@pytest.mark.parametrize(("argv0", "is_lm_eval"), [("/v/bin/lm_eval", True), ("/v/lm_eval/__main__.py", True),
+                                                   ("/v/bin/alspec-eval", True), ("/v/bin/alspec-sweep", False),
+                                                   ("/v/bin/alspec-niah", False), ("script.py", False)])
+def test_only_lm_evals_command_line_gets_a_sidecar(argv0, is_lm_eval):
+    """alspec-sweep and alspec-niah take --output_path too: it names their folder, not lm-eval's results."""
+    from alspec_eval.sidecar import lm_eval_command_line
+
+    assert lm_eval_command_line([argv0, "--output_path", "x"]) is is_lm_eval
+
+
 def test_stock_cli_prints_a_summary_and_the_sidecar_path(tmp_path):
     model = save_tiny(tmp_path / "model", max_positions=4096)
     result = subprocess.run([str(BIN / "lm_eval"), "--model", "alspec", "--model_args",

@@ -62,3 +62,20 @@ def test_bundled_hellaswag_is_above_chance_and_sink_attention_moves_it():
     assert sum(exact.values()) / len(exact) >= 0.4 and exact_total["speculated"] == 0
     assert sink_total["speculated"] == sink_total["accepted"] > 0
     assert sum(exact[d] != sink[d] for d in exact) > 0
+
+
+@pytest.mark.slow
+def test_selfspec_on_smollm2_is_lossless():
+    """Token-level self-speculation with the sink draft generates exactly what the exact model does (batched)."""
+    from lm_eval import simple_evaluate
+
+    runs = {}
+    for policy in ("exact", "selfspec"):
+        out = simple_evaluate(model="alspec", model_args=f"pretrained={smollm2_path()},policy={policy},window=64",
+                              tasks=["alspec_recall"], limit=4, batch_size=4, device="cpu", log_samples=True,
+                              bootstrap_iters=0, gen_kwargs="max_gen_toks=16")
+        runs[policy] = ([s["resps"] for s in sorted(out["samples"]["alspec_recall"], key=lambda s: s["doc_id"])],
+                        out["config"]["alspec"]["tasks"]["alspec_recall"])
+    assert runs["selfspec"][0] == runs["exact"][0]
+    draft = runs["selfspec"][1]["selfspec"]
+    assert draft["gamma"] == 4 and draft["steps"] > 0 and 1 <= draft["tau"] <= 5

@@ -32,7 +32,8 @@ def _score(sample: dict[str, Any]) -> float:
 
 def _label(cell: dict[str, Any]) -> str:
     """How a cell was made, for a title: "λ = 0.05", "baseline", "sink (λ = ∞)"."""
-    named = {"exact": "baseline", "sink": "sink (λ = ∞)", "static": "static layers"}
+    named = {"exact": "baseline", "sink": "sink (λ = ∞)", "static": "static layers",
+             "selfspec": f"selfspec γ = {cell.get('gamma')}"}
     if cell["policy"] in named:
         return named[cell["policy"]]
     return f"λ = {cell['lambda']:g}" if isinstance(cell.get("lambda"), (int, float)) else cell["cell"]

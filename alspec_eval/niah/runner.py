@@ -24,6 +24,13 @@ def _floats(text: str, flag: str) -> list[float]:
         raise ConfigError(f"{flag} {text!r}: write numbers separated by ',', e.g. {flag} 0.1,0.5") from None
 
 
+def _gammas(text: str) -> list[int]:
+    values = _floats(text, "--gammas")
+    if any(not v.is_integer() or v < 1 for v in values):
+        raise ConfigError(f"--gammas {text!r}: draft lengths are integers >= 1, e.g. --gammas 2,4")
+    return [int(v) for v in values]
+
+
 def niah_config(args: argparse.Namespace) -> SweepConfig:
     """The needle run as a sweep config; lengths and depths are checked here, before any model loads."""
     lengths = [int(x) for x in _floats(args.lengths, '--lengths')]
@@ -38,7 +45,7 @@ def niah_config(args: argparse.Namespace) -> SweepConfig:
     return parse_config({
         "name": f"niah_{args.mode}", "tasks": [TASKS[args.mode]], "lambdas": _floats(args.lambdas, '--lambdas'),
         "model_args": {**parse_model_args(args.model_args), "trace_tokens": True}, "window": args.window,
-        "batch_size": args.batch_size, "device": args.device, "static": False,
+        "batch_size": args.batch_size, "device": args.device, "static": False, "gammas": _gammas(args.gammas),
         "shared_prefill": not args.no_shared_prefill,
         "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
         "metadata": metadata, "output": args.output or f"results/niah_{args.mode}", "seed": args.seed,
@@ -53,6 +60,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--depths", default="0.1,0.5,0.9", help="needle depths (single mode), fractions of the haystack")
     p.add_argument("--lambdas", default="0.05,0.1,0.2,0.4", help="lambda cells (baseline and pure sink are added)")
     p.add_argument("--window", type=int, default=64, help="S, tokens in each sink window")
+    p.add_argument("--gammas", default="", help="self-speculation cells (policy=selfspec), one per draft length, "
+                                                "e.g. 2,4; none by default")
     p.add_argument("--samples", type=int, default=1, help="prompts per length (and depth)")
     p.add_argument("--needle", choices=["passkey", "fact"], default="passkey", help="single mode's needle")
     p.add_argument("--model_args", "--model-args", dest="model_args", default="pretrained=smollm2,dtype=float32",

@@ -16,10 +16,12 @@ def test_needle_sweep_writes_cells_and_figures(tmp_path, capsys):
     model = save_tiny(tmp_path / "model", max_positions=4096)
     out = tmp_path / "niah"
     args = ["--model-args", f"pretrained={model}", "--lengths", "1024", "--depths", "0.2,0.8", "--lambdas", "0.5,1",
-            "--window", "16", "--max-gen-toks", "6", "--no-chat", "--output", str(out)]
+            "--window", "16", "--max-gen-toks", "6", "--no-chat", "--gammas", "2", "--output", str(out)]
     main(args)
     cells = {p.stem: json.loads(p.read_text()) for p in (out / "cells" / "alspec_niah_single").glob("*.json")}
-    assert sorted(cells) == ["baseline", "lambda_0.5", "lambda_1", "sink"]
+    assert sorted(cells) == ["baseline", "lambda_0.5", "lambda_1", "selfspec_g2", "sink"]
+    assert [s["alspec"][0]["selfspec"]["gamma"] for s in cells["selfspec_g2"]["sample_log"]] == [2, 2]
+    assert cells["selfspec_g2"]["score"] == cells["baseline"]["score"]
     samples = cells["lambda_1"]["sample_log"]
     assert sorted((s["doc"]["max_length"], s["doc"]["depth"]) for s in samples) == [(1024, 0.2), (1024, 0.8)]
     for sample in samples:
