@@ -32,7 +32,7 @@ def main() -> None:
 
         config = load_config(Path(__file__).parents[1] / "configs" / "smoke.yaml",
                              {"model_args": {"pretrained": sys.argv[6]}, "lambdas": [0.5, 1.0],
-                              "static": {"p": 0.5, "lambda": 1.0}, "output": str(out)})
+                              "static": {"p": 0.5, "lambda": 1.0}, "gammas": [2], "output": str(out)})
         lm = build_lm(config)
         _as_rank(lm, rank, world)
         run_sweep(config, lm=lm)

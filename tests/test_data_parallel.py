@@ -60,8 +60,9 @@ def test_sweep_on_two_ranks_writes_one_process_cells_and_resumes(tmp_path):
     _launch(1, tmp_path / "one", "sweep", model)
     _launch(2, tmp_path / "two", "sweep", model)
     one, two = read_cells(tmp_path / "one"), read_cells(tmp_path / "two")
-    assert len(one) == 5 and two == one
-    # Resume under two ranks: a folder that already holds the baseline cell gets the other four, the same.
+    assert len(one) == 6 and two == one
+    assert one["alspec_recall/selfspec_g2"]["alspec"]["selfspec"]["steps"] > 0
+    # Resume under two ranks: a folder that already holds the baseline cell gets the other five, the same.
     (tmp_path / "three" / "cells" / "alspec_recall").mkdir(parents=True)
     baseline = tmp_path / "one" / "cells" / "alspec_recall" / "baseline.json"
     (tmp_path / "three" / "cells" / "alspec_recall" / "baseline.json").write_text(baseline.read_text())
