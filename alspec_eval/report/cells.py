@@ -154,7 +154,10 @@ class Sweep:
 
     @property
     def rows(self) -> list[Row]:
-        return [BASELINE, *(Row(1, lam) for lam in self.lambdas), SINK, STATIC, *(Row(4, gamma=g) for g in self.gammas)]
+        """Every row the sweep declares or has a cell for (a sweep run with ``static: false`` has no static row)."""
+        has = {c.row for c in self.cells}
+        static = [STATIC] if STATIC in has or self.meta.get("static_p", 0.8) is not None else []
+        return [BASELINE, *(Row(1, lam) for lam in self.lambdas), SINK, *static, *(Row(4, gamma=g) for g in self.gammas)]
 
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))

@@ -60,3 +60,12 @@ def test_projected_speedup_is_tau_over_draft_cost(sweep_dir):
     for gamma, tau in TAU.items():
         entry = p.entries[(Row(4, gamma=gamma), TASKS[0])]
         assert entry.speedup == pytest.approx(tau / (gamma * draft / verify + 1))
+
+
+def test_a_sweep_without_static_has_no_static_row(sweep_dir):
+    meta = json.loads((sweep_dir / "sweep.json").read_text())
+    (sweep_dir / "sweep.json").write_text(json.dumps({**meta, "static_p": None}))
+    for task in TASKS:
+        (sweep_dir / "cells" / task / "static.json").unlink()
+    assert [r.label for r in load_sweep(sweep_dir).rows] == [
+        "baseline", "λ = 0.05", "λ = 0.1", "λ = 0.2", "sink", "selfspec γ = 2", "selfspec γ = 4"]
