@@ -54,8 +54,9 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
         written[0].write_text(written[0].read_text() + "\n" + "\n".join(choices.values()) + "\n")
     comparison = [save(attention_vs_token_speculation(sweep, task, projections[0]),
                        report / f"alspec_vs_selfspec_{_slug(task)}.png")
-                  for task in sweep.tasks if projections and any(sweep.cell(task, r) for r in sweep.rows
-                                                                 if r.kind == "selfspec")]
+                  for task in sweep.tasks if projections and any(
+                      (c := sweep.cell(task, r)) is not None and c.tau is not None for r in sweep.rows
+                      if r.kind == "selfspec")]
     if comparison:
         figures["Attention-level against token-level speculation"] = comparison
     latency_md = report / "latency.md"

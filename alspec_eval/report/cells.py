@@ -88,11 +88,12 @@ class Cell:
     samples: int | None = None
     elapsed_s: float | None = None
     sample_log: tuple[dict[str, Any], ...] = ()  # per document: doc_id, filter and the metric values
-    draft: dict[str, Any] | None = None  # selfspec: gamma, steps, drafted, accepted, tau, hist
+    gamma: int | None = None  # selfspec: tokens drafted per step
+    draft: dict[str, Any] | None = None  # selfspec with generations: gamma, steps, drafted, accepted, tau, hist
 
     @property
     def row(self) -> Row:
-        return Row.for_policy(self.policy, self.lam, None if self.draft is None else self.draft["gamma"])
+        return Row.for_policy(self.policy, self.lam, self.gamma)
 
     @property
     def hit_rate(self) -> float | None:
@@ -102,7 +103,8 @@ class Cell:
 
     @property
     def tau(self) -> float | None:
-        """Self-speculation's mean tokens per verification step; None for the other policies."""
+        """Self-speculation's mean tokens per verification step; None for the other policies and for a task that
+        generates nothing (loglikelihood scoring is exact under selfspec)."""
         return None if self.draft is None else self.draft["tau"]
 
     def layer_hit_rates(self) -> list[float]:
@@ -149,7 +151,7 @@ class Sweep:
     @property
     def gammas(self) -> list[int]:
         """Declared and measured self-speculation draft lengths, sorted."""
-        found = {c.draft["gamma"] for c in self.cells if c.draft is not None}
+        found = {c.gamma for c in self.cells if c.gamma is not None}
         return sorted(found | set(self.meta.get("gammas") or []))
 
     @property
@@ -195,7 +197,7 @@ def load_cell(path: Path) -> Cell:
                 static_layers=tuple(static) if static is not None else None, metric=d.get("metric", ""),
                 score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
                 samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),
-                draft=stats.get("selfspec"))
+                gamma=d.get("gamma", (stats.get("selfspec") or {}).get("gamma")), draft=stats.get("selfspec"))
 
 
 def _same_edges(edges: list[float]) -> bool:

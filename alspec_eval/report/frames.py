@@ -91,7 +91,7 @@ def load(outdir: str | Path) -> Frames:
                "stderr": stderr if isinstance(stderr, (int, float)) else math.nan, "n": len(docs) or c.samples,
                "speculated": c.total.speculated, "accepted": c.total.accepted,
                "hit_rate": c.hit_rate if c.hit_rate is not None else math.nan, "hit_low": low, "hit_high": high,
-               "gamma": c.draft["gamma"] if c.draft else math.nan, "tau": c.tau if c.tau is not None else math.nan}
+               "gamma": c.gamma if c.gamma is not None else math.nan, "tau": c.tau if c.tau is not None else math.nan}
         row.update(_paired(docs, scores.get((c.task, _baseline_name(sweep, c.task))), c.row == BASELINE))
         cells.append(row)
         for i, layer in enumerate(c.layers):

@@ -45,7 +45,7 @@ def project(sweep: Sweep, spec: LatencyModel) -> Projection:
             cell = sweep.cell(task, row)
             if cell is None:
                 continue
-            if cell.draft is not None:
+            if cell.policy == "selfspec":  # a task that only scores (no generations) has no tau: nothing to project
                 if cell.tau is not None and spec.context_tokens is not None:
                     ss = selfspec[(row, task)] = project_selfspec(spec, cell.tau, row.gamma, int(sweep.meta["window"]))
                     entries[(row, task)] = Projected(spec.name, 0.0, ss.token_latency_us, ss.verify_us,

@@ -56,7 +56,8 @@ def table1_markdown(sweep: Sweep, cells: pd.DataFrame | None = None) -> str:
                "hit rate (share of non-trivial decode attention replaced by the sink approximation).")
     if sweep.gammas:
         caption += (" Self-speculation rows (the same sink as the draft, gamma tokens per step): score / τ, the mean "
-                    "tokens per verification step, the verifier's own token included.")
+                    "tokens per verification step, the verifier's own token included (– for a task that only scores: "
+                    "loglikelihood is exact under self-speculation).")
     return f"{caption}\n\n{markdown_table(table1_rows(sweep, cells))}\nMetrics: {'; '.join(metrics)}\n"
 
 

@@ -17,7 +17,9 @@ TAU = {2: 1.8, 4: 2.5}  # per gamma: tau = 1 + accepted / steps, from the histog
 HIST = {2: [4, 4, 2], 4: [3, 3, 1, 2, 1]}  # 10 steps each: accepted 8 (tau 1.8) and 15 (tau 2.5)
 
 
-def add_selfspec(outdir) -> None:
+def add_selfspec(outdir, generating: tuple[str, ...] = tuple(TASKS)) -> None:
+    """Selfspec cells for every task; only ``generating`` tasks have draft statistics (a loglikelihood task's
+    selfspec cell is scored exactly and drafts nothing)."""
     meta = json.loads((outdir / "sweep.json").read_text())
     (outdir / "sweep.json").write_text(json.dumps({**meta, "gammas": [2, 4]}))
     for task in TASKS:
@@ -26,9 +28,12 @@ def add_selfspec(outdir) -> None:
                              [layer_entry(i, 0, 0, [0] * (len(RATIO_EDGES) + 1)) for i in range(NUM_LAYERS)],
                              SCORES[task]["baseline"], documents=True)
             accepted = sum(k * n for k, n in enumerate(hist))
+            cell["gamma"] = gamma
+            if task not in generating:
+                (outdir / "cells" / task / f"selfspec_g{gamma}.json").write_text(json.dumps(cell))
+                continue
             cell["alspec"]["selfspec"] = {"gamma": gamma, "steps": sum(hist), "drafted": gamma * sum(hist),
                                           "accepted": accepted, "tau": 1 + accepted / sum(hist), "hist": hist}
-            cell["gamma"] = gamma
             (outdir / "cells" / task / f"selfspec_g{gamma}.json").write_text(json.dumps(cell))
 
 
@@ -69,3 +74,14 @@ def test_a_sweep_without_static_has_no_static_row(sweep_dir):
         (sweep_dir / "cells" / task / "static.json").unlink()
     assert [r.label for r in load_sweep(sweep_dir).rows] == [
         "baseline", "λ = 0.05", "λ = 0.1", "λ = 0.2", "sink", "selfspec γ = 2", "selfspec γ = 4"]
+
+
+def test_a_task_without_generations_has_a_selfspec_row_without_tau(tmp_path):
+    out = write_sweep(tmp_path / "sweep", documents=True)
+    add_selfspec(out, generating=(TASKS[0],))
+    written = {p.name for p in write_report(out)}
+    line = next(l for l in (out / "report" / "table1.md").read_text().splitlines() if l.startswith("| selfspec γ = 2 |"))
+    assert line.endswith(f"/ τ = – |") and f"τ = {TAU[2]:.2f}" in line
+    assert f"alspec_vs_selfspec_{TASKS[0]}.png" in written and f"alspec_vs_selfspec_{TASKS[1]}.png" not in written
+    p = project(load_sweep(out), preset("h100-tp4-32k"))
+    assert (Row(4, gamma=2), TASKS[1]) not in p.entries and (Row(4, gamma=2), TASKS[0]) in p.entries
