@@ -283,7 +283,7 @@ class ALSpecLM(HFLM):
         out = context.new_full((len(context), context.shape[1] + max(map(len, rows))), self.tokenizer.pad_token_id)
         out[:, :context.shape[1]] = context
         for b, tokens in enumerate(rows):
-            out[b, context.shape[1]:context.shape[1] + len(tokens)] = torch.tensor(tokens)
+            out[b, context.shape[1]:context.shape[1] + len(tokens)] = context.new_tensor(tokens)
         return out
 
     def selfspec_row(self, cache: DynamicCache | None, pending: list[int], max_new: int, stop: Sequence[str],
@@ -345,7 +345,7 @@ class ALSpecLM(HFLM):
     # ------------------------------------------------------------------ results
 
     def statistics(self) -> dict[str, Any]:
-        """Schema v1: config, histogram edges and per-task, per-layer statistics."""
+        """Schema v2: config, histogram edges and per-task, per-layer (and self-speculation) statistics."""
         stats = run_statistics(self.spec_config.to_dict(), self.speculator.num_layers,
                                self.speculator.skipped_layers, self.task_stats)
         stats["provenance"] = {"model": getattr(self.model.config, "_name_or_path", None), "versions": versions()}

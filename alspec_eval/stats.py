@@ -9,7 +9,7 @@ decisions, statistics do not depend on batch composition.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,7 +80,7 @@ class AcceptanceStats:
     accepted: torch.Tensor  # (L,)
     trivial: torch.Tensor  # (L,)
     hist: torch.Tensor  # (L, NUM_BINS) counts of d/n over non-trivial decisions
-    draft: DraftStats | None = field(default=None)
+    draft: DraftStats | None = None
 
     @classmethod
     def zeros(cls, num_layers: int) -> "AcceptanceStats":
