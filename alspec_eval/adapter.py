@@ -35,7 +35,7 @@ from .report_io import write_json_atomic
 from .sidecar import cli_option, register_sidecar
 from .distributed import gather_task_stats, is_main_process
 from .stats import AcceptanceStats, run_statistics
-from .stopping import has_stopped, own_length
+from .stopping import own_length, stop_length
 
 _HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
 # lm-eval's request cache (CachingLM) is keyed by the request alone and answers cached requests without calling
@@ -296,7 +296,7 @@ class ALSpecLM(HFLM):
         eos_ids = self._eos_ids()
         decode = lambda t: self.tok_decode(t, skip_special_tokens=False)  # noqa: E731
         tokens, draft = selfspec_generate(self.model, self.speculator, pending, max_new, gamma or self.spec_config.gamma,
-                                          lambda t: has_stopped(t, stop, eos_ids, decode), cache)
+                                          lambda t: stop_length(t, stop, eos_ids, decode), cache)
         return tokens, {"stats": dataclasses.replace(AcceptanceStats.zeros(self.speculator.num_layers), draft=draft),
                         "tokens": []}
 

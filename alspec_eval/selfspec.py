@@ -2,9 +2,11 @@
 
 TriForce and MagicDec's StreamingLLM self-speculation draft with the model itself, its attention restricted to
 the first S and the last S positions (the sink A~ of DESIGN.md, Semantics 2), and verify the drafted tokens with
-exact attention in one pass. Greedy, so lossless: the output is the exact model's. One cache serves both: the
-draft attends over the verifier's KV entries of the committed tokens and its own of the tokens drafted in this
-step; those are cut off before verification, and the accepted tokens keep the verifier's entries.
+exact attention in one pass. Greedy, so lossless: the output is the exact model's, cut where it stops (EOS, a stop
+string, max_gen_toks), also inside a step. One cache serves both: the draft attends over the verifier's KV entries
+of the committed tokens and its own of the tokens drafted in this step (the first draft pass computes the entry of
+the verifier's newest token under sink attention, since that token has none yet); the draft's entries are cut off
+before verification, and the accepted tokens keep the verifier's entries.
 
 Rows decode one at a time (no padding), so a row's tokens and statistics do not depend on its batch mates.
 """
@@ -38,10 +40,13 @@ def truncate(cache: DynamicCache, length: int) -> None:
 
 @torch.no_grad()
 def selfspec_generate(model: PreTrainedModel, speculator: Speculator, pending: list[int], max_new: int, gamma: int,
-                      stopped: Callable[[list[int]], bool], cache: DynamicCache | None = None) -> tuple[list[int], DraftStats]:
-    """Greedy self-speculative decoding of one row: up to ``max_new`` new tokens, ending at the verification step
-    after which ``stopped`` holds. ``cache`` holds the exact KV entries of the prompt before ``pending`` (none:
-    the whole prompt is pending); the pending tokens are prefilled exactly and give the first token."""
+                      stop_length: Callable[[list[int]], int | None],
+                      cache: DynamicCache | None = None) -> tuple[list[int], DraftStats]:
+    """Greedy self-speculative decoding of one row: up to ``max_new`` new tokens, cut where greedy decoding stops
+    (``stop_length`` of the tokens so far: how many to keep, None while not stopped), even inside a step.
+    ``cache`` holds the exact KV entries of the prompt before ``pending`` (none: the whole prompt is pending); the
+    pending tokens are prefilled exactly and give the first token. ``accepted`` counts only the drafted tokens
+    kept in the output (DESIGN.md, Token-level self-speculation)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     device = model.device
     logits = model(torch.tensor([pending], device=device), past_key_values=cache, use_cache=True,
@@ -49,17 +54,19 @@ def selfspec_generate(model: PreTrainedModel, speculator: Speculator, pending: l
     token = int(logits[0, -1].argmax())
     out, stats = [token], DraftStats.zeros(gamma)
     sink = dataclasses.replace(speculator.config, policy="sink", gamma=None)
-    while len(out) < max_new and not stopped(out):
+    end = stop_length(out)
+    while end is None and len(out) < max_new:
         drafts = _draft(model, speculator, sink, cache, token, min(gamma, max_new - len(out) - 1))
         committed = cache.get_seq_length()
         logits = model(torch.tensor([[token, *drafts]], device=device), past_key_values=cache, use_cache=True).logits
         verified = logits[0].argmax(-1).tolist()
         accepted = next((i for i, (d, v) in enumerate(zip(drafts, verified)) if d != v), len(drafts))
         truncate(cache, committed + accepted + 1)  # the fed token and the accepted drafts, with the verifier's entries
-        token = verified[accepted]
+        token, before = verified[accepted], len(out)
         out += [*drafts[:accepted], token]
-        stats.record(len(drafts), accepted)
-    return out, stats
+        end = stop_length(out)
+        stats.record(len(drafts), accepted if end is None else min(accepted, end - before))
+    return out[:end], stats
 
 
 def _draft(model: PreTrainedModel, speculator: Speculator, sink: SpeculationConfig, cache: DynamicCache, token: int,

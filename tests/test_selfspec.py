@@ -16,7 +16,9 @@ from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.hooks import speculation
 from alspec_eval.region import DecodeRegion
 from alspec_eval.selfspec import selfspec_generate
-from helpers import GEN_KWARGS, PROMPTS, TOKENIZER, alspec_lm, gen_requests, sample_stats
+from lm_eval.api.instance import Instance
+
+from helpers import GEN_KWARGS, PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, sample_stats
 from tiny import tiny_model
 
 WINDOW = 4
@@ -56,7 +58,7 @@ def test_tau_matches_the_step_by_step_reference(gamma):
     prompt = TOKENIZER(PROMPTS[0])["input_ids"]
     expected_tokens, expected_steps = reference(copy.deepcopy(model), prompt, 20, gamma)
     with speculation(model, SpeculationConfig(policy="selfspec", window=WINDOW, gamma=gamma)) as speculator:
-        tokens, stats = selfspec_generate(model, speculator, prompt, 20, gamma, lambda t: False)
+        tokens, stats = selfspec_generate(model, speculator, prompt, 20, gamma, lambda t: None)
     assert tokens == expected_tokens
     assert stats.hist == [expected_steps.count(k) for k in range(gamma + 1)]
     assert stats.tau == pytest.approx(len(tokens[1:]) / len(expected_steps))  # every step's tokens, then 1 prefill
@@ -108,3 +110,58 @@ def test_sampling_is_refused():
         r.arguments = (r.arguments[0], {**GEN_KWARGS, "do_sample": True})
     with pytest.raises(ConfigError, match="decodes greedily"):
         lm.generate_until(requests)
+
+
+# ---------------------------------------------------------------------------------------------- stops inside a step
+
+STOP_GAMMA, STOP_MAX_NEW = 3, 40
+
+
+def _steps_layout(steps: list[int]) -> list[tuple[int, int]]:
+    """(first output position, accepted drafts) of each step; position 0 is the prefill's token."""
+    layout, position = [], 1
+    for accepted in steps:
+        layout.append((position, accepted))
+        position += accepted + 1
+    return layout
+
+
+def _stop_inside_a_step(tokens: list[int], steps: list[int]) -> int:
+    """An output position holding an accepted draft whose token appears nowhere before it: stopping there cuts a
+    step short (its later drafts and the verifier's own token follow it in the step)."""
+    return next(start + j for start, accepted in _steps_layout(steps) for j in range(accepted)
+                if tokens[start + j] not in tokens[:start + j] and tokens[start + j] > 2)
+
+
+def _expected_counts(steps: list[int], end: int, budget: bool) -> tuple[int, int]:
+    """Steps run and drafted tokens kept when the output ends after ``end`` tokens. Where ``end`` is the token
+    budget (max_gen_toks), the last step drafts only up to the position before it and the verifier adds the last."""
+    kept = [(start, min(accepted, end - start - budget)) for start, accepted in _steps_layout(steps) if start < end]
+    return len(kept), sum(k for _, k in kept)
+
+
+@pytest.mark.parametrize("where", ["eos", "until", "max_gen_toks"])
+def test_a_stop_inside_a_step_gives_hf_text_and_counts_only_kept_drafts(where):
+    """The exact model stops inside a verification step (on an end-of-sequence id of the generation config, on a
+    stop string, or at max_gen_toks): the text lm-eval scores equals `--model hf`'s, and accepted counts only the
+    drafted tokens before the stop (oracle: the step-by-step reference, cut by hand)."""
+    model = tiny_model(layers=3)
+    prompt = TOKENIZER(PROMPTS[0])["input_ids"]
+    tokens, steps = reference(copy.deepcopy(model), prompt, STOP_MAX_NEW, STOP_GAMMA)
+    q = _stop_inside_a_step(tokens, steps)
+    kwargs = {"until": ["\n\n"], "max_gen_toks": STOP_MAX_NEW, "do_sample": False}
+    if where == "eos":
+        model.generation_config.eos_token_id = [2, tokens[q]]
+    elif where == "until":
+        kwargs["until"] = [TOKENIZER.decode(tokens[q - 1:q + 1])]
+        assert kwargs["until"][0] not in TOKENIZER.decode(tokens[:q])
+    else:
+        kwargs["max_gen_toks"] = q + 1
+    requests = lambda: [Instance("generate_until", {}, (PROMPTS[0], dict(kwargs)), 0, ("gen", 0, 1))]  # noqa: E731
+    expected = hf_lm(model).generate_until(requests())
+    assert expected[0] == TOKENIZER.decode(tokens[:q + (where != "until")])[:len(expected[0])]  # hf stops at q
+    selfspec = requests()
+    assert alspec_lm(model, policy="selfspec", gamma=STOP_GAMMA, window=WINDOW).generate_until(selfspec) == expected
+    counts = sample_stats(selfspec)[0]["selfspec"]
+    assert (counts["steps"], counts["accepted"]) == _expected_counts(steps, q + 1, where == "max_gen_toks")
+    assert counts["tau"] == pytest.approx(1 + counts["accepted"] / counts["steps"])
