@@ -29,7 +29,7 @@ from .config import ConfigError, SpeculationConfig
 from .shared_prefill import RowKey, SharedPrefill, Variant, row_keys
 from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
-from .selfspec import selfspec_generate
+from .selfspec import check_model as check_selfspec_model, selfspec_generate
 from .provenance import versions
 from .report_io import write_json_atomic
 from .sidecar import cli_option, register_sidecar
@@ -95,6 +95,8 @@ class ALSpecLM(HFLM):
         """Check what the config alone can tell before the weights load."""
         text_config = self._config.get_text_config()
         self.spec_config.check_layers(text_config.num_hidden_layers)
+        if self.spec_config.policy == "selfspec":
+            check_selfspec_model(self._config)
         if self._tt_runtime is not None:
             from .backends.tt import check_model
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -36,9 +36,9 @@ def attention_modules(model: PreTrainedModel) -> dict[int, torch.nn.Module]:
             if has_layer_idx(m) and not any(has_layer_idx(c) for c in m.modules() if c is not m)}
 
 
-def sliding_layers(model: PreTrainedModel, num_layers: int) -> dict[int, str]:
+def sliding_layers(config: PretrainedConfig, num_layers: int) -> dict[int, str]:
     """Sliding-window layers are not speculated (their window already bounds the cache)."""
-    config = model.config.get_text_config()
+    config = config.get_text_config()
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
         return {i: "sliding_window" for i, t in enumerate(layer_types) if t == "sliding_attention"}
@@ -81,7 +81,7 @@ def install(model: PreTrainedModel, config: SpeculationConfig,
     name = f"alspec_{base_name}"
     AttentionInterface.register(name, alspec_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
-    speculator = speculator_cls(config, num_layers, sliding_layers(model, num_layers), base_fn, **speculator_args)
+    speculator = speculator_cls(config, num_layers, sliding_layers(model.config, num_layers), base_fn, **speculator_args)
     for module in modules.values():
         setattr(module, ATTR, speculator)
     handle = model.register_forward_pre_hook(speculator.new_forward)

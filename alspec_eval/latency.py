@@ -52,12 +52,32 @@ class LatencyModel:
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict)  # field -> the paper's table, or "estimate: why"
     reference_tokens_per_s: dict[str, float] = field(default_factory=dict)  # other measured rates to compare with
-    context_tokens: int | None = None  # K of fd_us; self-speculation's draft attention is scaled from it
+    context_tokens: int | None = None  # K of fd_us
+    # Measured attention time per layer (us) at other contexts of the same setup, (tokens, us) by context: the
+    # draft of self-speculation reads 2S keys, and its attention time is read off these points.
+    attention_points: tuple[tuple[int, float], ...] = ()
 
     @property
     def estimates(self) -> list[str]:
         """The fields the paper does not give (their source starts with "estimate")."""
         return [k for k in FIELDS if self.sources.get(k, "").startswith("estimate")]
+
+    def attention_us(self, keys: int) -> tuple[float, str]:
+        """A layer's attention time when it reads ``keys`` keys, and how it was obtained (always an ESTIMATE).
+
+        With two or more measured points: linear interpolation between them, extended beyond the ends along the
+        nearest segment (attention time is affine in the keys read near a point: a fixed launch and reduction
+        cost plus a memory-bound part; Table 3's points are far from proportional, 13 us at 1K and 29 us at 32K).
+        With fewer: FD at K, an upper bound for fewer keys than K."""
+        points = sorted(self.attention_points)
+        if len(points) < 2:
+            return self.fd_us, (f"FD at K = {self.context_tokens or '?'} (an upper bound: the table measures "
+                                "attention at one context only)")
+        i = min(max(next((j for j, (k, _) in enumerate(points) if k >= keys), len(points) - 1), 1), len(points) - 1)
+        (k0, t0), (k1, t1) = points[i - 1], points[i]
+        us = max(t0 + (keys - k0) * (t1 - t0) / (k1 - k0), 0.0)
+        return us, (f"attention at {keys} keys, linear in the keys read through the measured points "
+                    f"({k0} tokens: {t0:g} us, {k1} tokens: {t1:g} us)")
 
     @property
     def hit_us(self) -> float:
@@ -108,13 +128,22 @@ class LatencyModel:
         if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
             raise LatencyError(f"latency table {default_name!r}: context_tokens={context!r} must be an integer >= 1 "
                                "(the context of fd_us)")
-        unknown = set(data) - {"name", "num_layers", "round_hits", "description", "context_tokens", *FIELDS}
+        points = data.get("attention_points", [])
+        if not isinstance(points, list) or not all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool)
+                and p[0] >= 1 and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) and p[1] >= 0
+                for p in points) or len({p[0] for p in points}) != len(points):
+            raise LatencyError(f"latency table {default_name!r}: attention_points={points!r} must be a list of "
+                               "[context tokens, microseconds] pairs with distinct contexts, e.g. [[1024, 13], [32768, 29]]")
+        unknown = set(data) - {"name", "num_layers", "round_hits", "description", "context_tokens",
+                               "attention_points", *FIELDS}
         if unknown:
             raise LatencyError(f"latency table {default_name!r}: unknown field(s) {', '.join(sorted(unknown))}; "
-                               f"use num_layers, {', '.join(FIELDS)}, round_hits, context_tokens, name, description")
+                               f"use num_layers, {', '.join(FIELDS)}, round_hits, context_tokens, attention_points, "
+                               "name, description")
         return cls(name=str(data.get("name", default_name)), num_layers=layers,
                    round_hits=bool(data.get("round_hits", True)), description=str(data.get("description", "")),
-                   context_tokens=context,
+                   context_tokens=context, attention_points=tuple((int(k), float(t)) for k, t in points),
                    sources=dict.fromkeys(FIELDS, "measured by the user"), **{k: float(data[k]) for k in FIELDS})
 
 
@@ -179,6 +208,7 @@ def _h100(context: str) -> LatencyModel:
         name=f"h100-tp4-{context}", num_layers=LLAMA_8B_LAYERS, fixed_us=fixed, per_layer_us=non_attention,
         fd_us=attention, sfd_s_us=attention, sfd_r_us=0.0, round_hits=False,
         context_tokens=int(context.removesuffix("k")) * 1024,
+        attention_points=tuple((int(c.removesuffix("k")) * 1024, float(row[0])) for c, row in H100_TABLE3.items()),
         description=f"Llama 3 8B, SGLang + FlashInfer: speculative parallel + TP4 on 8 H100s against TP4 "
                     f"({context} context, Table 3)",
         sources={"fixed_us": f"{cite}: 1e6 / TP4 tokens/s ({tp4}) minus the layers' time",
@@ -261,8 +291,8 @@ class SelfSpecProjection:
     The standard expected speedup of speculative decoding (Leviathan et al., 2023) with tau tokens per verification
     step, gamma drafted tokens per step and a draft step costing ``cost_ratio`` verification steps:
     speedup = tau / (gamma * cost_ratio + 1). Both step costs are ESTIMATES from this model's numbers:
-    - a draft step is a decode step whose attention reads 2S keys instead of K: fixed + L (per_layer + FD x 2S/K)
-      (flash decode is memory bound, its time proportional to the keys read);
+    - a draft step is a decode step whose attention reads 2S keys instead of K:
+      fixed + L (per_layer + attention(2S)), attention(2S) from :meth:`LatencyModel.attention_us`;
     - verifying gamma + 1 tokens costs one exact decode step, fixed + L (per_layer + FD) (memory bound at small
       gamma: the weights and the KV cache are read once).
     """
@@ -271,7 +301,9 @@ class SelfSpecProjection:
     tau: float
     gamma: int
     window: int
-    context_tokens: int
+    context_tokens: int | None
+    draft_attention_us: float
+    draft_attention_source: str
     draft_us: float
     verify_us: float
 
@@ -295,12 +327,15 @@ class SelfSpecProjection:
         return {**asdict(self), "cost_ratio": self.cost_ratio, "speedup": self.speedup,
                 "tokens_per_s": self.tokens_per_s, "estimates": ["draft_us", "verify_us"]}
 
+    def as_projection(self, estimates: Sequence[str]) -> Projection:
+        """The same projection in ALSpec's terms (against full tensor parallelism), for tables that hold both."""
+        return Projection(self.preset, 0.0, self.token_latency_us, self.verify_us, [*estimates, "draft_us", "verify_us"])
+
 
 def project_selfspec(model: LatencyModel, tau: float, gamma: int, window: int) -> SelfSpecProjection:
     """Self-speculation with a sink of ``window`` (S) tokens at each end, at this model's context."""
-    if model.context_tokens is None:
-        raise LatencyError(f"latency table {model.name!r} has no context_tokens, so the draft's 2S-key attention "
-                           "cannot be scaled from fd_us; add context_tokens (the context of fd_us)")
-    keys = min(1.0, 2 * window / model.context_tokens)
-    draft = model.fixed_us + model.num_layers * (model.per_layer_us + model.fd_us * keys)
-    return SelfSpecProjection(model.name, tau, gamma, window, model.context_tokens, draft, model.full_tp_us())
+    keys = 2 * window if model.context_tokens is None else min(2 * window, model.context_tokens)
+    attention, source = model.attention_us(keys)
+    draft = model.fixed_us + model.num_layers * (model.per_layer_us + attention)
+    return SelfSpecProjection(model.name, tau, gamma, window, model.context_tokens, attention, source, draft,
+                              model.full_tp_us())

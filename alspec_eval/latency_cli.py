@@ -1,7 +1,8 @@
 """``alspec-latency``: projected decode speed under ALSpec, from the paper's latency model (Appendix F).
 
     alspec-latency --preset h100-tp4-128k --hit-rate 0.65 [--json]
-    alspec-latency --preset n150-tp1 --from results/demo        (measured per-layer hit rates of every cell)
+    alspec-latency --preset n150-tp1 --from results/demo        (measured per-layer hit rates of every cell;
+                                                                 selfspec cells from their tau, as in the report)
     alspec-latency --latency my_table.yaml --hit-rate 0.9       (your own measured table)
     alspec-latency --list-presets
 """
@@ -37,28 +38,31 @@ def _presets_text() -> str:
     lines = []
     for m in PRESETS.values():
         lines.append(f"{m.name}: {m.description}")
+        lines.append(f"    K = {m.context_tokens} tokens (the context of fd_us)")
         for k, src in m.sources.items():
             lines.append(f"    {k} = {getattr(m, k):.6g}  [{src}]")
+        if m.attention_points:
+            points = ", ".join(f"{k}: {t:g}" for k, t in m.attention_points)
+            lines.append(f"    attention us by context (selfspec's draft at 2S keys is read off these) = {points}")
     return "\n".join(lines)
 
 
 def _sweep_rows(model: Any, outdir: str) -> list[dict[str, Any]]:
-    """One projection per (task, measured cell) of a sweep."""
-    from .latency import full_tp, project_layers
-    from .report.cells import BASELINE, load_sweep
+    """One projection per (task, measured cell) of a sweep: the report's own (``alspec_eval.report.latency``), so
+    a cell projects the same here and there (self-speculation cells from their tau)."""
+    from .report.cells import load_sweep
+    from .report.latency import project
 
-    sweep = load_sweep(outdir)
+    p = project(load_sweep(outdir), model)
     rows = []
-    for task in sweep.tasks:
-        for row in sweep.rows:
-            cell = sweep.cell(task, row)
-            if cell is None and row != BASELINE:
-                continue
-            if row == BASELINE:
-                proj, averaged = full_tp(model), False
-            else:
-                proj, averaged = project_layers(model, cell.layer_hit_rates())
-            rows.append({"task": task, "cell": row.label, **proj.to_dict(), "layers_averaged": averaged})
+    for task in p.tasks:
+        for row in p.rows:
+            if (row, task) in p.entries:
+                ss = p.selfspec.get((row, task))
+                entry = p.entries[(row, task)].to_dict()
+                if ss is not None:  # token-level: no hit rate, tau instead
+                    entry = {**entry, "hit_rate": None, "tau": ss.tau, "gamma": ss.gamma, "cost_ratio": ss.cost_ratio}
+                rows.append({"task": task, "cell": row.label, **entry, "layers_averaged": p.averaged and ss is None})
     return rows
 
 
@@ -66,10 +70,12 @@ def _table(rows: list[dict[str, Any]], model: Any) -> str:
     head = f"{model.name}: {model.description}"
     if model.estimates:
         head += f"\nESTIMATES (not measured in the paper): {', '.join(model.estimates)}; see --list-presets"
-    cols = [("task", "task"), ("cell", "cell"), ("hit_rate", "hit rate"), ("baseline_tokens_per_s", "full TP tok/s"),
-            ("tokens_per_s", "ALSpec tok/s"), ("speedup", "speedup"), ("token_latency_us", "token us")]
-    cols = [c for c in cols if c[0] in rows[0]]
-    cells = [[f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k, _ in cols] for r in rows]
+    cols = [("task", "task"), ("cell", "cell"), ("hit_rate", "hit rate"), ("tau", "τ"),
+            ("baseline_tokens_per_s", "full TP tok/s"), ("tokens_per_s", "tok/s"), ("speedup", "speedup"),
+            ("token_latency_us", "token us")]
+    cols = [c for c in cols if any(c[0] in r for r in rows)]
+    cells = [[f"{r[k]:.4g}" if isinstance(r.get(k), float) else "–" if r.get(k) is None else str(r[k])
+              for k, _ in cols] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (_, h) in enumerate(cols)]
     lines = ["  ".join(h.ljust(w) for (_, h), w in zip(cols, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(cell, widths)) for cell in cells]

@@ -17,12 +17,25 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
-from .config import SpeculationConfig
+from .config import ConfigError, SpeculationConfig
+from .hooks import sliding_layers
 from .region import DecodeRegion
 from .speculator import Speculator
 from .stats import DraftStats
+
+
+def check_model(config: PretrainedConfig) -> None:
+    """Refuse, before the weights load, a model with sliding-window layers: a step's draft and verifier entries are
+    cut back after it, and a sliding-window layer's cache (the last W positions only) cannot be cut back or sliced
+    per row as this module does; lossless decoding there is not tested, so it is refused rather than run."""
+    text = config.get_text_config()
+    layers = sliding_layers(text, text.num_hidden_layers)
+    if layers:
+        raise ConfigError(f"policy=selfspec (a sweep's gammas too) does not support sliding-window attention layers "
+                          f"({text.model_type}: {len(layers)} of {text.num_hidden_layers} layers); use policy=dynamic, "
+                          "sink, static or exact with this model, or a model without sliding windows")
 
 
 def row_cache(model: PreTrainedModel, cache: DynamicCache, row: int, start: int) -> DynamicCache:

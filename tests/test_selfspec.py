@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from alspec_eval.adapter import ALSpecLM
 from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.hooks import speculation
 from alspec_eval.region import DecodeRegion
@@ -165,3 +166,27 @@ def test_a_stop_inside_a_step_gives_hf_text_and_counts_only_kept_drafts(where):
     counts = sample_stats(selfspec)[0]["selfspec"]
     assert (counts["steps"], counts["accepted"]) == _expected_counts(steps, q + 1, where == "max_gen_toks")
     assert counts["tau"] == pytest.approx(1 + counts["accepted"] / counts["steps"])
+
+
+def test_sliding_window_models_are_refused_before_the_weights_load(tmp_path, monkeypatch):
+    """policy=selfspec (and a sweep's gammas) on a model with sliding-window layers: one line, no weights loaded."""
+    import transformers
+
+    from alspec_eval.sweep.config import parse_config
+    from alspec_eval.sweep.runner import run_sweep
+    from tiny import save_tiny
+
+    path = save_tiny(tmp_path / "mistral", arch="mistral", sliding_window=16)
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    message = r"policy=selfspec \(a sweep's gammas too\) does not support sliding-window attention layers \(mistral: 3 of 3"
+    with pytest.raises(ConfigError, match=message):
+        ALSpecLM(pretrained=path, policy="selfspec", device="cpu")
+    config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "gammas": [2],
+                           "output": str(tmp_path / "out"), "model_args": {"pretrained": path}})
+    with pytest.raises(ConfigError, match=message):
+        run_sweep(config)
+    assert not (tmp_path / "out" / "cells").exists()

@@ -29,15 +29,16 @@ ARCHS = {
 
 
 def tiny_model(arch: str = "llama", seed: int = 0, layers: int = 3, vocab: int = 110,
-               max_positions: int = 1024) -> transformers.PreTrainedModel:
-    """A float32 GQA model (4 query heads, 2 KV heads) with weights large enough that attention is peaked."""
+               max_positions: int = 1024, sliding_window: int | None = None) -> transformers.PreTrainedModel:
+    """A float32 GQA model (4 query heads, 2 KV heads) with weights large enough that attention is peaked
+    (Mistral: with ``sliding_window`` if given, else without one)."""
     config_cls, model_cls = ARCHS[arch]
     config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                         attn_implementation="sdpa")
     if arch == "mistral":
-        config.sliding_window = None
+        config.sliding_window = sliding_window
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     with torch.no_grad():  # sharper attention than the 0.02-std default, so lambda sweeps see a range of ratios

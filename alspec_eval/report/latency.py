@@ -46,10 +46,9 @@ def project(sweep: Sweep, spec: LatencyModel) -> Projection:
             if cell is None:
                 continue
             if cell.policy == "selfspec":  # a task that only scores (no generations) has no tau: nothing to project
-                if cell.tau is not None and spec.context_tokens is not None:
+                if cell.tau is not None:
                     ss = selfspec[(row, task)] = project_selfspec(spec, cell.tau, row.gamma, int(sweep.meta["window"]))
-                    entries[(row, task)] = Projected(spec.name, 0.0, ss.token_latency_us, ss.verify_us,
-                                                     [*spec.estimates, "draft_us", "verify_us"])
+                    entries[(row, task)] = ss.as_projection(spec.estimates)
                 continue
             entries[(row, task)], avg = project_layers(spec, cell.layer_hit_rates())
             averaged |= avg
@@ -77,10 +76,9 @@ def projection_note(p: Projection) -> str:
         ss = next(iter(p.selfspec.values()))
         note += (f" Self-speculation rows: speedup = τ / (γ c + 1) (Leviathan et al., 2023) with c = draft step / "
                  f"verification step = {ss.draft_us:.4g} / {ss.verify_us:.4g} µs = {ss.cost_ratio:.3f}; ESTIMATES: the "
-                 f"draft step reads 2S = {2 * ss.window} keys instead of K = {ss.context_tokens} (FD scaled by 2S/K), "
+                 f"draft step's attention reads 2S = {2 * ss.window} keys instead of K = {ss.context_tokens or '?'} "
+                 f"and takes {ss.draft_attention_us:.4g} µs per layer ({ss.draft_attention_source}), "
                  "and verifying γ + 1 tokens costs one exact decode step.")
-    elif any(row.kind == "selfspec" for row in p.rows) and s.context_tokens is None:
-        note += " Self-speculation rows are not projected: this table gives no context_tokens to scale FD from."
     return note
 
 

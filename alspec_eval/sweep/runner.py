@@ -43,7 +43,14 @@ def resolved_model_args(config: SweepConfig) -> dict[str, Any]:
 def build_lm(config: SweepConfig):  # noqa: ANN201 (ALSpecLM; imported late: it pulls in torch)
     from ..adapter import ALSpecLM
 
-    return ALSpecLM(**resolved_model_args(config), window=config.window, window_align=config.window_align,
+    args = resolved_model_args(config)
+    if config.gammas:  # selfspec rows: refuse a model they cannot run before its weights load
+        from transformers import AutoConfig
+
+        from ..selfspec import check_model
+
+        check_model(AutoConfig.from_pretrained(args["pretrained"], trust_remote_code=args.get("trust_remote_code") in (True, "true", "True")))
+    return ALSpecLM(**args, window=config.window, window_align=config.window_align,
                     device=config.device, batch_size=config.batch_size, **{"lambda": config.lambdas[0]})
 
 

@@ -60,11 +60,40 @@ def test_projected_speedup_is_tau_over_draft_cost(sweep_dir):
     spec = preset("h100-tp4-32k")  # Table 3, 32K: attention 29 us, non-attention 100 us per layer, TP4 214.2 tok/s
     verify = 1e6 / 214.2
     fixed = verify - 32 * (29 + 100)
-    draft = fixed + 32 * (100 + 29 * 2 * 64 / 32768)  # the synthetic sweep's S = 64
+    # the draft's attention at 2S = 128 keys (the synthetic sweep's S = 64), on the line through Table 3's two
+    # smallest contexts: 13 us at 1K and 29 us at 32K
+    attention = 13 + (128 - 1024) * (29 - 13) / (32768 - 1024)
+    draft = fixed + 32 * (100 + attention)
     p = project(load_sweep(sweep_dir), spec)
     for gamma, tau in TAU.items():
         entry = p.entries[(Row(4, gamma=gamma), TASKS[0])]
         assert entry.speedup == pytest.approx(tau / (gamma * draft / verify + 1))
+
+
+def test_the_draft_cost_on_the_issue_s_example():
+    """h100-tp4-32k at S = 128: c = 0.887 with Table 3's points (not 0.80 with FD scaled by 2S/K), so tau 1.444
+    at gamma 4 projects 0.317x."""
+    from alspec_eval.latency import project_selfspec
+
+    ss = project_selfspec(preset("h100-tp4-32k"), 1.444, 4, 128)
+    assert round(ss.cost_ratio, 3) == 0.888 and round(ss.speedup, 3) == 0.317
+
+
+def test_latency_cli_projects_a_selfspec_cell_as_the_report_does(sweep_dir, capsys):
+    from alspec_eval.latency_cli import main as latency_main
+
+    assert latency_main(["--preset", "h100-tp4-32k", "--from", str(sweep_dir), "--json"]) == 0
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    p = project(load_sweep(sweep_dir), preset("h100-tp4-32k"))
+    for gamma, tau in TAU.items():
+        cell = next(c for c in cells if c["task"] == TASKS[0] and c["cell"] == f"selfspec γ = {gamma}")
+        assert cell["speedup"] == pytest.approx(p.entries[(Row(4, gamma=gamma), TASKS[0])].speedup)
+        assert cell["tau"] == pytest.approx(tau) and cell["hit_rate"] is None and cell["speedup"] < 1
+    assert latency_main(["--preset", "h100-tp4-32k", "--from", str(sweep_dir)]) == 0
+    table = capsys.readouterr().out
+    assert "τ" in table and f"{TAU[4]:.4g}" in table
+    assert latency_main(["--list-presets"]) == 0
+    assert "K = 32768 tokens" in capsys.readouterr().out
 
 
 def test_a_sweep_without_static_has_no_static_row(sweep_dir):
