@@ -1,6 +1,7 @@
-"""backend=tt against a card that enforces the authors' op contract (tests/tt/fake_card.py): tt_mode=device end to
-end on a tiny model decides and generates as sim (window_align=32, bfloat16), sends the op only what it can take,
-keeps the KV cache on the device, and mutations of the call fail."""
+"""backend=tt against a card that enforces the authors' op contract by itself (tests/tt/fake_card.py): tt_mode=device
+end to end on a tiny model decides and generates as sim (window_align=32, bfloat16 KV) and as host mode (bfloat8_b KV,
+the default) at S = 32, 64 and 128, sends the op only what it can take, keeps the KV cache on the device, and every
+single plausible bug in the backend is rejected by the card's own check."""
 
 from __future__ import annotations
 
@@ -31,21 +32,27 @@ def model():
 
 @pytest.fixture
 def card(monkeypatch):
-    return fake_card.install(monkeypatch, ttnn)
+    return fake_card.install(monkeypatch, ttnn, WINDOW)
+
+
+@pytest.fixture
+def card_for(monkeypatch):
+    """A card for a run at another S (the op's k_chunk_size must be the run's window)."""
+    return lambda window: fake_card.install(monkeypatch, ttnn, window)
 
 
 def _decisions(requests) -> list[tuple[int, int]]:
     return [(s["speculated"], s["accepted"]) for s in sample_stats(requests)]
 
 
-def _gap_lambda(model) -> float:
+def _gap_lambda(model, window: int = WINDOW, text: str = PROMPTS[0] * 3) -> float:
     """A lambda in the widest gap between measured ratios near the median (sim, window_align=32), so no decision
     sits within the op's bfloat16 rounding of the squared norms."""
     from alspec_eval.region import DecodeRegion
     from helpers import TOKENIZER
 
-    lm = alspec_lm(model, window=WINDOW, window_align=32, **{"lambda": 0.0})
-    ids = torch.tensor([TOKENIZER(PROMPTS[0] * 3)["input_ids"]])
+    lm = alspec_lm(model, window=window, window_align=32, **{"lambda": 0.0})
+    ids = torch.tensor([TOKENIZER(text)["input_ids"]])
     with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [0])) as trace:
         lm.model(ids)
     ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
@@ -64,20 +71,39 @@ def _run(model, lam: float, window: int = WINDOW, prompts: list[str] = PROMPTS_M
     return outputs, _decisions(requests), layers
 
 
-def test_device_path_equals_sim(model, card):
-    lam = _gap_lambda(model)
-    sim = _run(model, lam, window_align=32)
-    tt = _run(model, lam, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
+# Per S: prompts of which some rows pass 2S during generation while others stay below it (mixed steps).
+PROMPTS_BY_WINDOW = {32: PROMPTS_MIXED, 64: PROMPTS_MIXED, 128: [PROMPTS[0] * 4, PROMPTS[3], PROMPTS[1] * 3, PROMPTS[2]]}
+
+
+@pytest.mark.parametrize("window", sorted(PROMPTS_BY_WINDOW))
+def test_device_path_equals_sim(model, card_for, window):
+    card = card_for(window)
+    prompts = PROMPTS_BY_WINDOW[window]
+    lam = _gap_lambda(model, window, prompts[0])
+    sim = _run(model, lam, window, prompts, window_align=32)
+    tt = _run(model, lam, window, prompts, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
     assert tt == sim
     assert 0 < sum(a for _, a in sim[1]) < sum(s for s, _ in sim[1])
     kinds = [kind for kind, _ in card.calls]
     assert {"speculative", "decode", "update"} <= set(kinds)
     for kind, call in card.calls:
         if kind == "speculative":
-            assert call["program_config"].k_chunk_size == WINDOW
-            assert call["cache_length"] % WINDOW == 0
-            assert min(call["cur_pos"]) + 1 > 2 * WINDOW
+            assert call["program_config"].k_chunk_size == window
+            assert call["cache_length"] % window == 0
+            assert min(call["cur_pos"]) + 1 > 2 * window
             assert "speculative_chunk_size" not in call
+
+
+@pytest.mark.parametrize("window", [32, 64])
+def test_device_path_with_bfloat8_b_kv_equals_host_mode(model, card_for, window):
+    """The default KV dtype: the card stores the cache as bfloat8_b blocks by its own rounding; host mode rounds
+    with the backend's. Same outputs and decisions."""
+    lam = _gap_lambda(model, window)
+    host = _run(model, lam, window, backend="tt", tt_mode="host", tt_kv_dtype="bfloat8_b")  # before the card
+    card = card_for(window)
+    device = _run(model, lam, window, backend="tt", tt_mode="device")  # tt_kv_dtype defaults to bfloat8_b
+    assert device == host
+    assert any(kind == "speculative" for kind, _ in card.calls)
 
 
 def test_kv_cache_stays_on_the_device(model, card, monkeypatch):
@@ -94,25 +120,68 @@ def test_kv_cache_stays_on_the_device(model, card, monkeypatch):
     assert len(updates) > 2 * layers and all(len(c["update_idxs"]) == 4 for c in updates)
 
 
-def test_old_keyword_fails(model, card, monkeypatch):
-    real = tt_runtime.TTRuntime.speculative
-
-    def old_binding(self, q, k, v, **kwargs):
-        kwargs = dict(lambda_=kwargs["lam"], speculative_chunk_size=self.config.window, cur_pos=kwargs["cur_pos"],
-                      scale=kwargs["scale"])
-        return getattr(self.ttnn.experimental, contract.OP_NAME)(q, k, v, **kwargs)
-
-    monkeypatch.setattr(tt_runtime.TTRuntime, "speculative", old_binding)
-    with pytest.raises(TypeError, match="incompatible keyword"):
-        _run(model, 0.1, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
-    monkeypatch.setattr(tt_runtime.TTRuntime, "speculative", real)
+def _compute_config(ttnn, fidelity: str = "HiFi4", approx: bool = False):
+    return ttnn.WormholeComputeKernelConfig(math_fidelity=getattr(ttnn.MathFidelity, fidelity), math_approx_mode=approx,
+                                            fp32_dest_acc_en=False, packer_l1_acc=False)
 
 
-def test_tile_padded_cache_fails(model, card, monkeypatch):
-    monkeypatch.setattr(contract, "cache_length", lambda length, window: -(-length // 32) * 32)  # tiles, not S
-    with pytest.raises(RuntimeError, match="not a multiple of k_chunk_size"):
-        _run(model, 0.1, window=64, prompts=[(PROMPTS[0] * 3)[:200], PROMPTS[3]], backend="tt", tt_mode="device",
-             tt_kv_dtype="bfloat16")  # pos + 1 = 201: a tile-padded cache of 224 is not a multiple of S = 64
+def _old_binding(self, q, k, v, **kwargs):
+    """PR #16359's keyword, which the op no longer has."""
+    kwargs = dict(lambda_=kwargs["lam"], speculative_chunk_size=self.config.window, cur_pos=kwargs["cur_pos"],
+                  scale=kwargs["scale"])
+    return getattr(self.ttnn.experimental, contract.OP_NAME)(q, k, v, **kwargs)
+
+
+def _off_by_one_trivial(monkeypatch):
+    """Rows with pos + 1 == 2S treated as speculative (the op has no valid output there)."""
+    import types
+
+    from alspec_eval import semantics
+    from alspec_eval.backends.tt import speculator
+
+    patched = types.SimpleNamespace(**{**vars(semantics), "is_trivial": lambda pos, window: pos + 1 < 2 * window})
+    monkeypatch.setattr(speculator, "semantics", patched)
+
+
+# One plausible bug each, applied to the backend, and the card check that must reject it.
+MUTATIONS = {
+    "HiFi2 instead of HiFi4": (lambda mp: mp.setattr(contract, "compute_kernel_config",
+                                                     lambda t: _compute_config(t, "HiFi2")), "math_fidelity"),
+    "math_approx_mode=True": (lambda mp: mp.setattr(contract, "compute_kernel_config",
+                                                    lambda t: _compute_config(t, approx=True)), "math_approx_mode"),
+    "exp_approx_mode=True": (lambda mp: mp.setattr(contract, "program_config", lambda t, grid, heads, window:
+                             t.SDPAProgramConfig(compute_with_storage_grid_size=grid, q_chunk_size=32,
+                                                 k_chunk_size=window, exp_approx_mode=True)), "exp_approx_mode"),
+    "q_chunk_size of the unpadded heads": (lambda mp: mp.setattr(contract, "padded_heads", lambda heads: heads),
+                                           "q_chunk_size"),
+    "cache padded to a multiple of 32, not S": (lambda mp: mp.setattr(
+        contract, "cache_length", lambda length, window: -(-length // 32) * 32), "cache length"),
+    "cache not padded": (lambda mp: mp.setattr(contract, "cache_length", lambda length, window: length),
+                         "cache length"),
+    "new token cast to bfloat8_b before paged_update_cache": (
+        lambda mp: mp.setattr(contract, "UPDATE_INPUT_DTYPE", "bfloat8_b"), "update input dtype"),
+    "the whole device grid": (lambda mp: mp.setattr(contract, "op_grid", lambda t, grid: grid), "grid"),
+    "rows with pos + 1 = 2S sent to the op": (_off_by_one_trivial, "trivial rows"),
+    "PR #16359's speculative_chunk_size keyword": (
+        lambda mp: mp.setattr(tt_runtime.TTRuntime, "speculative", _old_binding), "keywords"),
+}
+# S = 64; a row of 200 tokens (a cache padded to 32 is no multiple of 64), a short one (mixed steps), and one that
+# passes pos + 1 = 2S = 128 while it generates.
+MUTATION_PROMPTS = [(PROMPTS[0] * 3)[:200], PROMPTS[3], (PROMPTS[2] * 2)[:126]]
+
+
+@pytest.mark.parametrize("bug", sorted(MUTATIONS))
+def test_every_single_bug_is_rejected_by_the_cards_own_check(model, card_for, monkeypatch, bug):
+    mutate, check = MUTATIONS[bug]
+    card_for(64)
+    _run(model, 0.1, 64, MUTATION_PROMPTS, backend="tt", tt_mode="device")  # unmutated: the card takes every call
+    mutate(monkeypatch)
+    with pytest.raises((fake_card.CardError, TypeError)) as caught:
+        _run(model, 0.1, 64, MUTATION_PROMPTS, backend="tt", tt_mode="device")
+    if check == "keywords":
+        assert caught.type is TypeError and "incompatible keyword arguments" in str(caught.value)
+    else:
+        assert caught.type is fake_card.CardError and caught.value.check == check, str(caught.value)
 
 
 def test_window_not_a_power_of_two(model, card):
@@ -124,7 +193,7 @@ def test_window_not_a_power_of_two(model, card):
     rt = tt_runtime.TTRuntime(ttnn, config)
     q = rt.upload(torch.randn(1, 1, 4, 64), ttnn.bfloat16)
     k = rt.upload(torch.randn(1, 2, 288, 64), ttnn.bfloat16)
-    with pytest.raises(RuntimeError, match="k_chunk_size 96"):
+    with pytest.raises(fake_card.CardError, match="fake card: k_chunk_size: 96"):
         rt.speculative(q, k, k, lam=0.1, cur_pos=[250], scale=0.125, query_heads=4)
 
 
@@ -133,8 +202,9 @@ def test_limits_before_loading(tmp_path, card):
     from tiny import save_tiny
 
     path = save_tiny(tmp_path / "tiny")
-    with pytest.raises(ConfigError, match=r"batch_size=40 x 2 KV heads = 80 exceeds the 56 cores"):
-        ALSpecLM(pretrained=path, backend="tt", tt_mode="device", window=32, batch_size=40, device="cpu")
+    # the card's grid is 8 x 7; the op may use 8 x 6 = 48 cores (the last row is CCL's)
+    with pytest.raises(ConfigError, match=r"batch_size=25 x 2 KV heads = 50 exceeds the 48 cores it may use"):
+        ALSpecLM(pretrained=path, backend="tt", tt_mode="device", window=32, batch_size=25, device="cpu")
     with pytest.raises(ConfigError, match="at most 32 query heads"):
         contract.check_limits(40, 8, 1, 56)
     with pytest.raises(ConfigError, match="divisible"):

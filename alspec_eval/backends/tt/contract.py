@@ -11,8 +11,12 @@ backend sends the op is pinned by this module and by a test double built from it
 - S is ``program_config.k_chunk_size``: a power of 2 and a multiple of 32 (without a program_config the op
   picks its own chunk size, so S would silently differ); the authors run HiFi4 with
   ``math_approx_mode=False`` and ``exp_approx_mode=False``;
-- cache length % S == 0; at most 32 query heads; Hq % Hkv == 0; bfloat16 query; batch x KV heads within
-  the core grid (one head per core); pos + 1 > 2S for every row (no valid output otherwise);
+- cache length % S == 0; at most 32 query heads; Hq % Hkv == 0; bfloat16 query; pos + 1 > 2S for every row (no
+  valid output otherwise);
+- the core grid: the program factory reserves the device grid's last row for CCL, so the op gets at most
+  ``(device.x, device.y - 1)`` (``op_grid``), and batch x KV heads must fit in its cores (one head per core);
+- ``paged_update_cache`` takes the new token in float32 or bfloat16, tile layout, height-sharded one row per
+  core with shard width D, one index per row; the cache itself interleaved (bfloat8_b allowed);
 - windows: first [0, S), last [ceil32(pos+1) - S, ceil32(pos+1)), later positions masked (window_align=32);
 - returns (full, speculative) ``[1, B, padded heads, D]`` in the query's dtype and the SQUARED distance and
   norm ``[1, 1, B, 1]`` in bfloat16, over all query heads x head_dim.
@@ -37,6 +41,13 @@ TILE = semantics.TILE
 # Host mode has no device to ask for its grid: a Wormhole N150's worker grid is assumed (an assumption of
 # this project, not a number of the contract); on a card the device's compute_with_storage_grid_size() counts.
 HOST_GRID = (8, 7)
+UPDATE_INPUT_DTYPE = "bfloat16"  # paged_update_cache's input: float32 or bfloat16 only, whatever the cache's dtype
+
+
+def op_grid(ttnn: Any, device_grid: Any) -> Any:
+    """The cores the op may use: the device grid without its last row, which the program factory reserves for CCL
+    (``TT_FATAL(num_cores_available <= x * (y - 1), ...)``)."""
+    return ttnn.CoreCoord(device_grid.x, device_grid.y - 1)
 
 
 def check_limits(query_heads: int, kv_heads: int, batch: int | None, cores: int) -> None:
@@ -49,8 +60,8 @@ def check_limits(query_heads: int, kv_heads: int, batch: int | None, cores: int)
                           f"{kv_heads}: use backend=sim")
     if batch is not None and batch * kv_heads > cores:
         raise ConfigError(f"the TT op runs one KV head per core: batch_size={batch} x {kv_heads} KV heads = "
-                          f"{batch * kv_heads} exceeds the {cores} cores of the grid; use batch_size <= "
-                          f"{max(cores // kv_heads, 1)}")
+                          f"{batch * kv_heads} exceeds the {cores} cores it may use (the device grid without its last "
+                          f"row, which the op reserves for CCL); use batch_size <= {max(cores // kv_heads, 1)}")
 
 
 def padded_heads(query_heads: int) -> int:

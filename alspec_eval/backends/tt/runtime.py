@@ -50,8 +50,9 @@ class TTRuntime:
             self.ttlang = functools.partial(ttlang_decode, device=device)
             self.has_speculative_op = False
             return
-        self.grid = (self.device.compute_with_storage_grid_size() if self.device is not None
-                     else ttnn.CoreCoord(*contract.HOST_GRID))
+        device_grid = (self.device.compute_with_storage_grid_size() if self.device is not None
+                       else ttnn.CoreCoord(*contract.HOST_GRID))
+        self.grid = contract.op_grid(ttnn, device_grid)  # the op's cores: the device's last row is CCL's
         self.compute_config = contract.compute_kernel_config(ttnn)
         self.has_speculative_op = hasattr(getattr(ttnn, "experimental", None), contract.OP_NAME)
 
@@ -86,8 +87,8 @@ class TTRuntime:
         shards = ttnn.create_sharded_memory_config(
             shape=(contract.TILE, dim), core_grid=ttnn.num_cores_to_corerangeset(batch, self.grid, row_wise=True),
             strategy=ttnn.ShardStrategy.HEIGHT, use_height_and_width_as_shard_shape=True)
-        token = ttnn.from_torch(padded, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=self.device,
-                                memory_config=shards)
+        token = ttnn.from_torch(padded, dtype=getattr(ttnn, contract.UPDATE_INPUT_DTYPE), layout=ttnn.TILE_LAYOUT,
+                                device=self.device, memory_config=shards)
         ttnn.experimental.paged_update_cache(cache, token, update_idxs=positions)
         return cache
 
