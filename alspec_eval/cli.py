@@ -26,12 +26,17 @@ USAGE = "usage: alspec-eval {run} ...\n  run   lm_eval run with --model alspec b
 
 
 def main(argv: list[str] | None = None) -> None:
+    """As argparse does: usage on stdout and exit 0 for --help; usage on stderr and exit 2 without a command."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
         return
+    if not argv:
+        print(f"{USAGE}\nalspec-eval: error: a command is required", file=sys.stderr)
+        sys.exit(2)
     if argv[0] not in COMMANDS:
-        sys.exit(f"alspec-eval: unknown command {argv[0]!r}\n{USAGE}")
+        print(f"{USAGE}\nalspec-eval: error: unknown command {argv[0]!r}", file=sys.stderr)
+        sys.exit(2)
     COMMANDS[argv[0]](argv[1:])
 
 

@@ -84,7 +84,11 @@ def _table(rows: list[dict[str, Any]], model: Any) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not any(vars(args).values()):
+        parser.error("give a latency table (--preset NAME or --latency FILE) and --hit-rate R or --from SWEEP_OUTDIR, "
+                     "or --list-presets")
     if args.list_presets:
         print(_presets_text())
         return 0

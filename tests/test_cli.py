@@ -67,3 +67,12 @@ def test_use_cache_through_simple_evaluate_is_refused():
 
     with pytest.raises(ConfigError, match="--use_cache is not supported"):
         simple_evaluate(model=alspec_lm(tiny_model()), tasks=["alspec_recall"], limit=1, use_cache="/tmp/alspec_cache_x")
+
+
+def test_every_cli_without_its_required_arguments_prints_usage_and_exits_2():
+    """As argparse does: alspec-eval without a command, alspec-sweep without a config, alspec-report without a
+    folder, alspec-latency without a table; each prints its usage on stderr and exits 2."""
+    for script in ("alspec-eval", "alspec-sweep", "alspec-report", "alspec-latency"):
+        result = subprocess.run([str(Path(sys.executable).with_name(script))], capture_output=True, text=True, env=ENV)
+        assert result.returncode == 2, (script, result.returncode, result.stderr)
+        assert result.stderr.startswith("usage:") and "error:" in result.stderr, (script, result.stderr)
