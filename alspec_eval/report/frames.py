@@ -3,7 +3,10 @@
 ``load(outdir)`` gives three frames:
 
 - ``cells``: one row per (task, cell): policy, lambda, window, metric, score, lm-eval's stderr, n, decisions,
-  hit rate with its Wilson 95% interval, and against the baseline on the same documents the mean score
+  hit rate with a document-level 95% interval (``hit_low``, ``hit_high``: a cluster bootstrap over documents,
+  since one document's decisions move together; NaN for cells without per-document counts) and the Wilson
+  interval that treats every decision as independent (``hit_low_decision``, ``hit_high_decision``: per
+  decision, several times narrower), and against the baseline on the same documents the mean score
   difference with a paired-bootstrap 95% interval (BOOTSTRAP_RESAMPLES resamples of documents, seeded) and,
   for 0/1 metrics, McNemar's exact p-value;
 - ``layers``: one row per (task, cell, layer) with the counts;
@@ -57,6 +60,33 @@ def paired_bootstrap(differences: np.ndarray, resamples: int = BOOTSTRAP_RESAMPL
     return float(differences.mean()), float(low), float(high)
 
 
+def cluster_bootstrap_ratio(accepted: np.ndarray, speculated: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
+                            seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of sum(accepted) / sum(speculated), resampling documents (the clusters)."""
+    accepted, speculated = np.asarray(accepted, dtype=float), np.asarray(speculated, dtype=float)
+    n = len(speculated)
+    if n == 0 or speculated.sum() == 0:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for start in range(0, resamples, 500):  # chunks keep the index matrix small for tasks with many documents
+        index = rng.integers(0, n, size=(min(500, resamples - start), n))
+        den = speculated[index].sum(1)
+        ratios.append(accepted[index].sum(1)[den > 0] / den[den > 0])
+    tail = (1 - level) / 2
+    low, high = np.quantile(np.concatenate(ratios), [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def document_decisions(cell: Cell) -> tuple[np.ndarray, np.ndarray]:
+    """Per document (of the cell's metric filter): accepted and speculated decisions summed over its requests."""
+    _, _, filt = cell.metric.partition(",")
+    counts = {s["doc_id"]: (sum(r["accepted"] for r in s["alspec"]), sum(r["speculated"] for r in s["alspec"]))
+              for s in cell.sample_log if s.get("alspec") and s.get("filter", filt) == filt}
+    values = np.array(list(counts.values()), dtype=float).reshape(-1, 2)
+    return values[:, 0], values[:, 1]
+
+
 def mcnemar_exact(only_baseline: int, only_cell: int) -> float:
     """Two-sided exact McNemar p-value from the discordant pairs (documents right in one run only)."""
     n = only_baseline + only_cell
@@ -85,12 +115,15 @@ def load(outdir: str | Path) -> Frames:
         documents += [{"task": c.task, "cell": c.name, "doc_id": d, "score": s} for d, s in docs.items()]
         name, _, filt = c.metric.partition(",")
         stderr = c.metrics.get(f"{name}_stderr,{filt}")
-        low, high = wilson(c.total.accepted, c.total.speculated) if c.hit_rate is not None else (math.nan, math.nan)
+        nan2 = (math.nan, math.nan)
+        low, high = cluster_bootstrap_ratio(*document_decisions(c)) if c.hit_rate is not None else nan2
+        low_d, high_d = wilson(c.total.accepted, c.total.speculated) if c.hit_rate is not None else nan2
         row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.rank, "policy": c.policy,
                "lambda": c.lam, "window": window, "metric": c.metric, "score": c.score,
                "stderr": stderr if isinstance(stderr, (int, float)) else math.nan, "n": len(docs) or c.samples,
                "speculated": c.total.speculated, "accepted": c.total.accepted,
                "hit_rate": c.hit_rate if c.hit_rate is not None else math.nan, "hit_low": low, "hit_high": high,
+               "hit_low_decision": low_d, "hit_high_decision": high_d,
                "gamma": c.gamma if c.gamma is not None else math.nan, "tau": c.tau if c.tau is not None else math.nan}
         row.update(_paired(docs, scores.get((c.task, _baseline_name(sweep, c.task))), c.row == BASELINE))
         cells.append(row)

@@ -32,14 +32,25 @@ METRICS = {"alspec_gsm8k_cot": "exact_match,strict-match", "alspec_recall": "acc
 DOCUMENTS = {"alspec_gsm8k_cot": 20, "alspec_recall": 16}  # every score above is a multiple of 1/n
 
 
-def sample_log(task: str, score: float) -> list[dict[str, Any]]:
+def sample_log(task: str, score: float, decisions: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
     """Per-document 0/1 scores with the cell's mean: the first round(score n) documents right (nested across cells,
-    so a lower-scoring cell loses documents the baseline had), plus another filter's entries to be ignored."""
+    so a lower-scoring cell loses documents the baseline had), plus another filter's entries to be ignored.
+    ``decisions`` (accepted, speculated) of the cell are spread over the documents, clustered: speculated evenly,
+    accepted filling the first documents (as one document's decisions move together)."""
     name, _, filt = METRICS[task].partition(",")
     n = DOCUMENTS[task]
     right = round(score * n)
-    log = [{"task": task, "doc_id": i, "filter": filt, name: float(i < right)} for i in range(n)]
-    return log + [{"task": task, "doc_id": i, "filter": "other-filter", name: 1.0} for i in range(n)]
+    accepted_left, speculated = decisions
+    log, other = [], []
+    for i in range(n):
+        spec = speculated // n + (i < speculated % n)
+        acc = min(spec, accepted_left)
+        accepted_left -= acc
+        log.append({"task": task, "doc_id": i, "filter": filt, name: float(i < right),
+                    "alspec": [{"speculated": spec, "accepted": acc, "trivial": 0}]})
+        other.append({"task": task, "doc_id": i, "filter": "other-filter", name: 1.0,
+                      "alspec": [{"speculated": 1, "accepted": 1, "trivial": 0}]})
+    return log + other
 
 
 def ratios_for(accepted: int, lam: float) -> list[float]:
@@ -102,7 +113,8 @@ def write_sweep(outdir: Path, documents: bool = False) -> Path:
                                      for i in range(NUM_LAYERS)], SCORES[task]["static"], STATIC_LAYERS)
         for name, data in cells.items():
             if documents:
-                data["sample_log"] = sample_log(task, data["score"])
+                total = data["alspec"]["total"]
+                data["sample_log"] = sample_log(task, data["score"], (total["accepted"], total["speculated"]))
             path = outdir / "cells" / task / f"{name}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(data))

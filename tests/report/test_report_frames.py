@@ -12,7 +12,8 @@ import pytest
 
 from alspec_eval import report
 from alspec_eval.report.build import write_report
-from alspec_eval.report.frames import BOOTSTRAP_RESAMPLES, mcnemar_exact, not_worse, paired_bootstrap, wilson
+from alspec_eval.report.frames import (BOOTSTRAP_RESAMPLES, cluster_bootstrap_ratio, mcnemar_exact, not_worse,
+                                       paired_bootstrap, wilson)
 from synthetic_sweep import ACCEPTED, DOCUMENTS, LAMBDAS, NUM_LAYERS, SCORES, SPECULATED, TASKS, write_sweep
 
 
@@ -50,6 +51,18 @@ def test_wilson_by_hand():
     assert all(math.isnan(x) for x in wilson(0, 0))
 
 
+def test_cluster_interval_is_about_documents_not_decisions():
+    """Documents that all have the same hit rate: no document-level uncertainty, however few decisions; documents
+    that accept all or nothing: an interval as wide as a binomial over documents (10 of 20), far wider than
+    Wilson's over the 2000 decisions."""
+    same = cluster_bootstrap_ratio(np.full(20, 3), np.full(20, 10))
+    assert same == pytest.approx((0.3, 0.3))
+    low, high = cluster_bootstrap_ratio(np.array([100] * 10 + [0] * 10), np.full(20, 100))
+    w_low, w_high = wilson(1000, 2000)
+    assert low <= 0.3 and high >= 0.7 and (high - low) > 5 * (w_high - w_low)
+    assert all(math.isnan(x) for x in cluster_bootstrap_ratio(np.zeros(0), np.zeros(0)))
+
+
 def test_frames_round_trip_the_cells(documented: Path):
     frames = report.load(documented)
     cells = frames.cells.set_index(["task", "cell"])
@@ -63,6 +76,10 @@ def test_frames_round_trip_the_cells(documented: Path):
             assert row["diff"] == pytest.approx(SCORES[task][lam] - SCORES[task]["baseline"])
             assert row["p_value"] == pytest.approx(mcnemar_exact(right_base - right, 0))
             assert row["hit_low"] < row["hit_rate"] < row["hit_high"]
+            assert row["hit_low_decision"] < row["hit_rate"] < row["hit_high_decision"]
+            assert (row["hit_low_decision"], row["hit_high_decision"]) == wilson(row["accepted"], row["speculated"])
+            # the synthetic documents' decisions are clustered: the document-level interval is the wider one
+            assert row["hit_high"] - row["hit_low"] > row["hit_high_decision"] - row["hit_low_decision"]
     assert math.isnan(cells.loc[("alspec_recall", "baseline")]["diff"])
     layers = frames.layers.set_index(["task", "cell", "layer"])
     assert layers.loc[("alspec_recall", "lambda_0.1", 2)]["accepted"] == ACCEPTED["alspec_recall"][0.1][2]
