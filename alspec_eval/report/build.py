@@ -13,6 +13,7 @@ from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
 from alspec_eval.report.latency import DEFAULT_PRESET, project, projection_markdown, write_projection_csv
 from alspec_eval.report.cells import load_sweep
+from alspec_eval.report.paper import paper_section
 from alspec_eval.report.table import table1_markdown, write_table1_csv
 
 
@@ -20,14 +21,16 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = None) -> list[Path]:
+def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = None, paper: str = "auto") -> list[Path]:
     """Write the report of ``outdir`` and return the files written.
 
     ``latency`` defaults to the DEFAULT_PRESET (the paper's measured H100 numbers), so a report always shows a
-    projection; the speedup-against-score figure uses the first table.
+    projection; the speedup-against-score figure uses the first table. ``paper`` picks the paper's table to set
+    the cells beside (``auto``: the one whose model the sweep ran, if any; ``table1``, ``table2``, ``none``).
     """
     sweep = load_sweep(outdir)
-    cells = load(sweep.outdir).cells
+    frames = load(sweep.outdir)
+    cells = frames.cells
     specs = [preset(DEFAULT_PRESET)] if latency is None else list(latency)
     report = sweep.outdir / "report"
     report.mkdir(exist_ok=True)
@@ -59,10 +62,16 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
                       if r.kind == "selfspec")]
     if comparison:
         figures["Attention-level against token-level speculation"] = comparison
+    paper_md = report / "paper.md"
+    beside_paper = paper_section(sweep, cells, frames.documents, paper)
+    paper_md.write_text(beside_paper.markdown())
+    if beside_paper.sentences:
+        written[0].write_text(written[0].read_text() + "\n" + "\n".join(beside_paper.sentences) + "\n")
     latency_md = report / "latency.md"
     latency_md.write_text("\n".join(projection_markdown(p) for p in projections))
     latency_csv = write_projection_csv(projections, report / "latency.csv")
 
     page = report / "report.html"
-    page.write_text(render_html(sweep, figures, projections, cells, list(choices.values())))
-    return [*written, *score_fig, *heatmaps, *open_loop, *trade_off, *comparison, latency_md, latency_csv, page]
+    page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper))
+    return [*written, *score_fig, *heatmaps, *open_loop, *trade_off, *comparison, paper_md, latency_md, latency_csv,
+            page]

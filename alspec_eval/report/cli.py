@@ -1,4 +1,4 @@
-"""``alspec-report OUTDIR [--latency FILE] [--preset NAME]``: write OUTDIR/report/ from a sweep's cells."""
+"""``alspec-report OUTDIR [--latency FILE] [--preset NAME] [--paper auto|table1|table2|none]``: write OUTDIR/report/ from a sweep's cells."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ def _parser() -> argparse.ArgumentParser:
                    "--latency: num_layers, fixed_us, per_layer_us, fd_us, sfd_s_us, sfd_r_us)")
     p.add_argument("--preset", metavar="NAME", action="append", help=f"a table with the paper's numbers: "
                    f"{', '.join(PRESETS)} (repeatable; default {DEFAULT_PRESET} unless --latency is given)")
+    p.add_argument("--paper", choices=("auto", "table1", "table2", "none"), default="auto",
+                   help="set the cells beside the paper's Table 1 (Llama 3.1 8B) or Table 2 (70B); auto: the table "
+                        "of the sweep's model, if it is one of them")
     return p
 
 
@@ -30,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs += [preset(name) for name in args.preset or []]
         if args.latency is not None:
             specs.append(load_latency(args.latency))
-        paths = write_report(args.outdir, specs or None)
+        paths = write_report(args.outdir, specs or None, args.paper)
     except (NoCellsError, ValueError) as e:  # bad cells or latency tables carry a one-line message with the fix
         print(f"alspec-report: {e}", file=sys.stderr)
         return 2

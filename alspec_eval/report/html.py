@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 from alspec_eval.report.latency import Projection, projection_note, projection_rows
 from alspec_eval.report.cells import Sweep
+from alspec_eval.report.paper import NOTE, PaperSection
 from alspec_eval.report.table import table1_rows
 
 _STYLE = """
@@ -42,7 +43,8 @@ def _projection(p: Projection) -> str:
 
 
 def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[Projection],
-                cells: "pd.DataFrame | None" = None, choices: Sequence[str] = ()) -> str:
+                cells: "pd.DataFrame | None" = None, choices: Sequence[str] = (),
+                paper: PaperSection | None = None) -> str:
     """The report page; ``figures`` maps a section title to its PNG files."""
     meta = sweep.meta
     facts = ", ".join(f"{k} {html.escape(str(v))}" for k, v in
@@ -56,6 +58,11 @@ def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Seque
              "replaced by the sink approximation. – marks a cell not (yet) run.</p>",
              html_table(table1_rows(sweep, cells)),
              *(f"<p>{html.escape(c)}</p>" for c in choices)]
+    if paper is not None:
+        parts.append(f"<h2>Beside the paper</h2><p class='note'>{html.escape(paper.line)}"
+                     f"{' ' + html.escape(NOTE) if paper.rows else ''}</p>")
+        if paper.rows:
+            parts.append(html_table(paper.rows) + "".join(f"<p>{html.escape(s)}</p>" for s in paper.sentences))
     for title, paths in figures.items():
         parts.append(f"<h2>{html.escape(title)}</h2>" + "".join(_image(p) for p in paths))
     parts.append("<h2>Projected decode speed (the paper's latency model, Appendix F)</h2><p class='note'>Per layer: "

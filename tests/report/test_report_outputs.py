@@ -33,7 +33,8 @@ def md_rows(path: Path) -> dict[str, list[str]]:
 def test_files_exist(sweep_dir: Path, written: list[Path]) -> None:
     names = {p.name for p in written}
     assert names == {"table1.md", "table1.csv", "score_vs_hit_rate.png", "heatmap_alspec_gsm8k_cot.png",
-                     "heatmap_alspec_recall.png", "open_loop_acceptance.png", "speedup_vs_score.png", "latency.md", "latency.csv", "report.html"}
+                     "heatmap_alspec_recall.png", "open_loop_acceptance.png", "speedup_vs_score.png", "paper.md", "latency.md", "latency.csv",
+                     "report.html"}
     for p in written:
         assert p.parent == sweep_dir / "report" and p.stat().st_size > 0
         if p.suffix == ".png":
