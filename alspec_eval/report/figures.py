@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib import colormaps
@@ -19,6 +19,7 @@ from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, Sweep
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
 
     from alspec_eval.report.latency import Projection
 from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
@@ -31,6 +32,51 @@ def _figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+# Label offsets (points) tried in turn around a point, nearest first: right/left, above/below, then further out.
+LABEL_OFFSETS: tuple[tuple[int, int], ...] = tuple(
+    (dx, sign * dy) for dy in (3, 14, 25, 36, 47) for sign in (1, -1) for dx in (5, -5))
+
+Label = tuple["Axes", float, float, str, dict[str, Any]]  # axes, data x, data y, text, annotate keywords
+
+
+def place_labels(fig: Figure, labels: list[Label]) -> None:
+    """Label points so that no two labels overlap. Points that coincide on screen (within 4 px) share one label
+    ("λ = 0.05, λ = 0.1, sink"); each label takes the first offset of LABEL_OFFSETS whose box meets no label placed
+    before it and stays inside the axes (else the first that meets no label). Labels stay out of the layout, which
+    is drawn first, so the boxes checked are the boxes saved."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    groups: dict[int, list[list[Any]]] = {}  # per axes: [display xy, data xy, texts, keywords]
+    for ax, x, y, text, kw in labels:
+        px = ax.transData.transform((x, y))
+        same = next((g for g in groups.setdefault(id(ax), []) if g[3] == kw and np.abs(g[0] - px).max() <= 4), None)
+        if same is None:
+            groups[id(ax)].append([px, (ax, x, y), [text], kw])
+        else:
+            same[2].append(text)
+    for ax_groups in groups.values():
+        boxes = []
+        for _, (ax, x, y), texts, kw in ax_groups:
+            frame = ax.get_window_extent(renderer)
+            text = ", ".join(dict.fromkeys(texts))
+            free = []  # (inside the axes, offset index) of every offset whose box meets no placed label
+            for i, (dx, dy) in enumerate(LABEL_OFFSETS):
+                note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy),
+                                   ha="left" if dx > 0 else "right", va="bottom" if dy > 0 else "top", **kw)
+                box = note.get_window_extent(renderer)
+                note.remove()
+                if not any(box.overlaps(b) for b in boxes):
+                    inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+                    free.append((not inside, i))
+                    if inside:
+                        break
+            dx, dy = LABEL_OFFSETS[min(free)[1] if free else -1]
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy),
+                               ha="left" if dx > 0 else "right", va="bottom" if dy > 0 else "top", **kw)
+            note.set_in_layout(False)
+            boxes.append(note.get_window_extent(renderer))
 
 
 def _task_colours(sweep: Sweep) -> dict[str, tuple[float, ...]]:
@@ -72,6 +118,7 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
     fig = _figure(4.4 * cols + 0.4, 3.6 * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
     colours = _task_colours(sweep)
+    labels: list[Label] = []
     for ax, task in zip(axes.flat, tasks):
         colour = colours[task]
         points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task)
@@ -79,8 +126,7 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
         if points:
             xs, ys, _ = zip(*points)
             ax.plot(xs, ys, "o-", color=colour, label="dynamic (λ)")
-            for x, y, lam in points:
-                ax.annotate(f"λ={lam:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+            labels += [(ax, x, y, f"λ={lam:g}", {"fontsize": 7, "color": colour}) for x, y, lam in points]
         base = sweep.cell(task, BASELINE)
         if base is not None and base.score is not None:
             ax.axhline(base.score, color=colour, linestyle="--", linewidth=1, label="baseline (exact)")
@@ -98,6 +144,7 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     fig.suptitle("Score against hit rate")
+    place_labels(fig, labels)
     return fig
 
 
@@ -146,6 +193,7 @@ def speedup_vs_score(sweep: Sweep, projection: "Projection") -> Figure:
     rows = math.ceil(len(tasks) / cols)
     fig = _figure(4.6 * cols + 0.6, 3.6 * rows)
     axes = fig.subplots(rows, cols, squeeze=False)
+    labels: list[Label] = []
     for ax, task in zip(axes.flat, tasks):
         for row in sweep.rows:
             cell, entry = sweep.cell(task, row), projection.entries.get((row, task))
@@ -154,7 +202,7 @@ def speedup_vs_score(sweep: Sweep, projection: "Projection") -> Figure:
             marker = {"baseline": "D", "dynamic": "o", "sink": "X", "static": "s", "selfspec": "^"}[row.kind]
             colour = {"baseline": "black", "selfspec": "tab:orange"}.get(row.kind, "tab:blue")
             ax.plot(entry.speedup, cell.score, marker, color=colour, markersize=7)
-            ax.annotate(row.label, (entry.speedup, cell.score), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            labels.append((ax, entry.speedup, cell.score, row.label, {"fontsize": 7}))
         ax.set_title(task, fontsize=10)
         ax.set_xlabel("projected speedup (×)")
         ax.set_ylabel("score")
@@ -163,6 +211,7 @@ def speedup_vs_score(sweep: Sweep, projection: "Projection") -> Figure:
         ax.set_visible(False)
     estimate = " (with estimates: " + ", ".join(projection.spec.estimates) + ")" if projection.spec.estimates else ""
     fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}")
+    place_labels(fig, labels)
     return fig
 
 
@@ -176,6 +225,7 @@ def frontier(cells: "pd.DataFrame", projection: "Projection") -> Figure:
     rows = math.ceil(len(tasks) / cols)
     fig = _figure(4.6 * cols + 0.6, 3.6 * rows)
     axes = fig.subplots(rows, cols, squeeze=False)
+    labels: list[Label] = []
     for ax, task in zip(axes.flat, tasks):
         group = cells[(cells["task"] == task) & cells["diff"].notna()]
         ok = not_worse(group)
@@ -186,7 +236,7 @@ def frontier(cells: "pd.DataFrame", projection: "Projection") -> Figure:
             err = [[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]]
             ax.errorbar(entry.speedup, r["diff"], yerr=err, fmt="o", color="tab:blue", capsize=3,
                         markerfacecolor="tab:blue" if good else "white")
-            ax.annotate(r["row"], (entry.speedup, r["diff"]), textcoords="offset points", xytext=(5, 3), fontsize=7)
+            labels.append((ax, entry.speedup, r["diff"], r["row"], {"fontsize": 7}))
         ax.axhline(0, color="black", linewidth=0.8, linestyle="--")
         ax.set_title(task, fontsize=10)
         ax.set_xlabel(f"projected speedup (×), {projection.spec.name}")
@@ -195,6 +245,7 @@ def frontier(cells: "pd.DataFrame", projection: "Projection") -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     fig.suptitle("Speed against score (filled: not significantly worse than the baseline)", fontsize=9)
+    place_labels(fig, labels)
     return fig
 
 
@@ -218,8 +269,7 @@ def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "Project
 
     xs, ys = [c.lam for c in dynamic], [100 * c.hit_rate for c in dynamic]
     left.plot(xs, ys, "o-", color="tab:blue")
-    for c, x, y in zip(dynamic, xs, ys):
-        left.annotate(speedup(c), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    labels: list[Label] = [(left, x, y, speedup(c), {"fontsize": 8}) for c, x, y in zip(dynamic, xs, ys)]
     left.set_xscale("log")
     left.set_ylim(0, 105)
     left.set_xlabel("λ")
@@ -227,8 +277,7 @@ def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "Project
     left.set_title("attention-level (ALSpec)", fontsize=10)
     gs, taus = [c.row.gamma for c in drafts], [c.tau for c in drafts]
     right.plot(gs, taus, "s-", color="tab:orange")
-    for c, x, y in zip(drafts, gs, taus):
-        right.annotate(speedup(c), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    labels += [(right, x, y, speedup(c), {"fontsize": 8}) for c, x, y in zip(drafts, gs, taus)]
     right.plot(gs, [g + 1 for g in gs], ":", color="grey", label="τ = γ + 1 (every draft accepted)")
     right.set_xticks(gs)
     right.set_ylim(bottom=1)
@@ -240,6 +289,7 @@ def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "Project
         ax.grid(alpha=0.3)
     fig.suptitle(f"{task}, S = {sweep.meta.get('window')}: labels are projected speedups ({projection.spec.name})",
                  fontsize=9)
+    place_labels(fig, labels)
     return fig
 
 
