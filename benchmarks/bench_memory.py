@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--max-gen-toks", type=int, default=16)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--runs", default="hf,alspec,niah,niah_seq",
+                        help="which commands to run, comma-separated (hf, alspec, niah, niah_seq)")
     args = parser.parse_args()
     from alspec_eval.models import smollm2_path
 
@@ -57,7 +59,9 @@ def main() -> None:
     }
     niah = "alspec-niah (baseline, lambda 0.1, sink)"
     niah_seq = "alspec-niah --no_shared_prefill"
-    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in [*runs, niah, niah_seq]}
+    chosen = {"hf": "hf", "alspec": "alspec", "niah": niah, "niah_seq": niah_seq}
+    wanted = [chosen[k] for k in args.runs.split(",")]
+    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in wanted}
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as out:  # a fresh folder each time: a sweep reuses finished cells
             runs[niah] = [
@@ -65,13 +69,14 @@ def main() -> None:
                 "--window", str(args.window), "--max-gen-toks", str(args.max_gen_toks), "--output", out,
                 "--allow_longer"]  # the same prompt as the lm_eval runs: 8K plus the new tokens, cut by lm-eval to 8K
             runs[niah_seq] = [*runs[niah][:-3], "--output", out + "/sequential", "--allow_longer", "--no_shared_prefill"]
-            for name, cmd in runs.items():
-                measured[name].append(peak_mib(cmd))
+            for name in wanted:
+                measured[name].append(peak_mib(runs[name]))
     print(f"SmolLM2-135M float32, needle prompt of {args.length} tokens, {args.max_gen_toks} new tokens, "
           f"CPU threads={os.cpu_count()}, medians of {args.repeats} interleaved runs")
     peaks = {name: statistics.median(p for p, _ in m) for name, m in measured.items()}
     for name, m in measured.items():
-        print(f"{name:45s} peak {peaks[name]:8.0f} MiB  ratio to hf {peaks[name] / peaks['hf']:.3f}  "
+        ratio = f"ratio to hf {peaks[name] / peaks['hf']:.3f}" if "hf" in peaks else ""
+        print(f"{name:45s} peak {peaks[name]:8.0f} MiB  {ratio}  "
               f"runs {[round(p) for p, _ in m]}  wall {statistics.median(w for _, w in m):.0f} s")
 
 

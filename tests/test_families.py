@@ -1,0 +1,135 @@
+"""Every model family people evaluate (tests/families.py), each on a tiny random config that exercises what is special
+about its attention: lambda = 0 is the `hf` model bit for bit, the committed A~ is the family's own attention function
+called on the first S and last S keys, teacher-forced loglikelihood equals token-by-token decoding, policy=selfspec
+is lossless (or refused where the family has sliding-window layers), and sliding-window layers are reported as not
+speculated and left out of the hit rates."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from alspec_eval.config import ConfigError
+from alspec_eval.region import DecodeRegion
+from alspec_eval.speculator import Speculator
+from families import FAMILIES, Family, build, table_markdown
+from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, stepwise_logprob
+
+WINDOW = 8
+pytestmark = pytest.mark.filterwarnings("ignore")
+BY_NAME = {f.name: f for f in FAMILIES}
+
+
+@pytest.fixture(scope="module", params=[f.name for f in FAMILIES])
+def family(request) -> tuple[Family, torch.nn.Module]:
+    f = BY_NAME[request.param]
+    return f, build(f)
+
+
+def test_lambda_zero_is_the_hf_model_bit_for_bit(family):
+    f, model = family
+    lm = alspec_lm(model, window=WINDOW, **{"lambda": 0.0})
+    assert lm.generate_until(gen_requests()) == hf_lm(model).generate_until(gen_requests())
+    assert lm.loglikelihood(ll_requests()) == hf_lm(model).loglikelihood(ll_requests())
+
+
+def _own_attention(f: Family, module: torch.nn.Module):
+    """The family's own attention function, looked up apart from alspec_eval's hooks."""
+    if f.attn == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[f.attn]
+
+
+def test_committed_approximation_is_the_familys_attention_on_the_window(family, monkeypatch):
+    """Semantics 2 by hand: for every speculated layer and position p (batch 1, no padding), A~ is the model's own
+    attention function with every term it applies (scaling, soft-capping, sinks) called on the query and the keys
+    [0, S) and (p - S, p]; A on the keys [0, p]. Their d/n equals the recorded ratio to float32 precision, and the
+    decisions at a lambda between two measured ratios are d <= lambda n."""
+    f, model = family
+    lm = alspec_lm(model, window=WINDOW, **{"lambda": 0.0})
+    calls = []
+    real = Speculator.attend
+
+    def record(self, module, query, key, value, attention_mask, scaling, **kwargs):
+        calls.append((module, query.detach().clone(), key.detach().clone(), value.detach().clone(), scaling, kwargs))
+        return real(self, module, query, key, value, attention_mask, scaling, **kwargs)
+
+    monkeypatch.setattr(Speculator, "attend", record)
+    ids = torch.tensor([TOKENIZER(PROMPTS[0])["input_ids"]])
+    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [0])) as trace:
+        lm.model(ids)
+    checked = 0
+    for module, query, key, value, scaling, kwargs in calls:
+        layer = module.layer_idx
+        if layer in f.sliding_layers:
+            assert torch.isnan(trace.ratios[0, :, layer]).all()
+            continue
+        fn, extra = _own_attention(f, module), {k: v for k, v in kwargs.items() if k != "sliding_window"}
+        for p in range(2 * WINDOW, ids.shape[1]):  # positions whose context exceeds 2S
+            window = torch.cat([torch.arange(WINDOW), torch.arange(p - WINDOW + 1, p + 1)])
+            q = query[:, :, p:p + 1]
+            approx = fn(module, q, key[:, :, window], value[:, :, window], None, scaling=scaling, **extra)[0].float()
+            exact = fn(module, q, key[:, :, :p + 1], value[:, :, :p + 1], None, scaling=scaling, **extra)[0].float()
+            ratio = float((approx - exact).norm() / exact.norm())
+            assert float(trace.ratios[0, p, layer]) == pytest.approx(ratio, rel=1e-4, abs=1e-6), (layer, p)
+            checked += 1
+    assert checked > 0
+
+
+def test_teacher_forced_loglikelihood_is_token_by_token_decoding(family):
+    f, model = family
+    lm = alspec_lm(model, window=WINDOW)
+    lam = median_ratio(lm, PROMPTS[0])
+    lm = alspec_lm(model, window=WINDOW, **{"lambda": lam})
+    context, continuation = TOKENIZER(PROMPTS[0][:30])["input_ids"], TOKENIZER(PROMPTS[0][30:])["input_ids"]
+    stepwise, trace = stepwise_logprob(lm, context, continuation)
+    from lm_eval.api.instance import Instance
+
+    request = Instance("loglikelihood", {}, (PROMPTS[0][:30], PROMPTS[0][30:]), 0, ("ll", 0, 1))
+    (forced, _), = lm.loglikelihood([request])
+    assert forced == pytest.approx(stepwise, abs=1e-4)
+    entry = request.arguments[-1]["alspec"]
+    stats = trace.row_stats(0, len(context), len(context) + len(continuation) - 1).summary()
+    assert (entry["speculated"], entry["accepted"]) == (stats["speculated"], stats["accepted"])
+    if len(f.sliding_layers) < model.config.num_hidden_layers:
+        assert 0 < entry["accepted"] < entry["speculated"]
+
+
+def test_selfspec_is_lossless_or_refused(family):
+    f, model = family
+    if f.sliding_layers:
+        with pytest.raises(ConfigError, match="does not support sliding-window attention layers"):
+            alspec_lm(model, policy="selfspec", gamma=3, window=4)
+        return
+    lm = alspec_lm(model, policy="selfspec", gamma=3, window=4)
+    assert lm.generate_until(gen_requests()) == hf_lm(model).generate_until(gen_requests())
+
+
+def test_sliding_window_layers_are_reported_and_left_out(family):
+    f, model = family
+    lm = alspec_lm(model, window=WINDOW)
+    lm.generate_until(gen_requests())
+    stats = lm.statistics()
+    assert {int(k) for k in stats["skipped_layers"]} == set(f.sliding_layers)
+    layers = stats["tasks"]["gen"]["layers"]
+    assert all(layers[i]["speculated"] == layers[i]["accepted"] == 0 for i in f.sliding_layers)
+    total = stats["tasks"]["gen"]["total"]
+    assert total["speculated"] == sum(x["speculated"] for x in layers) > 0
+
+
+@pytest.mark.parametrize("name", [f.name for f in FAMILIES if f.attn == "eager"])
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_fused_kernels_are_refused_where_the_family_changes_the_attention_formula(name, kernel):
+    f = BY_NAME[name]
+    with pytest.raises(ConfigError, match=f"kernel={kernel} computes plain softmax attention"):
+        alspec_lm(build(f), kernel=kernel)
+
+
+def test_readme_family_table_is_the_matrix():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert table_markdown() in readme
