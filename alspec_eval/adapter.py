@@ -26,6 +26,7 @@ from lm_eval.models.huggingface import HFLM
 
 from .compat import check_lm_eval
 from .config import ConfigError, SpeculationConfig
+from .hooks import check_fused_kernel
 from .shared_prefill import RowKey, SharedPrefill, Variant, row_keys
 from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
@@ -73,6 +74,8 @@ class ALSpecLM(HFLM):
                 raise
             raise ConfigError(f"pretrained={pretrained!r} cannot be loaded ({str(err).splitlines()[0]}); give a local "
                               "folder with config.json, a model id in the local hub cache, or pretrained=smollm2") from None
+        if self.spec_config.policy == "selfspec":  # a model object skips _create_model
+            check_selfspec_model(self.model.config)
         if self._tt_runtime is not None:
             from .backends.tt import install as install_tt
 
@@ -97,6 +100,10 @@ class ALSpecLM(HFLM):
         self.spec_config.check_layers(text_config.num_hidden_layers)
         if self.spec_config.policy == "selfspec":
             check_selfspec_model(self._config)
+        if self.spec_config.kernel in ("torch", "triton"):
+            check_fused_kernel(f"kernel={self.spec_config.kernel}", self._config)
+        if self.spec_config.backend == "tt":
+            check_fused_kernel("the TT op (backend=tt)", self._config)
         if self._tt_runtime is not None:
             from .backends.tt import check_model
 

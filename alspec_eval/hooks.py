@@ -47,6 +47,33 @@ def sliding_layers(config: PretrainedConfig, num_layers: int) -> dict[int, str]:
     return {}
 
 
+def formula_terms(config: PretrainedConfig, model: PreTrainedModel | None = None) -> list[str]:
+    """What a family adds to plain softmax attention, which the fused decode kernels (torch, triton, the TT op)
+    do not compute: attention logit soft-capping (Gemma 2), learned per-head sinks (gpt-oss). From the config
+    before the weights load; with the model also from its attention modules (a ``sinks`` parameter)."""
+    text = config.get_text_config()
+    terms = []
+    if getattr(text, "attn_logit_softcapping", None) is not None:
+        terms.append("attention logit soft-capping")
+    sinks = text.model_type in SINK_FAMILIES or (
+        model is not None and any(isinstance(getattr(m, "sinks", None), torch.nn.Parameter) for m in model.modules()))
+    if sinks:
+        terms.append("learned attention sinks")
+    return terms
+
+
+SINK_FAMILIES = ("gpt_oss",)  # model types whose attention adds learned per-head sink logits
+
+
+def check_fused_kernel(kernel: str, config: PretrainedConfig, model: PreTrainedModel | None = None) -> None:
+    """A fused kernel computes plain softmax attention: refuse it for a family that changes the formula."""
+    terms = formula_terms(config, model)
+    if terms:
+        family = config.get_text_config().model_type
+        raise ConfigError(f"{kernel} computes plain softmax attention, without the {' and '.join(terms)} of "
+                          f"{family}; use kernel=sdpa (the model's own attention for A and A~) and backend=sim")
+
+
 def base_attention(model: PreTrainedModel, attention_module: torch.nn.Module) -> tuple[str, Callable]:
     """The attention implementation the model runs without speculation (name and function)."""
     name = (model.config._attn_implementation or "sdpa").removeprefix("alspec_")
@@ -81,7 +108,10 @@ def install(model: PreTrainedModel, config: SpeculationConfig,
     name = f"alspec_{base_name}"
     AttentionInterface.register(name, alspec_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
-    speculator = speculator_cls(config, num_layers, sliding_layers(model.config, num_layers), base_fn, **speculator_args)
+    if speculator_args.get("decode_kernel") is not None:
+        check_fused_kernel(f"kernel={config.kernel}", model.config, model)
+    speculator = speculator_cls(config, num_layers, sliding_layers(model.config, num_layers), base_fn,
+                                additive_mask=base_name != "sdpa", **speculator_args)
     for module in modules.values():
         setattr(module, ATTR, speculator)
     handle = model.register_forward_pre_hook(speculator.new_forward)

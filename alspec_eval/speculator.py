@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from . import semantics
 from .config import SpeculationConfig
@@ -53,12 +52,14 @@ class Speculator:
     """Holds the config, the active decode region and the decisions recorded during it."""
 
     def __init__(self, config: SpeculationConfig, num_layers: int, skipped_layers: dict[int, str],
-                 base_attention: Callable, decode_kernel: DecodeKernel | None = None) -> None:
+                 base_attention: Callable, decode_kernel: DecodeKernel | None = None,
+                 additive_mask: bool = False) -> None:
         self.config = config
         self.num_layers = num_layers
         self.skipped_layers = skipped_layers
         self.base_attention = base_attention
         self.decode_kernel = decode_kernel
+        self.additive_mask = additive_mask  # the base attention takes a float mask added to the logits (eager)
         self.region: DecodeRegion | None = None
         self._passes: list[_Pass | None] = []
 
@@ -114,7 +115,7 @@ class Speculator:
         if fused is not None:
             approx, accept, ratio = fused.spec[rows], fused.accept[rows], fused.d[rows] / fused.n[rows]
         else:
-            approx = self.approximate(plan, query, key, value, scaling)
+            approx = self.approximate(module, plan, query, key, value, scaling, kwargs)
             accept, ratio = self.verify(approx, exact[rows, cols], plan.lam)
         plan.decisions[layer] = (accept, ratio)
         return self.commit(exact, plan, approx, accept), weights
@@ -159,17 +160,21 @@ class Speculator:
         return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, plan.lam_batch,
                                   window_align=cfg.window_align, scale=scaling, start=pad)
 
-    def approximate(self, plan: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    scaling: float) -> torch.Tensor:
-        """A~ (R, Hq, D) of the speculated positions: attention over their 2S window keys only, gathered from the
-        (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype."""
+    def approximate(self, module: torch.nn.Module, plan: _Pass, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
+        """A~ (R, Hq, D) of the speculated positions: the model's own attention function (with every term its family
+        applies: scaling, soft-capping, sinks) called on each position's query and its 2S window keys, gathered
+        from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype."""
         rows = plan.rows
-        q = query[rows, :, plan.cols]
+        q = query[rows, :, plan.cols][:, :, None, :]  # (R, Hq, 1, D): one query per speculated position
         k = key[rows[:, None], :, plan.index].transpose(1, 2)  # (R, Hkv, 2S, D)
         v = value[rows[:, None], :, plan.index].transpose(1, 2)
-        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=plan.mask, scale=scaling,
-                                             enable_gqa=k.shape[1] != q.shape[1])
-        return out[:, :, 0, :]
+        mask = plan.mask
+        if mask is not None and self.additive_mask:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
+        extra = {k: v for k, v in kwargs.items() if k != "sliding_window"}  # windowed layers never get here
+        out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **extra)
+        return out[:, 0]  # the base returns (R, 1, Hq, D)
 
     def verify(self, approx: torch.Tensor, exact: torch.Tensor,
                lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,13 +19,16 @@ from ..kernels import DecodeKernel, select_kernel
 from ..speculator import Speculator
 
 
-def decode_kernel(name: str, device: torch.device) -> DecodeKernel | None:
-    """The fused kernel of ``kernel=name`` on ``device``, or None for ``sdpa`` (see the module docstring)."""
+def decode_kernel(name: str, device: torch.device, plain_softmax: bool = True) -> DecodeKernel | None:
+    """The fused kernel of ``kernel=name`` on ``device``, or None for ``sdpa`` (see the module docstring); ``auto``
+    is ``sdpa`` too where the model's attention is not plain softmax (soft-capping, sinks)."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" and importlib.util.find_spec("triton") else "sdpa"
+        fused = device.type == "cuda" and importlib.util.find_spec("triton") and plain_softmax
+        name = "triton" if fused else "sdpa"
     return None if name == "sdpa" else select_kernel(name, device)
 
 
 def install(model: PreTrainedModel, config: SpeculationConfig) -> Speculator:
     """Hook the model's attention; returns the speculator that controls it (``hooks.remove`` undoes it)."""
-    return hooks.install(model, config, decode_kernel=decode_kernel(config.kernel, model.device))
+    plain = not hooks.formula_terms(model.config, model)
+    return hooks.install(model, config, decode_kernel=decode_kernel(config.kernel, model.device, plain))

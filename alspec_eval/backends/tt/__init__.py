@@ -100,4 +100,5 @@ def install(model: PreTrainedModel, config: SpeculationConfig, runtime: TTRuntim
     """Hook the model like the sim backend, with decode steps on the TT device (or its golden functions)."""
     runtime = prepare(config) if runtime is None else runtime
     check_model(runtime, model.config, None)
+    hooks.check_fused_kernel("the TT op (backend=tt)", model.config, model)
     return hooks.install(model, config, TTSpeculator, runtime=runtime)

@@ -49,8 +49,8 @@ class TTSpeculator(Speculator):
     """The speculator with the TT device for decode steps."""
 
     def __init__(self, config: SpeculationConfig, num_layers: int, skipped_layers: dict[int, str],
-                 base_attention: Callable, runtime: TTRuntime) -> None:
-        super().__init__(config, num_layers, skipped_layers, base_attention)
+                 base_attention: Callable, runtime: TTRuntime, additive_mask: bool = False) -> None:
+        super().__init__(config, num_layers, skipped_layers, base_attention, additive_mask=additive_mask)
         self.runtime = runtime
         self._resident: dict[int, _Resident] = {}
 
