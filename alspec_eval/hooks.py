@@ -47,6 +47,9 @@ def sliding_layers(config: PretrainedConfig, num_layers: int) -> dict[int, str]:
     return {}
 
 
+SINK_FAMILIES = ("gpt_oss",)  # model types whose attention adds learned per-head sink logits
+
+
 def formula_terms(config: PretrainedConfig, model: PreTrainedModel | None = None) -> list[str]:
     """What a family adds to plain softmax attention, which the fused decode kernels (torch, triton, the TT op)
     do not compute: attention logit soft-capping (Gemma 2), learned per-head sinks (gpt-oss). From the config
@@ -60,9 +63,6 @@ def formula_terms(config: PretrainedConfig, model: PreTrainedModel | None = None
     if sinks:
         terms.append("learned attention sinks")
     return terms
-
-
-SINK_FAMILIES = ("gpt_oss",)  # model types whose attention adds learned per-head sink logits
 
 
 def check_fused_kernel(kernel: str, config: PretrainedConfig, model: PreTrainedModel | None = None) -> None:
@@ -111,7 +111,7 @@ def install(model: PreTrainedModel, config: SpeculationConfig,
     if speculator_args.get("decode_kernel") is not None:
         check_fused_kernel(f"kernel={config.kernel}", model.config, model)
     speculator = speculator_cls(config, num_layers, sliding_layers(model.config, num_layers), base_fn,
-                                additive_mask=base_name != "sdpa", **speculator_args)
+                                additive_mask=base_name == "eager", **speculator_args)
     for module in modules.values():
         setattr(module, ATTR, speculator)
     handle = model.register_forward_pre_hook(speculator.new_forward)

@@ -38,13 +38,13 @@ class _Pass:
 
     q_len: int
     offset: int  # physical index of the first query
-    trivial: torch.Tensor  # (B, q_len) bool
-    rows: torch.Tensor
-    cols: torch.Tensor
-    index: torch.Tensor
-    mask: torch.Tensor | None
-    lam: float | torch.Tensor  # the threshold of each speculated position
-    lam_batch: float | torch.Tensor  # the threshold of each batch row (what a fused kernel takes)
+    trivial: torch.Tensor | None  # (B, q_len) bool; None for an idle pass (no position in the region)
+    rows: torch.Tensor | None = None
+    cols: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    lam: float | torch.Tensor = 0.0  # the threshold of each speculated position
+    lam_batch: float | torch.Tensor = 0.0  # the threshold of each batch row (what a fused kernel takes)
     decisions: dict[int, Decision] = field(default_factory=dict)
 
 
@@ -61,6 +61,7 @@ class Speculator:
         self.decode_kernel = decode_kernel
         self.additive_mask = additive_mask  # the base attention takes a float mask added to the logits (eager)
         self.region: DecodeRegion | None = None
+        self._first_speculated = 0  # the region's smallest spec_start: passes that end before it are idle
         self._passes: list[_Pass | None] = []
 
     # ------------------------------------------------------------------ regions and passes
@@ -71,6 +72,7 @@ class Speculator:
         if self.region is not None:
             raise RuntimeError("speculating() blocks cannot nest")
         self.region, self._passes = region, []
+        self._first_speculated = int(region.spec_start.min()) if len(region.spec_start) else 0
         trace = Trace(torch.empty(0), torch.empty(0))
         try:
             yield trace
@@ -99,6 +101,8 @@ class Speculator:
         if not self.speculates(layer):
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         plan = self.plan(query, key)
+        if plan.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
+            return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         if query.shape[2] == 1 and self.has_fused_decode():
             fused = self.fused_decode(layer, plan, query, key, value, scaling)
             exact, weights = fused.exact[:, None], None
@@ -126,6 +130,9 @@ class Speculator:
             return self._passes[-1]
         cfg, region = self.config, self.region
         q_len, k_len = query.shape[2], key.shape[2]
+        if k_len <= self._first_speculated:  # no position of this pass is in the region: allocate nothing for it
+            self._passes[-1] = _Pass(q_len, k_len - q_len, None)
+            return self._passes[-1]
         phys = torch.arange(k_len - q_len, k_len, device=query.device)
         pad = region.pad.to(query.device)
         pos = phys - pad[:, None]  # (B, Tq) position within the sequence
@@ -197,6 +204,10 @@ class Speculator:
         for p in passes:
             c = torch.zeros(batch, p.q_len, self.num_layers, dtype=torch.int8)
             r = torch.full((batch, p.q_len, self.num_layers), float("nan"))
+            codes.append(c)
+            ratios.append(r)
+            if p.trivial is None:  # an idle pass: nothing in the region
+                continue
             rows, cols, trivial = p.rows.cpu(), p.cols.cpu(), p.trivial.cpu()
             for layer, decision in p.decisions.items():
                 c[:, :, layer].masked_fill_(trivial, TRIVIAL)
@@ -206,8 +217,6 @@ class Speculator:
                 accept, ratio = decision
                 c[rows, cols, layer] = torch.where(accept.cpu(), ACCEPTED, REJECTED).to(torch.int8)
                 r[rows, cols, layer] = ratio.float().cpu()
-            codes.append(c)
-            ratios.append(r)
         if not codes:
             return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
         return torch.cat(codes, 1), torch.cat(ratios, 1)
