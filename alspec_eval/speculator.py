@@ -179,8 +179,7 @@ class Speculator:
         mask = plan.mask
         if mask is not None and self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
-        extra = {k: v for k, v in kwargs.items() if k != "sliding_window"}  # windowed layers never get here
-        out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **extra)
+        out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **kwargs)
         return out[:, 0]  # the base returns (R, 1, Hq, D)
 
     def verify(self, approx: torch.Tensor, exact: torch.Tensor,

@@ -31,6 +31,7 @@ LM_EVAL_TASKS = {"ifeval": "ifeval", "gpqa_cot": "gpqa_main_cot_zeroshot", "swde
                  "hotpotqa": "longbench_hotpotqa", "repobench_p": "longbench_repobench-p",
                  "econ": "mmlu_pro_economics", "business": "mmlu_pro_business", "psych": "mmlu_pro_psychology"}
 CHOICES = ("auto", "table1", "table2", "none")
+CITATION = "Cai, Vora, Zhang, O'Connor, Jeffrey, ICML 2025"
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,7 @@ def choose(sweep: Sweep, paper: str = "auto") -> tuple[str | None, str]:
     if not tasks & set(sweep.tasks):
         return None, (f"No paper column: none of the sweep's tasks is in the paper's {table} "
                       f"({', '.join(sorted(tasks))}).")
-    return table, f"Beside the paper's {table.replace('table', 'Table ')} ({TABLE_MODELS[table]}, {_cite()})."
-
-
-def _cite() -> str:
-    return "Cai, Vora, Zhang, O'Connor, Jeffrey, ICML 2025"
+    return table, f"Beside the paper's {table.replace('table', 'Table ')} ({TABLE_MODELS[table]}, {CITATION})."
 
 
 def compare(sweep: Sweep, cells: pd.DataFrame, documents: pd.DataFrame, table: str) -> pd.DataFrame:
