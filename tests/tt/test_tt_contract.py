@@ -106,6 +106,21 @@ def test_device_path_with_bfloat8_b_kv_equals_host_mode(model, card_for, window)
     assert any(kind == "speculative" for kind, _ in card.calls)
 
 
+def test_a_reconfigured_window_reaches_the_op(model, card_for):
+    """A sweep changes settings between cells on one loaded model: the op must run with the new window (it once kept
+    the window the runtime was built with)."""
+    lam = _gap_lambda(model, 64)
+    sim = _run(model, lam, 64, window_align=32)
+    card = card_for(64)
+    lm = alspec_lm(model, batch_size=4, window=32, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16",
+                   **{"lambda": lam})
+    lm.reconfigure(window=64)
+    requests = gen_requests(PROMPTS_MIXED)
+    assert (lm.generate_until(requests), _decisions(requests)) == sim[:2]
+    chunks = {call["program_config"].k_chunk_size for kind, call in card.calls if kind == "speculative"}
+    assert chunks == {64}
+
+
 def test_kv_cache_stays_on_the_device(model, card, monkeypatch):
     """Each layer's cache is uploaded once per request; later steps append one token through paged_update_cache."""
     uploads = []
