@@ -25,7 +25,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from .compat import check_lm_eval
-from .config import ConfigError, SpeculationConfig
+from .config import LOAD_TIME_SETTINGS, ConfigError, SpeculationConfig
 from .hooks import check_fused_kernel
 from .shared_prefill import RowKey, SharedPrefill, Variant, row_keys
 from .models import SMOLLM2_ALIAS, smollm2_path
@@ -83,7 +83,7 @@ class ALSpecLM(HFLM):
         else:
             from .backends.sim import install
 
-            self.speculator = install(self.model, self.spec_config)
+            self.speculator = install(self.model, self.spec_config.kernel)
         self.task_stats: dict[str, AcceptanceStats] = {}  # every rank's, summed (data parallel)
         self._local_stats: dict[str, AcceptanceStats] = {}  # this rank's
         self.decode_tokens = 0  # generated or teacher-forced tokens answered so far, for progress displays
@@ -229,7 +229,7 @@ class ALSpecLM(HFLM):
             self._row_stats.update(zip(keys, entries, strict=True))
             return logits
         region = DecodeRegion.build([0] * len(keys), starts, [len(k) for k in keys], device=inps.device)
-        with self.speculator.speculating(region) as trace:
+        with self.speculator.speculating(region, self.spec_config) as trace:
             logits = super()._model_call(inps, attn_mask, labels)
         for b, (key, start) in enumerate(zip(keys, starts, strict=True)):
             self._row_stats[key] = self.teacher_forced_stats(trace, b, start, len(key))
@@ -273,7 +273,7 @@ class ALSpecLM(HFLM):
         mask = generation_kwargs.get("attention_mask")
         region = DecodeRegion.from_left_padded(torch.ones_like(context) if mask is None else mask,
                                                self.spec_config.speculate_prefill)
-        with self.speculator.speculating(region) as trace:
+        with self.speculator.speculating(region, self.spec_config) as trace:
             out = self.generate_rows(context, max_length, stop, **generation_kwargs)
         for b in range(len(context)):
             key = tuple(context[b, int(region.pad[b]):].tolist())
@@ -304,7 +304,8 @@ class ALSpecLM(HFLM):
                               "drop do_sample=true from the task's or --gen_kwargs' generation settings")
         eos_ids = self._eos_ids()
         decode = lambda t: self.tok_decode(t, skip_special_tokens=False)  # noqa: E731
-        tokens, draft = selfspec_generate(self.model, self.speculator, pending, max_new, gamma or self.spec_config.gamma,
+        tokens, draft = selfspec_generate(self.model, self.speculator, self.spec_config, pending, max_new,
+                                          gamma or self.spec_config.gamma,
                                           lambda t: stop_length(t, stop, eos_ids, decode), cache)
         return tokens, {"stats": dataclasses.replace(AcceptanceStats.zeros(self.speculator.num_layers), draft=draft),
                         "tokens": []}
@@ -327,10 +328,14 @@ class ALSpecLM(HFLM):
         super().set_cache_hook(cache_hook)
 
     def reconfigure(self, **changes: Any) -> None:
-        """Change speculation settings between evaluations (sweeps load the model once)."""
-        self.spec_config = dataclasses.replace(self.spec_config, **changes)
-        self.spec_config.check_layers(self.speculator.num_layers)
-        self.speculator.config = self.spec_config
+        """Change speculation settings between evaluations (sweeps load the model once); every later call
+        speculates with them. Settings fixed when the model loads (backend, kernel, tt_*) cannot change."""
+        fixed = sorted(set(changes) & set(LOAD_TIME_SETTINGS))
+        if fixed:
+            raise ConfigError(f"{', '.join(fixed)} cannot change after the model is loaded; load another ALSpecLM")
+        config = dataclasses.replace(self.spec_config, **changes)
+        config.check_layers(self.speculator.num_layers)
+        self.spec_config = config
 
     @contextmanager
     def shared_prefill(self, variants: list[Variant]) -> Iterator[SharedPrefill]:

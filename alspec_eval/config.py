@@ -18,6 +18,8 @@ WINDOW_ALIGNS: tuple[int, ...] = (1, TILE)
 TT_MODES: tuple[str, ...] = ("device", "host")
 TT_KV_DTYPES: tuple[str, ...] = ("bfloat8_b", "bfloat16")
 TT_KERNELS: tuple[str, ...] = ("ttnn", "ttlang")
+# Settings fixed when the model loads (its hooks, kernel and device); the others may change from call to call.
+LOAD_TIME_SETTINGS: tuple[str, ...] = ("backend", "kernel", "tt_mode", "tt_device_id", "tt_kv_dtype", "tt_kernel")
 
 
 MODEL_ARGS: dict[str, str] = {

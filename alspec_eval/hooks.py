@@ -5,8 +5,8 @@ with ``AttentionMaskInterface``: without it causal masking is silently dropped) 
 ``alspec_<base>``; the model's attention modules point at the speculator; a forward pre-hook marks
 each forward pass. :func:`remove` undoes all of it, :func:`speculation` is the ``with`` form::
 
-    with speculation(model, SpeculationConfig(lam=0.1, window=64)) as speculator:
-        with speculator.speculating(DecodeRegion.build([0], [prompt_len])) as trace:
+    with speculation(model) as speculator:
+        with speculator.speculating(DecodeRegion.build([0], [prompt_len]), SpeculationConfig(lam=0.1)) as trace:
             model(ids)
 """
 
@@ -21,7 +21,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .config import ConfigError, SpeculationConfig
+from .config import ConfigError
 from .speculator import ATTR, Speculator, alspec_attention
 
 _HOOKS = "_alspec_hooks"  # on the model: (forward pre-hook handle, base attention implementation)
@@ -85,9 +85,10 @@ def base_attention(model: PreTrainedModel, attention_module: torch.nn.Module) ->
     return name, ALL_ATTENTION_FUNCTIONS[name]
 
 
-def install(model: PreTrainedModel, config: SpeculationConfig,
-            speculator_cls: Callable[..., Speculator] = Speculator, **speculator_args: object) -> Speculator:
-    """Route the model's attention through its speculator; :func:`remove` takes it out.
+def install(model: PreTrainedModel, speculator_cls: Callable[..., Speculator] = Speculator,
+            **speculator_args: object) -> Speculator:
+    """Route the model's attention through its speculator; :func:`remove` takes it out. What to speculate is
+    given per call (``speculator.speculating(region, config)``).
 
     ``speculator_cls`` and ``speculator_args`` let a backend bring its own decode kernel and verification.
     """
@@ -103,14 +104,11 @@ def install(model: PreTrainedModel, config: SpeculationConfig,
     if sorted(modules) != list(range(num_layers)):
         raise ConfigError(f"found attention modules for layers {sorted(modules)} of {num_layers}; "
                           f"{type(model).__name__} cannot be hooked layer by layer")
-    config.check_layers(num_layers)
     base_name, base_fn = base_attention(model, modules[0])
     name = f"alspec_{base_name}"
     AttentionInterface.register(name, alspec_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
-    if speculator_args.get("decode_kernel") is not None:
-        check_fused_kernel(f"kernel={config.kernel}", model.config, model)
-    speculator = speculator_cls(config, num_layers, sliding_layers(model.config, num_layers), base_fn,
+    speculator = speculator_cls(num_layers, sliding_layers(model.config, num_layers), base_fn,
                                 additive_mask=base_name == "eager", **speculator_args)
     for module in modules.values():
         setattr(module, ATTR, speculator)
@@ -135,10 +133,10 @@ def remove(model: PreTrainedModel) -> None:
 
 
 @contextmanager
-def speculation(model: PreTrainedModel, config: SpeculationConfig,
-                speculator_cls: Callable[..., Speculator] = Speculator, **speculator_args: object) -> Iterator[Speculator]:
+def speculation(model: PreTrainedModel, speculator_cls: Callable[..., Speculator] = Speculator,
+                **speculator_args: object) -> Iterator[Speculator]:
     """``with`` form of :func:`install` / :func:`remove`."""
-    speculator = install(model, config, speculator_cls, **speculator_args)
+    speculator = install(model, speculator_cls, **speculator_args)
     try:
         yield speculator
     finally:

@@ -52,21 +52,22 @@ def truncate(cache: DynamicCache, length: int) -> None:
 
 
 @torch.no_grad()
-def selfspec_generate(model: PreTrainedModel, speculator: Speculator, pending: list[int], max_new: int, gamma: int,
-                      stop_length: Callable[[list[int]], int | None],
+def selfspec_generate(model: PreTrainedModel, speculator: Speculator, config: SpeculationConfig, pending: list[int],
+                      max_new: int, gamma: int, stop_length: Callable[[list[int]], int | None],
                       cache: DynamicCache | None = None) -> tuple[list[int], DraftStats]:
     """Greedy self-speculative decoding of one row: up to ``max_new`` new tokens, cut where greedy decoding stops
     (``stop_length`` of the tokens so far: how many to keep, None while not stopped), even inside a step.
     ``cache`` holds the exact KV entries of the prompt before ``pending`` (none: the whole prompt is pending); the
     pending tokens are prefilled exactly and give the first token. ``accepted`` counts only the drafted tokens
-    kept in the output (DESIGN.md, Token-level self-speculation)."""
+    kept in the output (DESIGN.md, Token-level self-speculation). The draft speculates with ``config``'s window
+    under the sink policy."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     device = model.device
     logits = model(torch.tensor([pending], device=device), past_key_values=cache, use_cache=True,
                    logits_to_keep=1).logits
     token = int(logits[0, -1].argmax())
     out, stats = [token], DraftStats.zeros(gamma)
-    sink = dataclasses.replace(speculator.config, policy="sink", gamma=None)
+    sink = dataclasses.replace(config, policy="sink", gamma=None)
     end = stop_length(out)
     while end is None and len(out) < max_new:
         drafts = _draft(model, speculator, sink, cache, token, min(gamma, max_new - len(out) - 1))
@@ -84,17 +85,16 @@ def selfspec_generate(model: PreTrainedModel, speculator: Speculator, pending: l
 
 def _draft(model: PreTrainedModel, speculator: Speculator, sink: SpeculationConfig, cache: DynamicCache, token: int,
            count: int) -> list[int]:
-    """``count`` greedy tokens from sink attention after ``token``; the cache is left as it was."""
+    """``count`` greedy tokens from sink attention (a session of its own) after ``token``; the cache is left as
+    it was."""
     committed, drafts = cache.get_seq_length(), []
-    config, speculator.config = speculator.config, sink
     try:
-        with speculator.speculating(DecodeRegion.build([0], [0], device=model.device)):
+        with speculator.speculating(DecodeRegion.build([0], [0], device=model.device), sink):
             for _ in range(count):
                 logits = model(torch.tensor([[token]], device=model.device), past_key_values=cache,
                                use_cache=True).logits
                 token = int(logits[0, -1].argmax())
                 drafts.append(token)
     finally:
-        speculator.config = config
         truncate(cache, committed)
     return drafts

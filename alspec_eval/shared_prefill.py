@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .config import SpeculationConfig
 from .region import DecodeRegion, Trace
 from .selfspec import row_cache
 from .speculator import Speculator
@@ -33,6 +34,7 @@ class PrefillHost(Protocol):
 
     model: PreTrainedModel
     speculator: Speculator
+    spec_config: SpeculationConfig
     tokenizer: Any
 
     def generate_rows(self, context: torch.Tensor, max_length: int, stop: list[str], **kwargs: Any) -> torch.Tensor:
@@ -145,7 +147,7 @@ class SharedPrefill:
         context_v, mask_v = context.repeat_interleave(len(attention), 0), mask.repeat_interleave(len(attention), 0)
         region = DecodeRegion.from_left_padded(
             mask_v, False, **self.region_args(len(context), [self.variants[v] for v in attention]))
-        with host.speculator.speculating(region) as trace:
+        with host.speculator.speculating(region, host.spec_config) as trace:
             out = host.generate_rows(context_v, max_length, stop, attention_mask=mask_v, past_key_values=cache,
                                      **generation_kwargs)
         for r in range(len(out)):
@@ -172,7 +174,7 @@ class SharedPrefill:
             region = DecodeRegion.build([0] * len(keys) * variants, [s for s in starts for _ in range(variants)],
                                         [e for e in ends for _ in range(variants)], device=inps.device,
                                         **self.region_args(len(keys), self.variants))
-            with host.speculator.speculating(region) as trace:
+            with host.speculator.speculating(region, host.spec_config) as trace:
                 rest = host.model(inps[:, common:].repeat_interleave(variants, 0), past_key_values=cache,
                                   use_cache=True).logits
         logits = rest if prefix is None else torch.cat([prefix.repeat_interleave(variants, 0), rest], dim=1)

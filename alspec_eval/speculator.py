@@ -48,48 +48,66 @@ class _Pass:
     decisions: dict[int, Decision] = field(default_factory=dict)
 
 
-class Speculator:
-    """Holds the config, the active decode region and the decisions recorded during it."""
+@dataclass
+class Session:
+    """One call's speculation: its config and decode region, the passes run so far, and its trace (filled on exit).
 
-    def __init__(self, config: SpeculationConfig, num_layers: int, skipped_layers: dict[int, str],
-                 base_attention: Callable, decode_kernel: DecodeKernel | None = None,
-                 additive_mask: bool = False) -> None:
-        self.config = config
+    ``first_speculated``: the region's smallest spec_start; passes that end before it are idle.
+    """
+
+    config: SpeculationConfig
+    region: DecodeRegion
+    passes: list[_Pass | None] = field(default_factory=list)
+    trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
+
+    @property
+    def first_speculated(self) -> int:
+        return int(self.region.spec_start.min()) if len(self.region.spec_start) else 0
+
+
+class Speculator:
+    """What does not change between calls (the layers, the base attention, the decode kernel), and the sessions
+    (:meth:`speculating`) of the calls running now, the innermost active."""
+
+    def __init__(self, num_layers: int, skipped_layers: dict[int, str], base_attention: Callable,
+                 decode_kernel: DecodeKernel | None = None, additive_mask: bool = False) -> None:
         self.num_layers = num_layers
         self.skipped_layers = skipped_layers
         self.base_attention = base_attention
         self.decode_kernel = decode_kernel
         self.additive_mask = additive_mask  # the base attention takes a float mask added to the logits (eager)
-        self.region: DecodeRegion | None = None
-        self._first_speculated = 0  # the region's smallest spec_start: passes that end before it are idle
-        self._passes: list[_Pass | None] = []
+        self._sessions: list[Session] = []
 
-    # ------------------------------------------------------------------ regions and passes
+    # ------------------------------------------------------------------ sessions and passes
 
     @contextmanager
-    def speculating(self, region: DecodeRegion) -> Iterator[Trace]:
-        """Speculate inside ``region`` for the forward passes run in this block; the trace fills on exit."""
-        if self.region is not None:
-            raise RuntimeError("speculating() blocks cannot nest")
-        self.region, self._passes = region, []
-        self._first_speculated = int(region.spec_start.min()) if len(region.spec_start) else 0
-        trace = Trace(torch.empty(0), torch.empty(0))
+    def speculating(self, region: DecodeRegion, config: SpeculationConfig) -> Iterator[Trace]:
+        """Speculate with ``config`` inside ``region`` for the forward passes run in this block; the trace fills on
+        exit. Sessions nest (self-speculation drafts in a sink session inside its exact one): the innermost runs."""
+        config.check_layers(self.num_layers)
+        session = Session(config, region)
+        self._sessions.append(session)
         try:
-            yield trace
+            yield session.trace
         finally:
-            passes = [p for p in self._passes if p is not None]
-            trace.codes, trace.ratios = self._assemble(len(region.pad), passes)
-            trace.offset = passes[0].offset if passes else 0
-            self.region, self._passes = None, []
+            self._sessions.pop()
+            passes = [p for p in session.passes if p is not None]
+            session.trace.codes, session.trace.ratios = self._assemble(len(region.pad), passes)
+            session.trace.offset = passes[0].offset if passes else 0
+
+    @property
+    def session(self) -> Session | None:
+        """The innermost open session, or None outside :meth:`speculating`."""
+        return self._sessions[-1] if self._sessions else None
 
     def new_forward(self, *_: object) -> None:
         """Forward pre-hook of the model: each forward pass appends its query positions to the trace."""
-        if self.region is not None:
-            self._passes.append(None)
+        if self._sessions:
+            self._sessions[-1].passes.append(None)
 
     def speculates(self, layer: int) -> bool:
-        # selfspec drafts under a sink config (alspec_eval.selfspec); its own passes are exact
-        return (self.region is not None and self.config.policy not in ("exact", "selfspec")
+        # policy=selfspec's own passes are exact; its drafts run in a nested sink session (alspec_eval.selfspec)
+        return (self.session is not None and self.session.config.policy not in ("exact", "selfspec")
                 and layer not in self.skipped_layers)
 
     # ------------------------------------------------------------------ the attention call
@@ -109,7 +127,8 @@ class Speculator:
         else:
             fused = None
             exact, weights = self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        if self.config.policy == "static" and layer not in self.config.static_layers:
+        config = self.session.config
+        if config.policy == "static" and layer not in config.static_layers:
             plan.decisions[layer] = None
             return exact, weights
         rows, cols = plan.rows, plan.cols
@@ -126,13 +145,14 @@ class Speculator:
 
     def plan(self, query: torch.Tensor, key: torch.Tensor) -> _Pass:
         """Which positions of this pass speculate, and their window keys (computed once, at its first layer)."""
-        if self._passes[-1] is not None:
-            return self._passes[-1]
-        cfg, region = self.config, self.region
+        session = self.session
+        if session.passes[-1] is not None:
+            return session.passes[-1]
+        cfg, region = session.config, session.region
         q_len, k_len = query.shape[2], key.shape[2]
-        if k_len <= self._first_speculated:  # no position of this pass is in the region: allocate nothing for it
-            self._passes[-1] = _Pass(q_len, k_len - q_len, None)
-            return self._passes[-1]
+        if k_len <= session.first_speculated:  # no position of this pass is in the region: allocate nothing for it
+            session.passes[-1] = _Pass(q_len, k_len - q_len, None)
+            return session.passes[-1]
         phys = torch.arange(k_len - q_len, k_len, device=query.device)
         pad = region.pad.to(query.device)
         pos = phys - pad[:, None]  # (B, Tq) position within the sequence
@@ -145,15 +165,17 @@ class Speculator:
         index = (positions + pad[rows, None]).clamp_max(k_len - 1)
         mask = None if bool(valid.all()) else valid[:, None, None, :]
         lam_batch = self.row_lambda(torch.arange(len(pad), device=query.device))
-        self._passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, self.row_lambda(rows), lam_batch)
-        return self._passes[-1]
+        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, self.row_lambda(rows),
+                                   lam_batch)
+        return session.passes[-1]
 
     def row_lambda(self, rows: torch.Tensor) -> float | torch.Tensor:
         """The threshold of each batch row in ``rows``: the region's per-row lambda (a sweep's shared batch) or
         the config's; sink and static speculate unconditionally (lambda = inf)."""
-        if self.config.policy != "dynamic":
+        config, region = self.session.config, self.session.region
+        if config.policy != "dynamic":
             return float("inf")
-        return self.config.lam if self.region.lam is None else self.region.lam.to(rows.device)[rows]
+        return config.lam if region.lam is None else region.lam.to(rows.device)[rows]
 
     def has_fused_decode(self) -> bool:
         """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call."""
@@ -162,7 +184,7 @@ class Speculator:
     def fused_decode(self, layer: int, plan: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
-        cfg, pad = self.config, self.region.pad.to(query.device)
+        cfg, pad = self.session.config, self.session.region.pad.to(query.device)
         cur_pos = torch.full_like(pad, key.shape[2] - 1)
         return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, plan.lam_batch,
                                   window_align=cfg.window_align, scale=scaling, start=pad)

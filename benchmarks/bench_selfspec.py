@@ -75,16 +75,17 @@ def main() -> None:
         def selfspec(gamma: int) -> Callable[[], tuple[list[int], dict]]:
             def run() -> tuple[list[int], dict]:
                 config = SpeculationConfig(policy="selfspec", window=args.window, gamma=gamma)
-                with speculation(model, config) as speculator:
-                    out, draft = selfspec_generate(model, speculator, [prompt[-1]], args.new, gamma, lambda t: None,
+                with speculation(model) as speculator:
+                    out, draft = selfspec_generate(model, speculator, config, [prompt[-1]], args.new, gamma, lambda t: None,
                                                    copy.deepcopy(prefilled))
                 return out, {"tau": draft.tau, "speedup": project_selfspec(spec, draft.tau, gamma, args.window).speedup}
             return run
 
         def alspec() -> tuple[list[int], dict]:
             cache, token, out = copy.deepcopy(prefilled), prompt[-1], []
-            with speculation(model, SpeculationConfig(lam=args.lam, window=args.window)) as speculator, \
-                    torch.no_grad(), speculator.speculating(DecodeRegion.build([0], [0])) as trace:
+            config = SpeculationConfig(lam=args.lam, window=args.window)
+            with speculation(model) as speculator, \
+                    torch.no_grad(), speculator.speculating(DecodeRegion.build([0], [0]), config) as trace:
                 for _ in range(args.new):
                     logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits
                     token = int(logits[0, -1].argmax())

@@ -56,13 +56,8 @@ def median_ratio(lm: ALSpecLM, text: str) -> float:
     no decision sits on the threshold, where float noise between equivalent computations could flip it."""
     ids = torch.tensor([TOKENIZER(text)["input_ids"]])
     region = DecodeRegion.build([0], [ids.shape[1] // 3])
-    config = lm.speculator.config
-    lm.speculator.config = type(config)(lam=0.0, window=config.window)
-    try:
-        with torch.no_grad(), lm.speculator.speculating(region) as trace:
-            lm.model(ids)
-    finally:
-        lm.speculator.config = config
+    with torch.no_grad(), lm.speculator.speculating(region, type(lm.spec_config)(lam=0.0, window=lm.spec_config.window)) as trace:
+        lm.model(ids)
     ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
     middle = len(ratios) // 2
     return float(ratios[middle - 1] + ratios[middle]) / 2
@@ -74,7 +69,7 @@ def stepwise_logprob(lm: ALSpecLM, context: list[int], continuation: list[int]):
     cache = DynamicCache(config=model.config)
     region = DecodeRegion.build([0], [len(context)])
     total = 0.0
-    with torch.no_grad(), lm.speculator.speculating(region) as trace:
+    with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as trace:
         logits = model(torch.tensor([context]), past_key_values=cache, use_cache=True).logits[0, -1]
         for i, token in enumerate(continuation):
             total += float(torch.log_softmax(logits.double(), -1)[token])

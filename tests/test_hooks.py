@@ -23,12 +23,12 @@ def test_speculation_block_installs_and_removes_everything():
     ids = torch.randint(3, 100, (1, 60))
     with torch.no_grad():
         before = model(ids).logits
-        with speculation(model, SpeculationConfig(policy="sink", window=8)) as speculator:
+        with speculation(model) as speculator:
             assert model.config._attn_implementation == "alspec_sdpa"
-            with speculator.speculating(DecodeRegion.build([0], [30])):
+            with speculator.speculating(DecodeRegion.build([0], [30]), SpeculationConfig(policy="sink", window=8)):
                 sink = model(ids).logits
             with pytest.raises(RuntimeError, match="already speculates"):
-                install(model, SpeculationConfig())
+                install(model)
         after = model(ids).logits
     assert not torch.equal(sink, before)  # speculation did act inside the block
     assert torch.equal(after, before)

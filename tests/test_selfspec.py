@@ -34,14 +34,14 @@ def reference(model, prompt: list[int], max_new: int, gamma: int) -> tuple[list[
             return model(torch.tensor([tokens])).logits[0].argmax(-1).tolist()
 
     out, steps = [exact_next(prompt)[-1]], []
-    with speculation(model, SpeculationConfig(policy="sink", window=WINDOW)) as speculator:
+    with speculation(model) as speculator:
         while len(out) < max_new:
             committed, drafts = prompt + out, []
             for _ in range(min(gamma, max_new - len(out) - 1)):
                 cache = DynamicCache(config=model.config)
                 with torch.no_grad():
                     model(torch.tensor([committed[:-1]]), past_key_values=cache, use_cache=True)
-                    with speculator.speculating(DecodeRegion.build([0], [0])):
+                    with speculator.speculating(DecodeRegion.build([0], [0]), SpeculationConfig(policy="sink", window=WINDOW)):
                         logits = model(torch.tensor([[committed[-1], *drafts]]), past_key_values=cache).logits
                 drafts.append(int(logits[0, -1].argmax()))
             verified = exact_next(committed + drafts)[len(committed) - 1:]
@@ -58,8 +58,9 @@ def test_tau_matches_the_step_by_step_reference(gamma):
     model = tiny_model(layers=3)
     prompt = TOKENIZER(PROMPTS[0])["input_ids"]
     expected_tokens, expected_steps = reference(copy.deepcopy(model), prompt, 20, gamma)
-    with speculation(model, SpeculationConfig(policy="selfspec", window=WINDOW, gamma=gamma)) as speculator:
-        tokens, stats = selfspec_generate(model, speculator, prompt, 20, gamma, lambda t: None)
+    config = SpeculationConfig(policy="selfspec", window=WINDOW, gamma=gamma)
+    with speculation(model) as speculator:
+        tokens, stats = selfspec_generate(model, speculator, config, prompt, 20, gamma, lambda t: None)
     assert tokens == expected_tokens
     assert stats.hist == [expected_steps.count(k) for k in range(gamma + 1)]
     assert stats.tau == pytest.approx(len(tokens[1:]) / len(expected_steps))  # every step's tokens, then 1 prefill

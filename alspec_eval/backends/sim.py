@@ -14,7 +14,6 @@ import torch
 from transformers import PreTrainedModel
 
 from .. import hooks
-from ..config import SpeculationConfig
 from ..kernels import DecodeKernel, select_kernel
 from ..speculator import Speculator
 
@@ -28,7 +27,10 @@ def decode_kernel(name: str, device: torch.device, plain_softmax: bool = True) -
     return None if name == "sdpa" else select_kernel(name, device)
 
 
-def install(model: PreTrainedModel, config: SpeculationConfig) -> Speculator:
-    """Hook the model's attention; returns the speculator that controls it (``hooks.remove`` undoes it)."""
+def install(model: PreTrainedModel, kernel: str = "auto") -> Speculator:
+    """Hook the model's attention with decode steps on ``kernel``; returns the speculator that controls it
+    (``hooks.remove`` undoes it)."""
+    if kernel in ("torch", "triton"):
+        hooks.check_fused_kernel(f"kernel={kernel}", model.config, model)
     plain = not hooks.formula_terms(model.config, model)
-    return hooks.install(model, config, decode_kernel=decode_kernel(config.kernel, model.device, plain))
+    return hooks.install(model, decode_kernel=decode_kernel(kernel, model.device, plain))

@@ -49,7 +49,7 @@ def test_alspec_on_cuda_bfloat16_triton_decides_as_sdpa():
         with torch.no_grad():
             out = lm.model.generate(ids[:, :-20], max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
             cache = out.past_key_values
-            with lm.speculator.speculating(DecodeRegion.build([0], [ids.shape[1] - 20], device="cuda")) as trace:
+            with lm.speculator.speculating(DecodeRegion.build([0], [ids.shape[1] - 20], device="cuda"), lm.spec_config) as trace:
                 for t in range(ids.shape[1] - 20, ids.shape[1]):  # teacher-forced decode steps, one token each
                     lm.model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
         traces[kernel] = trace

@@ -53,7 +53,7 @@ def _gap_lambda(model, window: int = WINDOW, text: str = PROMPTS[0] * 3) -> floa
 
     lm = alspec_lm(model, window=window, window_align=32, **{"lambda": 0.0})
     ids = torch.tensor([TOKENIZER(text)["input_ids"]])
-    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [0])) as trace:
+    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [0]), lm.spec_config) as trace:
         lm.model(ids)
     ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
     middle = ratios[len(ratios) // 4: 3 * len(ratios) // 4]
@@ -142,7 +142,7 @@ def _compute_config(ttnn, fidelity: str = "HiFi4", approx: bool = False):
 
 def _old_binding(self, q, k, v, **kwargs):
     """PR #16359's keyword, which the op no longer has."""
-    kwargs = dict(lambda_=kwargs["lam"], speculative_chunk_size=self.config.window, cur_pos=kwargs["cur_pos"],
+    kwargs = dict(lambda_=kwargs["lam"], speculative_chunk_size=kwargs["window"], cur_pos=kwargs["cur_pos"],
                   scale=kwargs["scale"])
     return getattr(self.ttnn.experimental, contract.OP_NAME)(q, k, v, **kwargs)
 
@@ -205,11 +205,11 @@ def test_window_not_a_power_of_two(model, card):
     # Were the config check skipped, the card would refuse the op's k_chunk_size.
     config = SpeculationConfig(backend="tt", tt_mode="device", window=64)
     object.__setattr__(config, "window", 96)
-    rt = tt_runtime.TTRuntime(ttnn, config)
+    rt = tt_runtime.TTRuntime(ttnn, mode="device")
     q = rt.upload(torch.randn(1, 1, 4, 64), ttnn.bfloat16)
     k = rt.upload(torch.randn(1, 2, 288, 64), ttnn.bfloat16)
     with pytest.raises(fake_card.CardError, match="fake card: k_chunk_size: 96"):
-        rt.speculative(q, k, k, lam=0.1, cur_pos=[250], scale=0.125, query_heads=4)
+        rt.speculative(q, k, k, lam=0.1, cur_pos=[250], scale=0.125, query_heads=4, window=config.window)
 
 
 def test_limits_before_loading(tmp_path, card):

@@ -41,8 +41,8 @@ def test_device_decode_matches_host_mode(kv_dtype):
     outs = {}
     for mode in ("host", "device"):
         config = SpeculationConfig(backend="tt", tt_mode=mode, tt_kv_dtype=kv_dtype, window=32)
-        speculator = TTSpeculator(config, 1, {}, None, runtime=TTRuntime(ttnn, config))
-        out = speculator.decode(0, q[:, :, 0], k, v, pad, 149 - pad, config.lam, 0.125)
+        speculator = TTSpeculator(1, {}, None, runtime=TTRuntime(ttnn, mode=mode, kv_dtype=kv_dtype))
+        out = speculator.decode(0, q[:, :, 0], k, v, pad, 149 - pad, config.lam, 0.125, config)
         outs[mode] = (out.exact, out.spec)
     for device_out, host_out in zip(outs["device"], outs["host"], strict=True):
         torch.testing.assert_close(device_out.float(), host_out.float(), atol=3e-2, rtol=3e-2)

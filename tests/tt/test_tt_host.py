@@ -59,8 +59,8 @@ def test_host_bfloat16_equals_sim(model):
 
 def _decode(kv_dtype: str, q, k, v, pad, lam: float = 0.1):
     config = SpeculationConfig(backend="tt", tt_mode="host", tt_kv_dtype=kv_dtype, window=WINDOW, lam=lam)
-    speculator = TTSpeculator(config, 1, {}, None, runtime=TTRuntime(ttnn, config))
-    out = speculator.decode(0, q[:, :, 0], k, v, pad, k.shape[2] - 1 - pad, lam, q.shape[-1] ** -0.5)
+    speculator = TTSpeculator(1, {}, None, runtime=TTRuntime(ttnn, mode="host", kv_dtype=kv_dtype))
+    out = speculator.decode(0, q[:, :, 0], k, v, pad, k.shape[2] - 1 - pad, lam, q.shape[-1] ** -0.5, config)
     return out.exact[:, None], out.spec[:, None]
 
 

@@ -44,7 +44,7 @@ def greedy(lm, steps: int = STEPS) -> dict:
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     cache = DynamicCache(config=model.config)
     tokens, logits = [], []
-    with torch.no_grad(), lm.speculator.speculating(region) as trace:
+    with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as trace:
         out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
         for _ in range(steps):
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
@@ -65,8 +65,8 @@ def kernel_check(lm) -> dict:
     q = torch.randn(2, 4, 1, 64) * 2
     k, v = torch.randn(2, 2, 150, 64) * 2, torch.randn(2, 2, 150, 64)
     pad = torch.tensor([0, 7])
-    speculator, config = lm.speculator, lm.speculator.config
-    out = speculator.decode(0, q[:, :, 0], k, v, pad, k.shape[2] - 1 - pad, config.lam, 0.125)
+    speculator, config = lm.speculator, lm.spec_config
+    out = speculator.decode(0, q[:, :, 0], k, v, pad, k.shape[2] - 1 - pad, config.lam, 0.125, config)
     exact, approx, d, n = out.exact[:, None], out.spec[:, None], out.d, out.n
     ref = speculative_flash_decode(q[:, :, 0], k, v, torch.full((2,), k.shape[2] - 1), WINDOW, math.inf,
                                    window_align=32, scale=0.125, start=pad)

@@ -83,8 +83,11 @@ def prepare(config: SpeculationConfig) -> TTRuntime:
     if config.tt_kernel == "ttlang":
         from ...kernels.ttlang.decode import load_ttnn
 
-        return TTRuntime(load_ttnn(), config)  # on tt-lang-sim: the simulator's ttnn
-    return TTRuntime(import_ttnn(), config)
+        ttnn = load_ttnn()  # on tt-lang-sim: the simulator's ttnn
+    else:
+        ttnn = import_ttnn()
+    return TTRuntime(ttnn, mode=config.tt_mode, device_id=config.tt_device_id, kv_dtype=config.tt_kv_dtype,
+                     kernel=config.tt_kernel)
 
 
 def check_model(runtime: TTRuntime, model_config: Any, batch_size: int | None) -> None:
@@ -101,4 +104,4 @@ def install(model: PreTrainedModel, config: SpeculationConfig, runtime: TTRuntim
     runtime = prepare(config) if runtime is None else runtime
     check_model(runtime, model.config, None)
     hooks.check_fused_kernel("the TT op (backend=tt)", model.config, model)
-    return hooks.install(model, config, TTSpeculator, runtime=runtime)
+    return hooks.install(model, TTSpeculator, runtime=runtime)

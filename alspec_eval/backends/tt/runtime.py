@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import torch
 
-from ...config import SpeculationConfig
 from . import contract
 
 
@@ -32,18 +31,19 @@ def round_bfloat8_b(x: torch.Tensor) -> torch.Tensor:
 
 
 class TTRuntime:
-    """One run's device (or none), grid, configs and ops."""
+    """One run's device (or none), grid, compute config and ops: what the model's load fixes (``tt_mode``,
+    ``tt_device_id``, ``tt_kv_dtype``, ``tt_kernel``). What a call speculates with (the window) comes per call."""
 
-    def __init__(self, ttnn: ModuleType, config: SpeculationConfig) -> None:
+    def __init__(self, ttnn: ModuleType, *, mode: str, device_id: int = 0, kv_dtype: str = "bfloat8_b",
+                 kernel: str = "ttnn") -> None:
         self.ttnn = ttnn
-        self.config = config
-        self.kv_dtype = getattr(ttnn, config.tt_kv_dtype)
+        self.kv_dtype = getattr(ttnn, kv_dtype)
         self.device = None
         self.ttlang: Callable | None = None  # tt_kernel=ttlang: kernels.ttlang.decode.ttlang_decode on this device
-        if config.tt_mode == "device":
-            self.device = ttnn.open_device(device_id=config.tt_device_id)
+        if mode == "device":
+            self.device = ttnn.open_device(device_id=device_id)
             atexit.register(ttnn.close_device, self.device)
-        if config.tt_kernel == "ttlang":
+        if kernel == "ttlang":
             from ...kernels.ttlang.decode import ttlang_decode
 
             device = self.device if self.device is not None else ttnn.open_device(device_id=0)  # the simulator's
@@ -94,10 +94,11 @@ class TTRuntime:
 
     # ------------------------------------------------------------------ ops
 
-    def sdpa_decode(self, q: Any, k: Any, v: Any, *, cur_pos: list[int], scale: float, query_heads: int) -> Any:
+    def sdpa_decode(self, q: Any, k: Any, v: Any, *, cur_pos: list[int], scale: float, query_heads: int,
+                    window: int) -> Any:
         """ttnn's exact decode attention (the trivial steps, and A and A~ where ttnn lacks the speculative op)."""
         op = self.ttnn.transformer.scaled_dot_product_attention_decode
-        kwargs = dict(cur_pos=cur_pos, scale=scale, program_config=self.program_config(query_heads),
+        kwargs = dict(cur_pos=cur_pos, scale=scale, program_config=self.program_config(query_heads, window),
                       compute_kernel_config=self.compute_config)
         if self.device is not None:
             return op(q, k, v, **kwargs)
@@ -105,16 +106,16 @@ class TTRuntime:
         return golden(q, k, v, cur_pos=cur_pos, scale=scale)
 
     def speculative(self, q: Any, k: Any, v: Any, *, lam: float, cur_pos: list[int], scale: float,
-                    query_heads: int) -> tuple[Any, ...]:
+                    query_heads: int, window: int) -> tuple[Any, ...]:
         """The authors' op, called exactly as its contract says; on the host its golden (contract.py)."""
-        kwargs = dict(lambda_=lam, cur_pos=cur_pos, scale=scale, program_config=self.program_config(query_heads),
+        kwargs = dict(lambda_=lam, cur_pos=cur_pos, scale=scale, program_config=self.program_config(query_heads, window),
                       compute_kernel_config=self.compute_config)
         if self.device is not None:
             return getattr(self.ttnn.experimental, contract.OP_NAME)(q, k, v, **kwargs)
         return contract.speculative_golden(q, k, v, **kwargs)
 
-    def program_config(self, query_heads: int) -> Any:
-        return contract.program_config(self.ttnn, self.grid, query_heads, self.config.window)
+    def program_config(self, query_heads: int, window: int) -> Any:
+        return contract.program_config(self.ttnn, self.grid, query_heads, window)
 
     def kernel_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, window: int,
                       scale: float) -> tuple[torch.Tensor, ...]:

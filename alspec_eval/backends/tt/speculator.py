@@ -48,9 +48,9 @@ class _Resident:
 class TTSpeculator(Speculator):
     """The speculator with the TT device for decode steps."""
 
-    def __init__(self, config: SpeculationConfig, num_layers: int, skipped_layers: dict[int, str],
-                 base_attention: Callable, runtime: TTRuntime, additive_mask: bool = False) -> None:
-        super().__init__(config, num_layers, skipped_layers, base_attention, additive_mask=additive_mask)
+    def __init__(self, num_layers: int, skipped_layers: dict[int, str], base_attention: Callable, runtime: TTRuntime,
+                 additive_mask: bool = False) -> None:
+        super().__init__(num_layers, skipped_layers, base_attention, additive_mask=additive_mask)
         self.runtime = runtime
         self._resident: dict[int, _Resident] = {}
 
@@ -60,13 +60,14 @@ class TTSpeculator(Speculator):
     def fused_decode(self, layer: int, plan: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step's A, A~, d, n and decision for every batch row; query (B, Hq, 1, D), key/value (B, Hkv, L, D)."""
-        pad = self.region.pad.to(key.device)
+        pad = self.session.region.pad.to(key.device)
         pos = key.shape[2] - 1 - pad  # logical position of the current token
-        return self.decode(layer, query[:, :, 0], key, value, pad, pos, plan.lam_batch, scaling)
+        return self.decode(layer, query[:, :, 0], key, value, pad, pos, plan.lam_batch, scaling, self.session.config)
 
     def decode(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
-               pos: torch.Tensor, lam: float | torch.Tensor, scale: float) -> SpecDecodeOutput:
-        rt, window = self.runtime, self.config.window
+               pos: torch.Tensor, lam: float | torch.Tensor, scale: float, config: SpeculationConfig) -> SpecDecodeOutput:
+        """A decode step for query ``q`` (B, Hq, D) under ``config`` (its window; its lambda is the op's)."""
+        rt, window = self.runtime, config.window
         batch, heads, dim = q.shape
         trivial = semantics.is_trivial(pos, window)
         if rt.ttlang is not None:  # tt_kernel=ttlang: one kernel for A, A~ and the verification sums
@@ -74,32 +75,34 @@ class TTSpeculator(Speculator):
             exact, approx, d2, n2 = rt.kernel_decode(q, left_align(key, pad, length), left_align(value, pad, length),
                                                      pos, window, scale)
             return _from_squares(exact.to(q.dtype), approx.to(q.dtype), d2, n2, lam, trivial)
-        k_dev, v_dev = self._resident_cache(layer, key, value, pad, pos)
+        k_dev, v_dev = self._resident_cache(layer, key, value, pad, pos, window)
         q_dev = rt.upload(q[None], rt.ttnn.bfloat16)  # the ops' [1, B, Hq, D]
 
         def host(out: Any) -> torch.Tensor:  # [1, B, padded heads, D] -> (B, Hq, D)
             return rt.download(out)[0, :batch, :heads, :dim].to(q.dtype)
 
         if not rt.has_speculative_op:
-            exact = host(rt.sdpa_decode(q_dev, k_dev, v_dev, cur_pos=pos.tolist(), scale=scale, query_heads=heads))
+            exact = host(rt.sdpa_decode(q_dev, k_dev, v_dev, cur_pos=pos.tolist(), scale=scale, query_heads=heads,
+                                        window=window))
             positions, valid = semantics.window_positions(pos, window, contract.TILE)
             index = (positions + pad[:, None]).clamp_max(key.shape[2] - 1)
             rows = torch.arange(batch)[:, None]
             k_w, v_w = (rt.upload(t[rows, :, index].transpose(1, 2), rt.kv_dtype) for t in (key, value))
             approx = host(rt.sdpa_decode(q_dev, k_w, v_w, cur_pos=(valid.sum(1) - 1).tolist(), scale=scale,
-                                         query_heads=heads))
+                                         query_heads=heads, window=window))
             approx = torch.where(trivial[:, None, None], exact, approx)
             d, n = semantics.distances(approx, exact)
             return SpecDecodeOutput(exact, approx, d, n, semantics.accept_squared(d * d, n * n, lam) | trivial, trivial)
-        op_lambda = self.config.lam
+        op_lambda = config.lam
         if not trivial.any():
             full, spec, d2, n2 = rt.speculative(q_dev, k_dev, v_dev, lam=op_lambda, cur_pos=pos.tolist(), scale=scale,
-                                                query_heads=heads)
+                                                query_heads=heads, window=window)
             d2, n2 = (rt.download(t).float().flatten()[:batch] for t in (d2, n2))
             return _from_squares(host(full), host(spec), d2, n2, lam, trivial)
         # Some rows fit in 2S: the exact op for all, the speculative op for the others only (their cache uploaded
         # apart, until every row is past 2S).
-        exact = host(rt.sdpa_decode(q_dev, k_dev, v_dev, cur_pos=pos.tolist(), scale=scale, query_heads=heads))
+        exact = host(rt.sdpa_decode(q_dev, k_dev, v_dev, cur_pos=pos.tolist(), scale=scale, query_heads=heads,
+                                    window=window))
         approx, d2, n2 = exact.clone(), torch.zeros(batch), torch.ones(batch)
         rows = (~trivial).nonzero().flatten()
         if len(rows):
@@ -107,7 +110,7 @@ class TTSpeculator(Speculator):
             k_sub, v_sub = (rt.upload(left_align(t[rows], pad[rows], capacity), rt.kv_dtype) for t in (key, value))
             full, spec, d2_sub, n2_sub = rt.speculative(rt.upload(q[rows][None], rt.ttnn.bfloat16), k_sub, v_sub,
                                                         lam=op_lambda, cur_pos=pos[rows].tolist(), scale=scale,
-                                                        query_heads=heads)
+                                                        query_heads=heads, window=window)
             sub = len(rows)
             exact[rows] = rt.download(full)[0, :sub, :heads, :dim].to(q.dtype)
             approx[rows] = rt.download(spec)[0, :sub, :heads, :dim].to(q.dtype)
@@ -115,20 +118,20 @@ class TTSpeculator(Speculator):
         return _from_squares(exact, approx, d2, n2, lam, trivial)
 
     def _resident_cache(self, layer: int, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
-                        pos: torch.Tensor) -> tuple[Any, Any]:
+                        pos: torch.Tensor, window: int) -> tuple[Any, Any]:
         """The layer's device cache, with this step's token appended; uploaded whole only for a new request (or
         when it outgrows its capacity)."""
         rt, length = self.runtime, key.shape[2]
         r = self._resident.get(layer)
         continues = (r is not None and r.length + 1 == length and r.pad == pad.tolist()
                      and r.last_key.shape[0] == key.shape[0] and int(pos.max()) < r.capacity
-                     and torch.equal(r.last_key, key[:, :, -2]))
+                     and r.capacity % window == 0 and torch.equal(r.last_key, key[:, :, -2]))
         if continues:
             positions = pos.tolist()
             r.k = rt.append(r.k, key[:, :, -1], positions)
             r.v = rt.append(r.v, value[:, :, -1], positions)
         else:
-            capacity = contract.cache_length(length + HEADROOM, self.config.window)
+            capacity = contract.cache_length(length + HEADROOM, window)
             r = _Resident(rt.upload(left_align(key, pad, capacity), rt.kv_dtype),
                           rt.upload(left_align(value, pad, capacity), rt.kv_dtype), pad.tolist(), length, capacity,
                           key[:, :, -1].clone())
