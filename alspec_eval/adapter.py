@@ -27,7 +27,8 @@ from lm_eval.models.huggingface import HFLM
 from .compat import check_lm_eval
 from .config import LOAD_TIME_SETTINGS, ConfigError, SpeculationConfig
 from .hooks import check_fused_kernel
-from .shared_prefill import RowKey, SharedPrefill, Variant, row_keys
+from .rows import Row
+from .shared_prefill import RowKey, SharedPrefill, row_keys
 from .models import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion, Trace
 from .selfspec import check_model as check_selfspec_model, selfspec_generate
@@ -84,6 +85,7 @@ class ALSpecLM(HFLM):
             from .backends.sim import install
 
             self.speculator = install(self.model, self.spec_config.kernel)
+        self.spec_config.check_layers(self.speculator.num_layers)  # a model object skips _create_model
         self.task_stats: dict[str, AcceptanceStats] = {}  # every rank's, summed (data parallel)
         self._local_stats: dict[str, AcceptanceStats] = {}  # this rank's
         self.decode_tokens = 0  # generated or teacher-forced tokens answered so far, for progress displays
@@ -338,7 +340,7 @@ class ALSpecLM(HFLM):
         self.spec_config = config
 
     @contextmanager
-    def shared_prefill(self, variants: list[Variant]) -> Iterator[SharedPrefill]:
+    def shared_prefill(self, variants: list[Row]) -> Iterator[SharedPrefill]:
         """Run the variants of a sweep on one exact prefill; set ``replay`` to choose which one answers."""
         if self.spec_config.speculate_prefill or self.spec_config.policy != "dynamic":
             raise ConfigError("a shared prefill needs policy=dynamic and speculate_prefill=false "

@@ -13,7 +13,6 @@ The module works through :class:`PrefillHost`, the few things it needs of the ad
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,6 +22,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .config import SpeculationConfig
 from .region import DecodeRegion, Trace
+from .rows import Row
 from .selfspec import row_cache
 from .speculator import Speculator
 
@@ -58,30 +58,20 @@ def row_keys(context: torch.Tensor, attention_mask: torch.Tensor | None) -> list
     return [tuple(row[pad:].tolist()) for row, pad in zip(context, pads, strict=True)]
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One cell of a sweep that can share the prefill: the baseline, a lambda, pure sink (lam = inf) or
-    self-speculation with draft length ``gamma``."""
-
-    name: str
-    lam: float = 0.0
-    exact: bool = False
-    gamma: int | None = None
-
-
 @dataclass
 class SharedPrefill:
-    """What the first pass computed for every variant, keyed by (row input, variant), and which variant answers."""
+    """What the first pass computed for every sweep row (a variant), keyed by (request input, variant index), and
+    which variant answers."""
 
-    variants: list[Variant]
+    variants: list[Row]
     replay: int = 0
     rows: dict[tuple[RowKey, int], dict[str, Any]] = field(default_factory=dict)
 
     @staticmethod
-    def region_args(batch: int, variants: list[Variant]) -> dict[str, list]:
+    def region_args(batch: int, variants: list[Row]) -> dict[str, list]:
         """Per-row lambda and exact flags for a batch of ``batch`` requests, each repeated once per variant."""
-        return {"lam": [v.lam for _ in range(batch) for v in variants],
-                "exact": [v.exact or v.gamma is not None for _ in range(batch) for v in variants]}
+        return {"lam": [v.threshold for _ in range(batch) for v in variants],
+                "exact": [v.exact_attention for _ in range(batch) for v in variants]}
 
     def generate(self, host: PrefillHost, context: torch.Tensor, max_length: int, stop: list[str],
                  generation_kwargs: dict[str, Any]) -> tuple[torch.Tensor, list[dict[str, Any]]]:
@@ -133,14 +123,14 @@ class SharedPrefill:
         keys, pads = row_keys(context, mask), (mask.shape[1] - mask.long().sum(-1)).tolist()
         rows = []
         for v, variant in enumerate(self.variants):
-            if variant.gamma is None:
+            if variant.kind != "selfspec":
                 continue
             for b, key in enumerate(keys):
                 own = row_cache(host.model, cache, b, pads[b]) if len(key) > 1 else None
                 tokens, entry = host.selfspec_row(own, list(key[-1:] if own is not None else key), max_length - context.shape[1],
                                                   stop, generation_kwargs, variant.gamma)
                 rows.append((key, v, {**entry, "generated": context.new_tensor(tokens)}))
-        attention = [v for v, variant in enumerate(self.variants) if variant.gamma is None]
+        attention = [v for v, variant in enumerate(self.variants) if variant.kind != "selfspec"]
         if not attention:
             return rows
         cache.batch_repeat_interleave(len(attention))
@@ -182,12 +172,3 @@ class SharedPrefill:
                  for r in range(len(logits))]
         return logits, max(common - 1, 0), stats
 
-
-def sweep_variants(lambdas: list[float], baseline: bool = True, sink: bool = True,
-                   gammas: Sequence[int] = ()) -> list[Variant]:
-    """The variants of a sweep that share a prefill, in the order their cells are named."""
-    out = [Variant("baseline", exact=True)] if baseline else []
-    out += [Variant(f"lambda_{lam:g}", lam=float(lam)) for lam in lambdas]
-    if sink:
-        out.append(Variant("sink", lam=math.inf))
-    return out + [Variant(f"selfspec_g{gamma}", gamma=gamma) for gamma in gammas]

@@ -16,7 +16,7 @@ import time
 import torch
 
 from alspec_eval.adapter import ALSpecLM
-from alspec_eval.shared_prefill import sweep_variants
+from alspec_eval.rows import sweep_rows
 from alspec_eval.models import smollm2_path
 from bench_adapter import prompts, requests
 
@@ -33,12 +33,12 @@ def main() -> None:
 
     lm = ALSpecLM(pretrained=str(smollm2_path()), device=args.device, batch_size=1, dtype="float32", window=64)
     texts = prompts(lm.tokenizer, args.prompts, args.tokens)
-    variants = sweep_variants(LAMBDAS, sink=False)
+    variants = sweep_rows(LAMBDAS, sink=False)
 
     start = time.perf_counter()
     separate = []
     for variant in variants:
-        lm.reconfigure(**({"policy": "exact"} if variant.exact else {"policy": "dynamic", "lam": variant.lam}))
+        lm.reconfigure(**variant.settings())
         separate.append(lm.generate_until(requests(texts, args.new_tokens), disable_tqdm=True))
     separate_s = time.perf_counter() - start
 

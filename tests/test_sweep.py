@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from alspec_eval.config import ConfigError
-from alspec_eval.shared_prefill import sweep_variants
+from alspec_eval.rows import sweep_rows
 from alspec_eval.sweep.config import load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, read_cells, sample_stats
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("name", ["smoke", "demo", "paper_table1"])
 def test_shipped_configs_are_valid(name):
     config = load_config(CONFIGS / f"{name}.yaml")
-    assert config.cell_names()[0] == "baseline" and config.cell_names()[-1] == "static"
+    assert config.rows()[0].name == "baseline" and config.rows()[-1].name == "static"
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -46,7 +46,7 @@ def test_missing_config_file():
 def test_shared_prefill_equals_separate_runs():
     model = tiny_model()
     lam = median_ratio(alspec_lm(model), PROMPTS[0])
-    variants = sweep_variants([lam, 2 * lam], gammas=[2])
+    variants = sweep_rows([lam, 2 * lam], gammas=[2])
     shared_lm = alspec_lm(model, batch_size=2)
     shared = {}
     with shared_lm.shared_prefill(variants) as fork:

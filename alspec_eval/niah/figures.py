@@ -18,6 +18,7 @@ from matplotlib import colormaps
 
 from ..report.figures import _figure, save
 from ..report.cells import BASELINE, SINK, Sweep, load_sweep
+from ..rows import Row
 
 
 def _cells(outdir: Path) -> dict[str, dict[str, Any]]:
@@ -31,12 +32,8 @@ def _score(sample: dict[str, Any]) -> float:
 
 
 def _label(cell: dict[str, Any]) -> str:
-    """How a cell was made, for a title: "λ = 0.05", "baseline", "sink (λ = ∞)"."""
-    named = {"exact": "baseline", "sink": "sink (λ = ∞)", "static": "static layers",
-             "selfspec": f"selfspec γ = {cell.get('gamma')}"}
-    if cell["policy"] in named:
-        return named[cell["policy"]]
-    return f"λ = {cell['lambda']:g}" if isinstance(cell.get("lambda"), (int, float)) else cell["cell"]
+    """The row a raw cell JSON was made as, for a title: "λ = 0.05", "baseline", "sink"."""
+    return Row.from_record(cell["policy"], cell.get("lambda"), cell.get("gamma")).label
 
 
 def needles_vs_lambda(sweep: Sweep, task: str) -> Any:

@@ -11,47 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alspec_eval.rows import BASELINE, SINK, STATIC, Row
 from alspec_eval.stats import RATIO_EDGES, SCHEMA_VERSION
+
+__all__ = ["BASELINE", "SINK", "STATIC", "Cell", "LayerStats", "NoCellsError", "Row", "Sweep", "load_cell", "load_sweep"]
 
 READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 
 
 class NoCellsError(FileNotFoundError):
     """The folder holds no finished cell; raised so the CLI can print one line with the fix."""
-
-
-@dataclass(frozen=True)
-class Row:
-    """A row of Table 1: baseline, one lambda, sink, static, or token-level self-speculation with one gamma."""
-
-    rank: int  # 0 baseline, 1 dynamic, 2 sink, 3 static (the paper's row order), 4 selfspec
-    lam: float = -1.0  # only meaningful for dynamic rows
-    gamma: int = 0  # only meaningful for selfspec rows
-
-    @property
-    def kind(self) -> str:
-        return ("baseline", "dynamic", "sink", "static", "selfspec")[self.rank]
-
-    @property
-    def label(self) -> str:
-        if self.kind == "selfspec":
-            return f"selfspec γ = {self.gamma}"
-        return f"λ = {self.lam:g}" if self.kind == "dynamic" else self.kind
-
-    @classmethod
-    def for_policy(cls, policy: str, lam: float | None, gamma: int | None = None) -> "Row":
-        if policy == "dynamic":
-            if lam is None:
-                raise ValueError("a dynamic cell needs a numeric lambda")
-            return cls(1, lam)
-        if policy == "selfspec":
-            if gamma is None:
-                raise ValueError("a selfspec cell needs its gamma")
-            return cls(4, gamma=gamma)
-        return cls({"exact": 0, "sink": 2, "static": 3}[policy])
-
-
-BASELINE, SINK, STATIC = Row(0), Row(2), Row(3)
 
 
 @dataclass(frozen=True)
@@ -93,7 +62,7 @@ class Cell:
 
     @property
     def row(self) -> Row:
-        return Row.for_policy(self.policy, self.lam, self.gamma)
+        return Row.from_record(self.policy, self.lam, self.gamma)
 
     @property
     def hit_rate(self) -> float | None:
@@ -159,14 +128,14 @@ class Sweep:
         """Every row the sweep declares or has a cell for (a sweep run with ``static: false`` has no static row)."""
         has = {c.row for c in self.cells}
         static = [STATIC] if STATIC in has or self.meta.get("static_p", 0.8) is not None else []
-        return [BASELINE, *(Row(1, lam) for lam in self.lambdas), SINK, *static, *(Row(4, gamma=g) for g in self.gammas)]
+        return [BASELINE, *map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas)]
 
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))
 
     def dynamic_cells(self, task: str) -> list[Cell]:
         """The task's lambda cells, by increasing lambda."""
-        return [c for lam in self.lambdas if (c := self.cell(task, Row(1, lam))) is not None]
+        return [c for lam in self.lambdas if (c := self.cell(task, Row.dynamic(lam))) is not None]
 
 
 def _as_lambda(value: Any) -> float | None:

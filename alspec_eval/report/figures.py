@@ -250,16 +250,14 @@ def frontier(cells: "pd.DataFrame", projection: "Projection") -> Figure:
 
 
 def _row_of(r: "pd.Series") -> Row:
-    if r["policy"] == "selfspec":
-        return Row(4, gamma=int(r["gamma"]))
-    return Row(int(r["rank"]), float(r["lambda"]) if r["policy"] == "dynamic" else -1.0)
+    return Row.from_record(r["policy"], r["lambda"], r["gamma"] if r["policy"] == "selfspec" else None)
 
 
 def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "Projection") -> Figure:
     """At one S: attention-level speculation's hit rate per lambda next to token-level self-speculation's tau per
     gamma, each point labelled with the latency model's projected speedup."""
     dynamic = [c for c in sweep.dynamic_cells(task) if c.hit_rate is not None]
-    drafts = [c for g in sweep.gammas if (c := sweep.cell(task, Row(4, gamma=g))) is not None and c.tau is not None]
+    drafts = [c for g in sweep.gammas if (c := sweep.cell(task, Row.selfspec(g))) is not None and c.tau is not None]
     fig = _figure(9.0, 3.4)
     left, right = fig.subplots(1, 2)
 

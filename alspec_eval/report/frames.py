@@ -118,7 +118,7 @@ def load(outdir: str | Path) -> Frames:
         nan2 = (math.nan, math.nan)
         low, high = cluster_bootstrap_ratio(*document_decisions(c)) if c.hit_rate is not None else nan2
         low_d, high_d = wilson(c.total.accepted, c.total.speculated) if c.hit_rate is not None else nan2
-        row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.rank, "policy": c.policy,
+        row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.order, "policy": c.policy,
                "lambda": c.lam, "window": window, "metric": c.metric, "score": c.score,
                "stderr": stderr if isinstance(stderr, (int, float)) else math.nan, "n": len(docs) or c.samples,
                "speculated": c.total.speculated, "accepted": c.total.accepted,

@@ -48,7 +48,7 @@ def published(table: str) -> dict[tuple[str, Row], Published]:
     for r in rows:
         if r["model"] != TABLES[table]:
             continue
-        row = BASELINE if r["lambda"] == "baseline" else Row(1, float(r["lambda"]))
+        row = BASELINE if r["lambda"] == "baseline" else Row.dynamic(float(r["lambda"]))
         hit = float(r["hit_rate_pct"]) / 100 if r["hit_rate_pct"] else None
         out[(LM_EVAL_TASKS[r["task"]], row)] = Published(float(r["score"]), hit)
     return out

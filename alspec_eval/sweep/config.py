@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError
+from ..rows import STATIC, Row, sweep_rows
 
 
 @dataclass(frozen=True)
@@ -50,19 +51,9 @@ class SweepConfig:
     def output_dir(self) -> Path:
         return Path(self.output or f"results/{self.name}")
 
-    def cell_names(self) -> list[str]:
-        """Cells per task, in run order: the shared-prefill group first, static last (it calibrates on them)."""
-        return ([*(["baseline"] if self.baseline else []), *(lambda_cell(lam) for lam in self.lambdas),
-                 *(["sink"] if self.sink else []), *(selfspec_cell(g) for g in self.gammas),
-                 *(["static"] if self.static else [])])
-
-
-def lambda_cell(lam: float) -> str:
-    return f"lambda_{lam:g}"
-
-
-def selfspec_cell(gamma: int) -> str:
-    return f"selfspec_g{gamma}"
+    def rows(self) -> list[Row]:
+        """Rows per task, in run order: the shared-prefill group first, static last (it calibrates on them)."""
+        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas), *([STATIC] if self.static else [])]
 
 
 def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
@@ -136,13 +127,13 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
     return SweepConfig(**raw)
 
 
-def fingerprint(config: SweepConfig, task: str, cell: str) -> dict[str, Any]:
+def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:
     """Everything that decides a cell's numbers: a cell is reused only when a rerun's fingerprint equals it."""
-    out = {"task": task, "cell": cell, "model_args": config.model_args, "window": config.window,
+    out = {"task": task, "cell": row.name, "model_args": config.model_args, "window": config.window,
            "window_align": config.window_align, "limit": config.limit, "num_fewshot": config.num_fewshot,
            "apply_chat_template": config.apply_chat_template, "gen_kwargs": config.gen_kwargs,
            "metadata": config.metadata, "seed": config.seed}
-    if cell == "static" and config.static is not None:
+    if row == STATIC and config.static is not None:
         out["static"] = {"p": config.static.p, "lambda": config.static.lam}
     return json.loads(json.dumps(out, sort_keys=True, default=str))
 

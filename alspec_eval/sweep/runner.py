@@ -17,20 +17,20 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError
 from ..distributed import barrier, is_main_process
-from ..shared_prefill import sweep_variants
 from ..models import SMOLLM2_ALIAS, smollm2_path
 from ..provenance import provenance
 from ..report_io import write_json_atomic
 from ..stats import AcceptanceStats
-from .config import SweepConfig, fingerprint, lambda_cell
+from ..rows import STATIC, Row
+from .config import SweepConfig, fingerprint
 
 CellHook = Callable[[Path], None]
 # lm-eval's own stderr of each score (closed form for means; a bootstrap of this size for other aggregations).
 BOOTSTRAP_ITERS = 1000
 
 
-def cell_path(out: Path, task: str, cell: str) -> Path:
-    return out / "cells" / task / f"{cell}.json"
+def cell_path(out: Path, task: str, row: Row) -> Path:
+    return out / "cells" / task / f"{row.name}.json"
 
 
 def resolved_model_args(config: SweepConfig) -> dict[str, Any]:
@@ -63,11 +63,11 @@ def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -
     return next((k for k in metrics if "," in k and "_stderr" not in k), None)  # lm-eval keys are "metric,filter"
 
 
-def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str, Any],
+def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str, Any],
                   settings: dict[str, Any]) -> dict[str, Any] | None:
-    """One lm-eval evaluation of ``task``; ``settings`` are the speculation settings this cell runs with (in a
-    shared prefill the model's own config is the group's, not the cell's). None on a data-parallel rank other
-    than the main one."""
+    """One lm-eval evaluation of ``task``; ``extra`` is what the cell file records about the row, ``settings`` the
+    speculation settings it runs with (in a shared prefill the model's own config is the group's, not the row's).
+    None on a data-parallel rank other than the main one."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -96,7 +96,7 @@ def evaluate_cell(lm, config: SweepConfig, task: str, cell: str, extra: dict[str
          "response": s["filtered_resps"]}
         for name, task_samples in sorted(results.get("samples", {}).items())
         for s in sorted(task_samples, key=lambda s: s["doc_id"])]  # in document order, however ranks split them
-    return {"task": task, "cell": cell, **extra, "fingerprint": fingerprint(config, task, cell),
+    return {"task": task, "cell": row.name, **extra, "fingerprint": fingerprint(config, task, row),
             "provenance": provenance(resolved_model_args(config)), "metric": metric,
             "score": numeric.get(task, {}).get(metric) if metric else None,
             "metrics": numeric.get(task, {}), "subtasks": {k: v for k, v in numeric.items() if k != task},
@@ -127,45 +127,28 @@ def check_tasks(tasks: list[str]) -> None:
 def static_layers(out: Path, task: str, config: SweepConfig) -> list[int]:
     """Layers whose acceptance in the dynamic cell at static.lambda reaches static.p (the paper's Figure 2)."""
     assert config.static is not None
-    dynamic = json.loads(cell_path(out, task, lambda_cell(config.static.lam)).read_text())
+    dynamic = json.loads(cell_path(out, task, Row.dynamic(config.static.lam)).read_text())
     return [layer["layer"] for layer in dynamic["alspec"]["layers"]
             if layer["hit_rate"] is not None and layer["hit_rate"] >= config.static.p]
 
 
-def _cell_settings(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Speculation settings for a shared-group cell, and what its JSON records about them."""
-    if name == "baseline":
-        return ({"policy": "exact", "static_layers": (), "gamma": None},
-                {"policy": "exact", "lambda": None, "static_layers": None})
-    if name == "sink":
-        return ({"policy": "sink", "static_layers": (), "gamma": None},
-                {"policy": "sink", "lambda": "inf", "static_layers": None})
-    if name.startswith("selfspec_g"):
-        gamma = int(name.removeprefix("selfspec_g"))
-        return ({"policy": "selfspec", "static_layers": (), "gamma": gamma},
-                {"policy": "selfspec", "lambda": None, "gamma": gamma, "static_layers": None})
-    lam = float(name.removeprefix("lambda_"))
-    return ({"policy": "dynamic", "lam": lam, "static_layers": (), "gamma": None},
-            {"policy": "dynamic", "lambda": lam, "static_layers": None})
-
-
-def existing_cells(config: SweepConfig, recompute: bool) -> list[tuple[str, str]]:
-    """The (task, cell) pairs to compute. A cell file is reused only when its fingerprint equals this config's; a
+def existing_cells(config: SweepConfig, recompute: bool) -> list[tuple[str, Row]]:
+    """The (task, row) pairs to compute. A cell file is reused only when its fingerprint equals this config's; a
     stale or unreadable one is recomputed with ``recompute``, else refused in one line."""
     out, missing, stale = config.output_dir, [], []
     for task in config.tasks:
-        for cell in config.cell_names():
-            path = cell_path(out, task, cell)
+        for row in config.rows():
+            path = cell_path(out, task, row)
             if not path.exists():
-                missing.append((task, cell))
+                missing.append((task, row))
                 continue
             try:
                 found = json.loads(path.read_text()).get("fingerprint")
             except (OSError, ValueError, AttributeError):
                 found = "unreadable"
-            if found != fingerprint(config, task, cell):
+            if found != fingerprint(config, task, row):
                 stale.append((path, "unreadable (truncated?)" if found == "unreadable" else "made with other settings"))
-                missing.append((task, cell))
+                missing.append((task, row))
     if stale and not recompute:
         path, why = stale[0]
         raise ConfigError(f"{path} is {why}{f' (and {len(stale) - 1} more cells)' if len(stale) > 1 else ''}; rerun "
@@ -217,54 +200,50 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
 
 def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute: bool) -> Path:
     out = config.output_dir
-    cells = config.cell_names()
+    rows = config.rows()
     missing = existing_cells(config, recompute)
     barrier()  # every rank has read which cells exist before the main one writes any
     if is_main_process():
         write_json_atomic(out / "sweep.json", {**asdict(config), "static_p": config.static.p if config.static else None,
-                                               "cells": cells})
+                                               "cells": [row.name for row in rows]})
     if not missing:
         return out
     check_tasks(config.tasks)
     lm = lm or build_lm(config)
-    progress = tqdm(total=len(config.tasks) * len(cells), initial=len(config.tasks) * len(cells) - len(missing),
+    progress = tqdm(total=len(config.tasks) * len(rows), initial=len(config.tasks) * len(rows) - len(missing),
                     desc=f"sweep {config.name}", unit="cell")
 
-    def write(task: str, cell: str, extra: dict[str, Any], settings: dict[str, Any]) -> None:
-        progress.set_postfix_str(f"{task}: {cell}, {lm.decode_tokens} tokens so far")
-        result = evaluate_cell(lm, config, task, cell, extra, settings)
-        path = cell_path(out, task, cell)
+    def write(task: str, row: Row, extra: dict[str, Any], settings: dict[str, Any]) -> None:
+        progress.set_postfix_str(f"{task}: {row.name}, {lm.decode_tokens} tokens so far")
+        result = evaluate_cell(lm, config, task, row, extra, settings)
+        path = cell_path(out, task, row)
         if result is not None:
             write_json_atomic(path, result)
         barrier()  # the cell is on disk for every rank (static calibration reads it)
-        progress.set_postfix_str(f"{task}: {cell}, {lm.decode_tokens} tokens so far")
+        progress.set_postfix_str(f"{task}: {row.name}, {lm.decode_tokens} tokens so far")
         progress.update()
         if on_cell and result is not None:
             on_cell(path)
 
     for task in config.tasks:
-        todo = [c for c in cells if (task, c) in missing]
-        group = [c for c in todo if c != "static"]
+        todo = [row for row in rows if (task, row) in missing]
+        group = [row for row in todo if row.shares_prefill]
         if group and config.shared_prefill:
-            variants = sweep_variants(config.lambdas, baseline=config.baseline, sink=config.sink,
-                                      gammas=config.gammas)
+            shared = [row for row in rows if row.shares_prefill]
             lm.reconfigure(policy="dynamic", static_layers=(), gamma=None)
-            with lm.shared_prefill(variants) as fork:
-                for index, variant in enumerate(variants):
-                    if variant.name in group:
-                        fork.replay = index
-                        write(task, variant.name, _cell_settings(variant.name)[1], _cell_settings(variant.name)[0])
+            with lm.shared_prefill(shared) as fork:
+                for row in group:
+                    fork.replay = shared.index(row)
+                    write(task, row, row.record(), row.settings())
         else:
-            for name in group:
-                settings, extra = _cell_settings(name)
-                lm.reconfigure(**settings)
-                write(task, name, extra, settings)
-        if "static" in todo:
+            for row in group:
+                lm.reconfigure(**row.settings())
+                write(task, row, row.record(), row.settings())
+        if STATIC in todo:
             layers = static_layers(out, task, config)
-            # No layer reaching p leaves nothing to approximate: the exact model is that policy.
-            settings = {"policy": "static" if layers else "exact", "static_layers": tuple(layers), "gamma": None}
+            settings = STATIC.settings(tuple(layers))
             lm.reconfigure(**settings)
-            write(task, "static", {"policy": "static", "lambda": None, "static_layers": layers,
-                                   "calibration": {"p": config.static.p, "lambda": config.static.lam}}, settings)
+            write(task, STATIC, {**STATIC.record(layers),
+                                 "calibration": {"p": config.static.p, "lambda": config.static.lam}}, settings)
     progress.close()
     return out

@@ -118,7 +118,7 @@ def test_report_projection_by_hand(sweep_dir: Path) -> None:
     gsm = "alspec_gsm8k_cot"
     assert not p.averaged
     assert p.entries[(BASELINE, gsm)].token_latency_us == pytest.approx(50 + 4 * 380)
-    e = p.entries[(Row(1, 0.1), gsm)]
+    e = p.entries[(Row.dynamic(0.1), gsm)]
     assert e.token_latency_us == pytest.approx(50 + 1.68 * 300 + 2.32 * 400)
     assert e.speedup == pytest.approx((50 + 4 * 380) / (50 + 1.68 * 300 + 2.32 * 400))
     assert p.entries[(SINK, gsm)].token_latency_us == pytest.approx(50 + 4 * 300)
@@ -129,7 +129,7 @@ def test_report_averages_when_layer_counts_differ(sweep_dir: Path) -> None:
     p = project(load_sweep(sweep_dir), LatencyModel.from_mapping({**TINY, "num_layers": 8}, "tiny8"))
     assert p.averaged
     # mean per-layer hit 0.42 on all 8 layers
-    assert p.entries[(Row(1, 0.1), "alspec_gsm8k_cot")].token_latency_us == pytest.approx(50 + 8 * (0.42 * 300 + 0.58 * 400))
+    assert p.entries[(Row.dynamic(0.1), "alspec_gsm8k_cot")].token_latency_us == pytest.approx(50 + 8 * (0.42 * 300 + 0.58 * 400))
 
 
 def test_report_cli_with_latency_file_and_presets(sweep_dir: Path, tmp_path: Path, capsys) -> None:

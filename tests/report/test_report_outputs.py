@@ -106,5 +106,5 @@ def test_open_loop_curves_monotone_and_consistent(sweep_dir: Path) -> None:
         # lambda = 0.1 is a bin edge: the open-loop value there is exactly the run's own hit rate
         k = min(range(len(OPEN_LOOP_GRID)), key=lambda i: abs(OPEN_LOOP_GRID[i] - 0.1))
         assert OPEN_LOOP_GRID[k] == pytest.approx(0.1)
-        cell = sweep.cell(task, Row(1, 0.1))
+        cell = sweep.cell(task, Row.dynamic(0.1))
         assert open_loop_curve(cell.total.hist)[k] == pytest.approx(cell.hit_rate)

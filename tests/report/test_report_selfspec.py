@@ -66,7 +66,7 @@ def test_projected_speedup_is_tau_over_draft_cost(sweep_dir):
     draft = fixed + 32 * (100 + attention)
     p = project(load_sweep(sweep_dir), spec)
     for gamma, tau in TAU.items():
-        entry = p.entries[(Row(4, gamma=gamma), TASKS[0])]
+        entry = p.entries[(Row.selfspec(gamma), TASKS[0])]
         assert entry.speedup == pytest.approx(tau / (gamma * draft / verify + 1))
 
 
@@ -87,7 +87,7 @@ def test_latency_cli_projects_a_selfspec_cell_as_the_report_does(sweep_dir, caps
     p = project(load_sweep(sweep_dir), preset("h100-tp4-32k"))
     for gamma, tau in TAU.items():
         cell = next(c for c in cells if c["task"] == TASKS[0] and c["cell"] == f"selfspec γ = {gamma}")
-        assert cell["speedup"] == pytest.approx(p.entries[(Row(4, gamma=gamma), TASKS[0])].speedup)
+        assert cell["speedup"] == pytest.approx(p.entries[(Row.selfspec(gamma), TASKS[0])].speedup)
         assert cell["tau"] == pytest.approx(tau) and cell["hit_rate"] is None and cell["speedup"] < 1
     assert latency_main(["--preset", "h100-tp4-32k", "--from", str(sweep_dir)]) == 0
     table = capsys.readouterr().out
@@ -113,4 +113,4 @@ def test_a_task_without_generations_has_a_selfspec_row_without_tau(tmp_path):
     assert line.endswith(f"/ τ = – |") and f"τ = {TAU[2]:.2f}" in line
     assert f"alspec_vs_selfspec_{TASKS[0]}.png" in written and f"alspec_vs_selfspec_{TASKS[1]}.png" not in written
     p = project(load_sweep(out), preset("h100-tp4-32k"))
-    assert (Row(4, gamma=2), TASKS[1]) not in p.entries and (Row(4, gamma=2), TASKS[0]) in p.entries
+    assert (Row.selfspec(2), TASKS[1]) not in p.entries and (Row.selfspec(2), TASKS[0]) in p.entries

@@ -1,0 +1,131 @@
+"""The rows of a sweep (the paper's Table 1): one small frozen record that the sweep config, its runner, the shared
+prefill, the report and the needle figures hand around. A row knows its cell's file name, its label, the settings it
+runs with and what its cell file records; no name is ever parsed back into a row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+KINDS: tuple[str, ...] = ("baseline", "dynamic", "sink", "static", "selfspec")  # the paper's row order, then tokens
+POLICY_OF_KIND = {"baseline": "exact", "dynamic": "dynamic", "sink": "sink", "static": "static", "selfspec": "selfspec"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """Baseline (exact), one lambda (dynamic), pure sink (lambda = inf), the static layer baseline, or token-level
+    self-speculation with draft length ``gamma``."""
+
+    kind: str
+    lam: float | None = None  # dynamic rows only
+    gamma: int | None = None  # selfspec rows only
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"row kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if (self.kind == "dynamic") != (self.lam is not None):
+            raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'dynamic' else 'takes no'} lambda")
+        if (self.kind == "selfspec") != (self.gamma is not None):
+            raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'selfspec' else 'takes no'} gamma")
+        if self.lam is not None:
+            object.__setattr__(self, "lam", float(self.lam))
+
+    @classmethod
+    def dynamic(cls, lam: float) -> Row:
+        return cls("dynamic", lam=lam)
+
+    @classmethod
+    def selfspec(cls, gamma: int) -> Row:
+        return cls("selfspec", gamma=int(gamma))
+
+    # ------------------------------------------------------------------ names
+
+    @property
+    def name(self) -> str:
+        """The cell's file name (``cells/<task>/<name>.json``)."""
+        if self.kind == "dynamic":
+            return f"lambda_{self.lam:g}"
+        if self.kind == "selfspec":
+            return f"selfspec_g{self.gamma}"
+        return self.kind
+
+    @property
+    def label(self) -> str:
+        """How tables and figures name the row."""
+        if self.kind == "dynamic":
+            return f"λ = {self.lam:g}"
+        if self.kind == "selfspec":
+            return f"selfspec γ = {self.gamma}"
+        return self.kind
+
+    @property
+    def order(self) -> int:
+        """The row's place in Table 1 (kinds in the paper's order); rows of one kind sort by lambda or gamma."""
+        return KINDS.index(self.kind)
+
+    @property
+    def policy(self) -> str:
+        return POLICY_OF_KIND[self.kind]
+
+    # ------------------------------------------------------------------ how it runs
+
+    @property
+    def shares_prefill(self) -> bool:
+        """Whether the row can run on a sweep's shared exact prefill (static calibrates on the others first)."""
+        return self.kind != "static"
+
+    @property
+    def threshold(self) -> float:
+        """The row's lambda in a shared batch: inf for pure sink; unused where attention is exact."""
+        return {"dynamic": self.lam, "sink": math.inf}.get(self.kind, 0.0)
+
+    @property
+    def exact_attention(self) -> bool:
+        """Rows whose attention is always exact (baseline; self-speculation's verifier)."""
+        return self.kind in ("baseline", "selfspec")
+
+    def settings(self, static_layers: tuple[int, ...] = ()) -> dict[str, Any]:
+        """The speculation settings the row runs with (changes to a ``SpeculationConfig``). A static row without
+        layers runs exact: no layer reached the calibration's hit rate, so the exact model is that policy."""
+        policy = "exact" if self.kind == "static" and not static_layers else self.policy
+        out: dict[str, Any] = {"policy": policy, "static_layers": tuple(static_layers), "gamma": self.gamma}
+        if self.kind == "dynamic":
+            out["lam"] = self.lam
+        return out
+
+    def record(self, static_layers: list[int] | None = None) -> dict[str, Any]:
+        """What the row's cell file records about how it was made."""
+        lam = {"dynamic": self.lam, "sink": "inf"}.get(self.kind)
+        out: dict[str, Any] = {"policy": self.policy, "lambda": lam, "static_layers": static_layers}
+        if self.kind == "selfspec":
+            out["gamma"] = self.gamma
+        return out
+
+    # ------------------------------------------------------------------ reading cell files
+
+    @classmethod
+    def from_record(cls, policy: str, lam: Any = None, gamma: Any = None) -> Row:
+        """The row a cell file records (``policy``, ``lambda``, ``gamma``)."""
+        if policy == "dynamic":
+            if lam is None or lam == "inf":
+                raise ValueError("a dynamic cell needs a numeric lambda")
+            return cls.dynamic(float(lam))
+        if policy == "selfspec":
+            if gamma is None:
+                raise ValueError("a selfspec cell needs its gamma")
+            return cls.selfspec(int(gamma))
+        kind = {"exact": "baseline", "sink": "sink", "static": "static"}.get(policy)
+        if kind is None:
+            raise ValueError(f"a cell with policy {policy!r} is no row of a sweep")
+        return cls(kind)
+
+
+BASELINE, SINK, STATIC = Row("baseline"), Row("sink"), Row("static")
+
+
+def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, gammas: list[int] = ()) -> list[Row]:
+    """The rows of a sweep that share one exact prefill, in run order."""
+    return [*([BASELINE] if baseline else []), *(Row.dynamic(lam) for lam in lambdas), *([SINK] if sink else []),
+            *(Row.selfspec(g) for g in gammas)]
