@@ -1,13 +1,18 @@
 """Plugs alspec-eval into the stock `lm_eval` command; imported by a `.pth` line at interpreter start.
 
-lm-eval 0.4.13 has no plugin discovery, so this hook
+lm-eval 0.4.13 has no plugin discovery (no entry points for models or task folders, no
+environment variable for include paths), so this hook
 - registers `--model alspec` as a lazy `module:Class` placeholder. `lm_eval.models` is
   imported first: `get_model` fills the registry with the built-in names only while it
   is empty, so registering into an empty registry would hide `--model hf`;
-- in the `lm_eval` console script only, prints a bad alspec setting as one line (`cli_errors`);
-- adds the bundled task folder to every `TaskManager`, so `--tasks alspec_*` works
-  without `--include_path`. lm-eval's task modules import `datasets` (0.6 s), too slow
-  for every interpreter start, so TaskManager is patched when it is first imported.
+- adds the bundled task folder to every `TaskManager`, so the stock `lm_eval --tasks
+  alspec_recall` works without `--include_path` (this project's own calls pass
+  `include_path` themselves);
+- wraps the `lm_eval run` command and lm-eval's results writer (`lm_eval_cli`): one-line
+  errors and argument checks before the model loads, the statistics sidecar beside the
+  results file.
+Each module is patched when it is first imported: lm-eval's task and CLI modules import
+`datasets` and more (0.6 s), too slow for every interpreter start.
 
 It must stay cheap (no torch) and silent when lm-eval is absent.
 """
@@ -20,9 +25,9 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
-_MANAGER = "lm_eval.tasks.manager"
 
 
 def tasks_dir() -> Path:
@@ -43,18 +48,34 @@ def add_task_path(manager_module: ModuleType) -> None:
         bound = signature.bind(self, *args, **kwargs)
         user = bound.arguments.get("include_path")
         user = [] if user is None else list(user) if isinstance(user, (list, tuple)) else [user]
-        bound.arguments["include_path"] = [tasks_dir(), *user]
+        ours = tasks_dir()
+        bound.arguments["include_path"] = [ours, *(p for p in user if Path(p) != ours)]
         init(*bound.args, **bound.kwargs)
 
     __init__._alspec = True
     cls.__init__ = __init__
 
 
-class _PatchTaskManagerOnImport(importlib.abc.MetaPathFinder):
+def _patches() -> dict[str, Callable[[ModuleType], None]]:
+    """lm-eval module -> what to do to it once it is imported."""
+    from . import lm_eval_cli
+
+    return {"lm_eval.tasks.manager": add_task_path, "lm_eval._cli.run": lm_eval_cli.patch_run_command,
+            "lm_eval.loggers.evaluation_tracker": lm_eval_cli.patch_tracker}
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs a module's patch right after the module's own code, the first time it is imported."""
+
+    def __init__(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.patches = patches
+
     def find_spec(self, name: str, path, target=None):  # noqa: ANN001
-        if name != _MANAGER:
+        patch = self.patches.pop(name, None)
+        if patch is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.patches:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
             return spec
@@ -62,7 +83,7 @@ class _PatchTaskManagerOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module: ModuleType) -> None:
             exec_module(module)
-            add_task_path(module)
+            patch(module)
 
         spec.loader.exec_module = exec_and_patch
         return spec
@@ -93,16 +114,14 @@ def plug_in() -> None:
     except Exception:  # an lm-eval whose registry we do not know: `--model alspec` then says it is unknown
         pass
     try:
-        if _MANAGER in sys.modules:
-            add_task_path(sys.modules[_MANAGER])
-        else:
-            sys.meta_path.insert(0, _PatchTaskManagerOnImport())
-    except Exception:
-        pass
-    try:
-        from . import cli_errors
-
-        cli_errors.install_in_lm_eval(sys.argv)
+        pending = {}
+        for name, patch in _patches().items():
+            if name in sys.modules:
+                patch(sys.modules[name])
+            else:
+                pending[name] = patch
+        if pending:
+            sys.meta_path.insert(0, _PatchOnImport(pending))
     except Exception:
         pass
 

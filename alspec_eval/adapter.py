@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import transformers
-from transformers import DynamicCache
 from lm_eval import utils
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
@@ -28,24 +25,20 @@ from .compat import check_lm_eval
 from .config import LOAD_TIME_SETTINGS, ConfigError, SpeculationConfig
 from .hooks import check_fused_kernel
 from .rows import Row
-from .shared_prefill import RowKey, SharedPrefill, row_keys
+from .ledger import (RequestLedger, RowKey, RowRecord, SampleKey, model_input, row_keys, sample_rows,
+                     teacher_forced_passes)
+from .shared_prefill import SharedPrefill
 from .models import SMOLLM2_ALIAS, smollm2_path
-from .region import DecodeRegion, Trace
-from .selfspec import check_model as check_selfspec_model, selfspec_generate
+from .region import DecodeRegion
+from .selfspec import check_greedy, check_model as check_selfspec_model, selfspec_generate
 from .provenance import versions
-from .report_io import write_json_atomic
-from .sidecar import cli_option, register_sidecar
-from .distributed import gather_task_stats, is_main_process
+from .report_io import samples_path, write_json_atomic, write_jsonl_atomic
+from .lm_eval_cli import USE_CACHE_REFUSED
+from .distributed import gather_statistics
 from .stats import AcceptanceStats, run_statistics
-from .stopping import own_length, stop_length
+from .stopping import StopRule
 
 _HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
-# lm-eval's request cache (CachingLM) is keyed by the request alone and answers cached requests without calling
-# the model: another lambda's answers would be served, and the cached samples would have no decisions.
-USE_CACHE_REFUSED = ("--use_cache is not supported with --model alspec: lm-eval keys its cache by the request alone, "
-                     "so answers cached under one lambda, window or policy would be served for another, without "
-                     "their acceptance statistics; drop --use_cache (alspec-sweep shares one exact prefill per "
-                     "request across a sweep's cells instead)")
 
 
 @register_model("alspec")
@@ -55,10 +48,6 @@ class ALSpecLM(HFLM):
     def __init__(self, pretrained: str | transformers.PreTrainedModel, **kwargs: Any) -> None:
         check_lm_eval()
         self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
-        if cli_option(sys.argv, "--use_cache", "-c") is not None:  # the stock CLI: refuse before the weights load
-            raise ConfigError(USE_CACHE_REFUSED)
-        # Checks --output_path now; writes at exit, if the model got loaded, from the main process only.
-        register_sidecar(self.statistics, lambda: hasattr(self, "speculator") and is_main_process(self.rank))
         self._tt_runtime = None
         if self.spec_config.backend == "tt":
             from .backends.tt import prepare
@@ -86,15 +75,11 @@ class ALSpecLM(HFLM):
 
             self.speculator = install(self.model, self.spec_config.kernel)
         self.spec_config.check_layers(self.speculator.num_layers)  # a model object skips _create_model
+        self.ledger = RequestLedger(self.speculator.num_layers, self.spec_config.trace_tokens)
         self.task_stats: dict[str, AcceptanceStats] = {}  # every rank's, summed (data parallel)
-        self._local_stats: dict[str, AcceptanceStats] = {}  # this rank's
-        self.decode_tokens = 0  # generated or teacher-forced tokens answered so far, for progress displays
-        self._row_stats: dict[RowKey, dict[str, Any]] = {}
-        self._row_starts: dict[RowKey, int] = {}
-        self._row_lengths: list[int] = []
-        self._probing = False
-        self._rolling = False
+        self.sample_stats: dict[SampleKey, dict[str, Any]] = {}  # every rank's
         self.fork: SharedPrefill | None = None
+        self._probing = False
 
     def _create_model(self, pretrained: str, *args: Any, **kwargs: Any) -> None:
         """Check what the config alone can tell before the weights load."""
@@ -121,133 +106,85 @@ class ALSpecLM(HFLM):
     # ------------------------------------------------------------------ requests, task by task
 
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        return self._run_by_task(requests, super().loglikelihood, disable_tqdm,
-                                 lambda inst: [self._pair_key(*inst.args[:2])])
+        return self._run(requests, lambda batch: self._loglikelihood_passes(batch, disable_tqdm),
+                         lambda inst: [self._pair_input(*inst.args[:2])[0]])
 
-    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
-        self._rolling = True
-        try:
-            return self._run_by_task(requests, super().loglikelihood_rolling, disable_tqdm,
-                                     lambda inst: self._rolling_keys(inst.args[0]))
-        finally:
-            self._rolling = False
-
-    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
-        return self._run_by_task(requests, super().generate_until, disable_tqdm,
-                                 lambda inst: [self._prompt_key(inst.args[0])])
-
-    def _run_by_task(self, requests: list[Instance], run: Callable, disable_tqdm: bool,
-                     keys_of: Callable[[Instance], list[RowKey]]) -> list:
-        """Run each task's requests apart, then log every sample's statistics and add them to its task."""
-        by_task: dict[str, list[int]] = defaultdict(list)
-        for i, inst in enumerate(requests):
-            by_task[inst.task_name or "default"].append(i)
+    def _loglikelihood_passes(self, requests: list[Instance], disable_tqdm: bool) -> list[tuple[float, bool]]:
+        """HFLM's loglikelihood of one task's requests; one input scored from two starts runs in two passes."""
+        inputs = [self._pair_input(*inst.args[:2]) for inst in requests]
         results: list = [None] * len(requests)
-        seen: Counter[int] = Counter()
-        for task, indices in by_task.items():
-            self._row_stats.clear()
-            outputs = run([requests[i] for i in indices], disable_tqdm=disable_tqdm)
-            total = self._local_stats.get(task, AcceptanceStats.zeros(self.speculator.num_layers))
+        for indices in teacher_forced_passes(inputs):
+            with self.ledger.teacher_forcing({inputs[i][0]: inputs[i][1] for i in indices}):
+                outputs = super().loglikelihood([requests[i] for i in indices], disable_tqdm=disable_tqdm)
             for i, out in zip(indices, outputs, strict=True):
                 results[i] = out
-                inst = requests[i]
-                seen[id(inst)] += 1
-                if seen[id(inst)] > inst.repeats:  # lm-eval's padding of a data-parallel rank: not a request
-                    continue
-                rows = [self._row_stats[key] for key in keys_of(inst)]
-                self.decode_tokens += sum(len(r["tokens"]) for r in rows)
-                sample = sum((r["stats"] for r in rows), AcceptanceStats.zeros(self.speculator.num_layers))
-                total = total + sample
-                self._log_sample(inst, sample, rows)
-            self._local_stats[task] = total
-        self.task_stats = gather_task_stats(self._local_stats, self.world_size, self.speculator.num_layers)
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        windows = {id(inst): self._rolling_inputs(inst.args[0]) for inst in requests}
+        with self.ledger.teacher_forcing(dict(w for ws in windows.values() for w in ws)):
+            return self._run(requests, lambda batch: super(ALSpecLM, self).loglikelihood_rolling(batch, disable_tqdm),
+                             lambda inst: [key for key, _ in windows[id(inst)]])
+
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        return self._run(requests, lambda batch: super(ALSpecLM, self).generate_until(batch, disable_tqdm),
+                         lambda inst: [self.ledger.prompt_key(self.tok_encode(inst.args[0]))])
+
+    def _run(self, requests: list[Instance], run: Callable[[list[Instance]], list],
+             keys_of: Callable[[Instance], list[RowKey]]) -> list:
+        """HFLM's request method, task by task through the ledger; then every rank's task statistics (one collective
+        per call, on every rank)."""
+        results = self.ledger.run(requests, run, keys_of)
+        self.task_stats, self.sample_stats = gather_statistics(self.ledger.task_stats, self.ledger.sample_stats,
+                                                               self.world_size, self.speculator.num_layers)
         return results
 
     def reset_statistics(self) -> None:
         """Start counting anew (a sweep's next cell)."""
-        self._local_stats, self.task_stats = {}, {}
+        self.ledger.reset()
+        self.task_stats, self.sample_stats = {}, {}
 
-    def _log_sample(self, inst: Instance, sample: AcceptanceStats, rows: list[dict[str, Any]]) -> None:
-        """Per-sample statistics go into the samples log as an extra entry of the request's arguments."""
-        entry = sample.summary()
-        if self.spec_config.trace_tokens:
-            entry["accepted_layers_per_token"] = [t for r in rows for t in r["tokens"]]
-        args = inst.arguments if isinstance(inst.arguments, tuple) else (inst.arguments,)
-        if args and isinstance(args[-1], dict) and "alspec" in args[-1]:  # a repeated request: log it once
-            args = args[:-1]
-        inst.arguments = (*args, {"alspec": entry})
+    @property
+    def decode_tokens(self) -> int:
+        """Generated or teacher-forced tokens answered so far, for progress displays."""
+        return self.ledger.decode_tokens
 
     # ------------------------------------------------------------------ loglikelihood: teacher forcing
 
-    def _input_key(self, context_enc: list[int], continuation_enc: list[int]) -> tuple[RowKey, int]:
+    def _pair_input(self, context: str, continuation: str) -> tuple[RowKey, int]:
         """The model input HFLM builds for a pair, and where its speculation starts (DESIGN.md 6)."""
-        inp = tuple((context_enc + continuation_enc)[-(self.max_length + 1):][:-1])
-        if self._rolling or self.spec_config.speculate_prefill:
-            return inp, 0
-        return inp, max(len(inp) - (len(continuation_enc) - 1), 0)
-
-    def _pair_key(self, context: str, continuation: str) -> RowKey:
         if context == "":
             context_enc, continuation_enc = [self.prefix_token_id], self.tok_encode(continuation)
         else:
             context_enc, continuation_enc = self._encode_pair(context, continuation)
-        return self._input_key(context_enc, continuation_enc)[0]
+        key = model_input(context_enc, continuation_enc, self.max_length)
+        if self.spec_config.speculate_prefill:
+            return key, 0
+        return key, max(len(key) - (len(continuation_enc) - 1), 0)
 
-    def _rolling_keys(self, string: str) -> list[RowKey]:
+    def _rolling_inputs(self, string: str) -> list[tuple[RowKey, int]]:
+        """A rolling request's windows as HFLM builds them; every scored token speculates (DESIGN.md 6)."""
         windows = map(utils.make_disjoint_window, utils.get_rolling_token_windows(
             token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
             max_seq_len=self.max_length, context_len=1))
-        return [self._input_key(ctx, cont)[0] for ctx, cont in windows]
-
-    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False,
-                              override_bs: int | None = None) -> list[tuple[float, bool]]:
-        """Remember where each input speculates; inputs that repeat with another start run in a later pass."""
-        passes: list[list[int]] = []
-        starts: list[dict[RowKey, int]] = []
-        for i, (_, context_enc, continuation_enc) in enumerate(requests):
-            key, start = self._input_key(context_enc, continuation_enc)
-            slot = next((p for p, seen in enumerate(starts) if seen.get(key, start) == start), len(passes))
-            if slot == len(passes):
-                passes.append([])
-                starts.append({})
-            passes[slot].append(i)
-            starts[slot][key] = start
-        results: list = [None] * len(requests)
-        for indices, self._row_starts in zip(passes, starts, strict=True):
-            self._row_lengths = sorted({len(k) for k in self._row_starts}, reverse=True)
-            outputs = super()._loglikelihood_tokens([requests[i] for i in indices], disable_tqdm, override_bs)
-            for i, out in zip(indices, outputs, strict=True):
-                results[i] = out
-        return results
+        return [(model_input(ctx, cont, self.max_length), 0) for ctx, cont in windows]
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None,
                     labels: torch.Tensor | None = None) -> torch.Tensor:
         if self._probing:
             return super()._model_call(inps, attn_mask, labels)
-        keys = [self._match_row(row) for row in inps.tolist()]
-        starts = [self._row_starts[k] for k in keys]
+        keys = [self.ledger.match(row) for row in inps.tolist()]
+        starts = [self.ledger.starts[k] for k in keys]
         if self.fork is not None:
-            logits, entries = self.fork.forward(self, inps, keys, starts)
-            self._row_stats.update(zip(keys, entries, strict=True))
-            return logits
-        region = DecodeRegion.build([0] * len(keys), starts, [len(k) for k in keys], device=inps.device)
-        with self.speculator.speculating(region, self.spec_config) as trace:
-            logits = super()._model_call(inps, attn_mask, labels)
-        for b, (key, start) in enumerate(zip(keys, starts, strict=True)):
-            self._row_stats[key] = self.teacher_forced_stats(trace, b, start, len(key))
+            logits, records = self.fork.forward(inps, keys, starts)
+        else:
+            region = DecodeRegion.build([0] * len(keys), starts, [len(k) for k in keys], device=inps.device)
+            with self.speculator.speculating(region, self.spec_config) as trace:
+                logits = super()._model_call(inps, attn_mask, labels)
+            records = [RowRecord.teacher_forced(trace, b, start, len(key))
+                       for b, (key, start) in enumerate(zip(keys, starts, strict=True))]
+        self.ledger.records.update(zip(keys, records, strict=True))
         return logits
-
-    def teacher_forced_stats(self, trace: Trace, row: int, start: int, end: int) -> dict[str, Any]:
-        """A teacher-forced row's statistics entry: its decisions over [start, end)."""
-        return {"stats": trace.row_stats(row, start, end), "tokens": trace.accepted_layers(row, start, end)}
-
-    def _match_row(self, row: list[int]) -> RowKey:
-        """The known input that this right-padded batch row holds: the longest known input the row starts with,
-        followed only by one repeated (padding) token. Needs no pad id and no knowledge of lm-eval's batching."""
-        for length in self._row_lengths:
-            if length <= len(row) and len(set(row[length:])) <= 1 and tuple(row[:length]) in self._row_starts:
-                return tuple(row[:length])
-        raise RuntimeError("a loglikelihood batch row matches no request of this pass")
 
     def _detect_batch_size(self, *args: Any, **kwargs: Any) -> int:
         """lm-eval's probe for --batch_size auto runs forward passes of its own tokens: outside speculation, so
@@ -258,70 +195,53 @@ class ALSpecLM(HFLM):
         finally:
             self._probing = False
 
-    def _prompt_key(self, context: str) -> RowKey:
-        key = tuple(self.tok_encode(context))
-        if key in self._row_stats:
-            return key
-        return next(k for k in self._row_stats if key[-len(k):] == k)  # HFLM truncated the prompt on the left
+    # ------------------------------------------------------------------ generation
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
                         **generation_kwargs: Any) -> torch.Tensor:
+        keys = row_keys(context, generation_kwargs.get("attention_mask"))
+        rule = self._stop_rule(stop)
         if self.fork is not None:
-            out, entries = self.fork.generate(self, context, max_length, stop, generation_kwargs)
-            self._row_stats.update(zip(row_keys(context, generation_kwargs.get("attention_mask")), entries, strict=True))
-            return out
-        if self.spec_config.policy == "selfspec":
-            return self._selfspec_generate(context, max_length, stop, generation_kwargs)
-        mask = generation_kwargs.get("attention_mask")
-        region = DecodeRegion.from_left_padded(torch.ones_like(context) if mask is None else mask,
-                                               self.spec_config.speculate_prefill)
-        with self.speculator.speculating(region, self.spec_config) as trace:
-            out = self.generate_rows(context, max_length, stop, **generation_kwargs)
-        for b in range(len(context)):
-            key = tuple(context[b, int(region.pad[b]):].tolist())
-            self._row_stats[key] = self.generation_stats(trace, region, b, out[b], context.shape[1], stop)
+            if any(v.kind == "selfspec" for v in self.fork.variants):
+                check_greedy(generation_kwargs)
+            out, records = self.fork.generate(context, max_length, stop, rule, generation_kwargs,
+                                              super()._model_generate)
+        elif self.spec_config.policy == "selfspec":
+            out, records = self._selfspec_generate(context, keys, max_length, rule, generation_kwargs)
+        else:
+            mask = generation_kwargs.get("attention_mask")
+            region = DecodeRegion.from_left_padded(torch.ones_like(context) if mask is None else mask,
+                                                   self.spec_config.speculate_prefill)
+            with self.speculator.speculating(region, self.spec_config) as trace:
+                out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+            prompt_len = context.shape[1]
+            records = [RowRecord.generated(trace, region, b, out[b, prompt_len:].tolist(), prompt_len, rule.kept)
+                       for b in range(len(context))]
+        self.ledger.records.update(zip(keys, records, strict=True))
         return out
 
-    def _selfspec_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
-                           generation_kwargs: dict[str, Any]) -> torch.Tensor:
+    def _selfspec_generate(self, context: torch.Tensor, keys: list[RowKey], max_length: int, rule: StopRule,
+                           generation_kwargs: dict[str, Any]) -> tuple[torch.Tensor, list[RowRecord]]:
         """policy=selfspec: each row decoded alone by greedy self-speculation, laid out as HF's generate would."""
-        keys = row_keys(context, generation_kwargs.get("attention_mask"))
-        rows = []
+        check_greedy(generation_kwargs)
+        rows, records = [], []
         for key in keys:
-            tokens, entry = self.selfspec_row(None, list(key), max_length - context.shape[1], stop, generation_kwargs)
-            self._row_stats[key] = entry
+            tokens, draft = selfspec_generate(self.model, self.speculator, self.spec_config, list(key),
+                                              max_length - context.shape[1], self.spec_config.gamma, rule.stopped_at)
             rows.append(tokens)
+            records.append(RowRecord.drafted(self.speculator.num_layers, draft))
         out = context.new_full((len(context), context.shape[1] + max(map(len, rows))), self.tokenizer.pad_token_id)
         out[:, :context.shape[1]] = context
         for b, tokens in enumerate(rows):
             out[b, context.shape[1]:context.shape[1] + len(tokens)] = context.new_tensor(tokens)
-        return out
+        return out, records
 
-    def selfspec_row(self, cache: DynamicCache | None, pending: list[int], max_new: int, stop: Sequence[str],
-                     generation_kwargs: dict[str, Any], gamma: int | None = None) -> tuple[list[int], dict[str, Any]]:
-        """One row's greedy self-speculative generation (after ``cache``, from ``pending`` on) and its statistics
-        entry; ``gamma`` overrides the config's (a sweep's shared prefill runs every gamma)."""
-        if generation_kwargs.get("do_sample"):
-            raise ConfigError("policy=selfspec decodes greedily (it is lossless against greedy decoding); "
-                              "drop do_sample=true from the task's or --gen_kwargs' generation settings")
-        eos_ids = self._eos_ids()
-        decode = lambda t: self.tok_decode(t, skip_special_tokens=False)  # noqa: E731
-        tokens, draft = selfspec_generate(self.model, self.speculator, self.spec_config, pending, max_new,
-                                          gamma or self.spec_config.gamma,
-                                          lambda t: stop_length(t, stop, eos_ids, decode), cache)
-        return tokens, {"stats": dataclasses.replace(AcceptanceStats.zeros(self.speculator.num_layers), draft=draft),
-                        "tokens": []}
+    def _stop_rule(self, stop: Sequence[str]) -> StopRule:
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        return StopRule(stop, eos_ids, lambda t: self.tok_decode(t, skip_special_tokens=False))
 
-    def generate_rows(self, context: torch.Tensor, max_length: int, stop: list[str], **kwargs: Any) -> torch.Tensor:
-        """HFLM's own generation (the shared prefill calls it for its forked batch)."""
-        return super()._model_generate(context, max_length, stop, **kwargs)
-
-    def generation_stats(self, trace: Trace, region: DecodeRegion, row: int, out: torch.Tensor, prompt_len: int,
-                         stop: Sequence[str]) -> dict[str, Any]:
-        """A row's decisions up to where it would have stopped alone; the last new token is never fed back."""
-        end = prompt_len + self._own_length(out[prompt_len:].tolist(), stop) - 1
-        return {"stats": trace.row_stats(row, int(region.spec_start[row]), end),
-                "tokens": trace.accepted_layers(row, prompt_len - 1, end)}
+    # ------------------------------------------------------------------ settings
 
     def set_cache_hook(self, cache_hook: Any) -> None:
         """lm-eval's CachingLM (``use_cache``) registers here: refused, see USE_CACHE_REFUSED."""
@@ -338,6 +258,7 @@ class ALSpecLM(HFLM):
         config = dataclasses.replace(self.spec_config, **changes)
         config.check_layers(self.speculator.num_layers)
         self.spec_config = config
+        self.ledger.trace_tokens = config.trace_tokens
 
     @contextmanager
     def shared_prefill(self, variants: list[Row]) -> Iterator[SharedPrefill]:
@@ -345,18 +266,12 @@ class ALSpecLM(HFLM):
         if self.spec_config.speculate_prefill or self.spec_config.policy != "dynamic":
             raise ConfigError("a shared prefill needs policy=dynamic and speculate_prefill=false "
                               "(with a speculated prompt the KV cache differs per lambda)")
-        self.fork = SharedPrefill(list(variants))
+        self.fork = SharedPrefill(list(variants), self.model, self.speculator, self.spec_config,
+                                  self.tokenizer.pad_token_id)
         try:
             yield self.fork
         finally:
             self.fork = None
-
-    def _eos_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        return set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
-
-    def _own_length(self, tokens: list[int], stop: Sequence[str]) -> int:
-        return own_length(tokens, stop, self._eos_ids(), lambda t: self.tok_decode(t, skip_special_tokens=False))
 
     # ------------------------------------------------------------------ results
 
@@ -371,5 +286,6 @@ class ALSpecLM(HFLM):
         info = super().get_model_info()
         info["alspec"] = self.statistics()
         if self.spec_config.stats_path:
-            write_json_atomic(self.spec_config.stats_path, info["alspec"])
+            path = write_json_atomic(self.spec_config.stats_path, info["alspec"])
+            write_jsonl_atomic(samples_path(path), sample_rows(self.sample_stats))
         return info

@@ -20,19 +20,22 @@ def _distributed() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def gather_task_stats(local: dict[str, AcceptanceStats], world_size: int,
-                      num_layers: int) -> dict[str, AcceptanceStats]:
-    """Per-task statistics summed over ranks (``local`` itself in one process)."""
+def gather_statistics(local: dict[str, AcceptanceStats], samples: dict[Any, dict[str, Any]], world_size: int,
+                      num_layers: int) -> tuple[dict[str, AcceptanceStats], dict[Any, dict[str, Any]]]:
+    """Per-task statistics summed over ranks, and every rank's per-sample entries (``local`` and ``samples``
+    themselves in one process)."""
     dist = _distributed()
     if world_size <= 1 or dist is None:
-        return dict(local)
-    parts: list[dict[str, AcceptanceStats]] = [{} for _ in range(dist.get_world_size())]
-    dist.all_gather_object(parts, local)
+        return dict(local), dict(samples)
+    parts: list[tuple[dict[str, AcceptanceStats], dict]] = [({}, {}) for _ in range(dist.get_world_size())]
+    dist.all_gather_object(parts, (local, samples))
     total: dict[str, AcceptanceStats] = {}
-    for part in parts:
+    every: dict[Any, dict[str, Any]] = {}
+    for part, part_samples in parts:
         for task, stats in part.items():
             total[task] = total.get(task, AcceptanceStats.zeros(num_layers)) + stats
-    return dict(sorted(total.items()))
+        every.update(part_samples)
+    return dict(sorted(total.items())), every
 
 
 def is_main_process(rank: int | None = None) -> bool:

@@ -11,13 +11,26 @@ from typing import Any
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     """Write JSON to a temporary file in the same folder, then rename it over ``path``."""
+    return _write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict[str, Any]]) -> Path:
+    """Write one JSON object per line, atomically as :func:`write_json_atomic`."""
+    return _write_atomic(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+
+
+def samples_path(stats_path: Path) -> Path:
+    """Where a statistics file's per-request entries go: `stats.json` -> `stats.samples.jsonl`."""
+    return stats_path.with_name(stats_path.stem + ".samples.jsonl")
+
+
+def _write_atomic(path: str | os.PathLike, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+            f.write(text)
         os.chmod(tmp, 0o666 & ~_umask())  # as a plain open() would, like lm-eval's own result files
         os.replace(tmp, path)
     except BaseException:

@@ -38,6 +38,13 @@ def check_model(config: PretrainedConfig) -> None:
                           "sink, static or exact with this model, or a model without sliding windows")
 
 
+def check_greedy(generation_kwargs: dict) -> None:
+    """Self-speculation is lossless against greedy decoding, and only that: refuse sampling in one line."""
+    if generation_kwargs.get("do_sample"):
+        raise ConfigError("policy=selfspec decodes greedily (it is lossless against greedy decoding); "
+                          "drop do_sample=true from the task's or --gen_kwargs' generation settings")
+
+
 def row_cache(model: PreTrainedModel, cache: DynamicCache, row: int, start: int) -> DynamicCache:
     """Batch row ``row`` of a left-padded cache, from its first real position ``start`` on, as a cache of its own."""
     out = DynamicCache(config=model.config)

@@ -9,6 +9,7 @@ so its stop can fall inside a step; the tokens after it are neither output nor c
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 
 def stop_length(tokens: list[int], stop: Sequence[str], eos_ids: Collection[int],
@@ -33,8 +34,19 @@ def stop_length(tokens: list[int], stop: Sequence[str], eos_ids: Collection[int]
     return lo
 
 
-def own_length(tokens: list[int], stop: Sequence[str], eos_ids: Collection[int],
-               decode: Callable[[list[int]], str]) -> int:
-    """How many of ``tokens`` the row generates alone (all of them if it never stops)."""
-    end = stop_length(tokens, stop, eos_ids, decode)
-    return len(tokens) if end is None else end
+@dataclass(frozen=True)
+class StopRule:
+    """One request's stop: its stop strings, the model's EOS ids and the tokenizer's decoding."""
+
+    stop: Sequence[str]
+    eos_ids: Collection[int]
+    decode: Callable[[list[int]], str]
+
+    def stopped_at(self, tokens: list[int]) -> int | None:
+        """:func:`stop_length` of ``tokens``: how many greedy decoding keeps, None while it has not stopped."""
+        return stop_length(tokens, self.stop, self.eos_ids, self.decode)
+
+    def kept(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the row generates alone (all of them if it never stops)."""
+        end = self.stopped_at(tokens)
+        return len(tokens) if end is None else end

@@ -49,6 +49,11 @@ def test_two_ranks_equal_one_process(tmp_path):
     # stats_path (written in get_model_info) comes from the main process only, with every rank's statistics
     assert sorted(p.name for p in tmp_path.glob("two.stats*.json")) == ["two.stats0.json"]
     assert json.loads((tmp_path / "two.stats0.json").read_text())["tasks"] == one["alspec"]["tasks"]
+    # ... and beside it every rank's per-request entries, keyed by (task, doc_id, idx, repeat), as the samples log's
+    rows = [json.loads(line) for line in (tmp_path / "two.stats0.samples.jsonl").read_text().splitlines()]
+    assert rows == [json.loads(line) for line in (tmp_path / "one.stats0.samples.jsonl").read_text().splitlines()]
+    assert [(r["doc_id"], r["idx"], r["repeat"]) for r in rows] == [(d, 0, 0) for d, _ in one["samples"]]
+    assert [{k: r[k] for k in entry} for r, (_, entry) in zip(rows, one["samples"])] == [e for _, e in one["samples"]]
 
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from alspec_eval.config import ConfigError
-from alspec_eval.sidecar import check_output_path, own_results
+from alspec_eval.lm_eval_cli import check_output_path, patch_tracker
 from alspec_eval.sweep.config import load_config
 from alspec_eval.sweep.runner import output_lock, run_sweep
 from tiny import save_tiny
@@ -113,13 +113,29 @@ def test_unwritable_output_and_bad_limit_stop_before_loading(tmp_path):
         load_config(bad)
 
 
+class _Tracker:
+    """Stands for lm-eval's EvaluationTracker: writes results_<date_id>.json as its save_results_aggregated does."""
+
+    def __init__(self, output_path, date_id: str) -> None:
+        self.output_path, self.date_id = output_path, date_id
+        self.general_config_tracker = type("General", (), {"model_name_sanitized": "m"})()
+
+    def save_results_aggregated(self, results, samples=None):
+        folder = Path(self.output_path) / "m"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"results_{self.date_id}.json").write_text(json.dumps(results))
+
+
 def test_sidecar_goes_beside_this_runs_results_only(tmp_path):
-    mine, other = {"config": {"lambda": 0.05}, "tasks": {"t": 1}}, {"config": {"lambda": 0.6}, "tasks": {}}
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "results_2026-01-01T00-00-01.json").write_text(json.dumps({"config": {"alspec": mine}}))
-    (tmp_path / "m" / "results_2026-01-01T00-00-02.json").write_text(json.dumps({"config": {"alspec": other}}))
-    assert own_results(tmp_path, 0, mine).name == "results_2026-01-01T00-00-01.json"
-    assert own_results(tmp_path, 0, {"config": {}, "tasks": {"interrupted": 0}}) is None
+    """The results writer names the sidecar after the file it just wrote; another model's results get none."""
+    import types
+
+    patch_tracker(types.SimpleNamespace(EvaluationTracker=_Tracker))
+    mine = {"config": {"lambda": 0.05}, "tasks": {}}
+    _Tracker(tmp_path, "2026-01-01T00-00-01").save_results_aggregated({"config": {"alspec": mine}})
+    _Tracker(tmp_path, "2026-01-01T00-00-02").save_results_aggregated({"config": {"model": "hf"}})
+    (sidecar,) = (tmp_path / "m").glob("alspec_*.json")
+    assert sidecar.name == "alspec_2026-01-01T00-00-01.json" and json.loads(sidecar.read_text()) == mine
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ConfigError, match="afile is a file, not a folder"):
         check_output_path(tmp_path / "afile" / "x")
@@ -165,14 +181,19 @@ def test_help_imports_no_torch(module):
     assert "(default:" in result.stdout
 
 
-@pytest.mark.parametrize(("argv0", "is_lm_eval"), [("/v/bin/lm_eval", True), ("/v/lm_eval/__main__.py", True),
-                                                   ("/v/bin/alspec-eval", True), ("/v/bin/alspec-sweep", False),
-                                                   ("/v/bin/alspec-niah", False), ("script.py", False)])
-def test_only_lm_evals_command_line_gets_a_sidecar(argv0, is_lm_eval):
-    """alspec-sweep and alspec-niah take --output_path too: it names their folder, not lm-eval's results."""
-    from alspec_eval.sidecar import lm_eval_command_line
+def test_only_alspec_runs_have_their_arguments_checked(tmp_path):
+    """The wrapped `lm_eval run` checks --use_cache and --output_path for --model alspec alone."""
+    from argparse import Namespace
 
-    assert lm_eval_command_line([argv0, "--output_path", "x"]) is is_lm_eval
+    from alspec_eval.lm_eval_cli import check_arguments
+
+    (tmp_path / "afile").write_text("x")
+    bad = {"use_cache": str(tmp_path / "cache"), "output_path": None}
+    with pytest.raises(ConfigError, match="--use_cache is not supported"):
+        check_arguments(Namespace(model="alspec", **bad))
+    with pytest.raises(ConfigError, match="afile is a file"):
+        check_arguments(Namespace(model="alspec", use_cache=None, output_path=str(tmp_path / "afile" / "x")))
+    check_arguments(Namespace(model="hf", **bad))  # another model's arguments are lm-eval's business
 
 
 def test_stock_cli_prints_a_summary_and_the_sidecar_path(tmp_path):

@@ -21,6 +21,7 @@ from ..models import SMOLLM2_ALIAS, smollm2_path
 from ..provenance import provenance
 from ..report_io import write_json_atomic
 from ..stats import AcceptanceStats
+from .._lmeval_hook import tasks_dir
 from ..rows import STATIC, Row
 from .config import SweepConfig, fingerprint
 
@@ -77,7 +78,7 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
     results = simple_evaluate(
         model=lm, tasks=[task], limit=config.limit, num_fewshot=config.num_fewshot,
         apply_chat_template=config.apply_chat_template, gen_kwargs=config.gen_kwargs, log_samples=True,
-        task_manager=TaskManager(metadata=metadata), random_seed=config.seed, numpy_random_seed=config.seed,
+        task_manager=TaskManager(include_path=str(tasks_dir()), metadata=metadata), random_seed=config.seed, numpy_random_seed=config.seed,
         torch_random_seed=config.seed, fewshot_random_seed=config.seed, bootstrap_iters=BOOTSTRAP_ITERS)
     if results is None:  # a data-parallel rank other than the main one: the main one writes the cell
         return None
@@ -89,11 +90,11 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
     del document["tasks"]
     document["config"] = dataclasses.replace(lm.spec_config, **settings).to_dict()
     document.update(total.to_dict(lm.speculator.skipped_layers))
+    decisions = _per_document(lm.sample_stats)
     samples = [
         {"task": name, "doc_id": s["doc_id"], "filter": s.get("filter"), "doc": _scalars(s["doc"]),
          **{k: s[k] for k in s.get("metrics", []) if k in s},
-         "alspec": [args[-1]["alspec"] for args in s["arguments"] if isinstance(args[-1], dict)],
-         "response": s["filtered_resps"]}
+         "alspec": decisions.get((name, s["doc_id"]), []), "response": s["filtered_resps"]}
         for name, task_samples in sorted(results.get("samples", {}).items())
         for s in sorted(task_samples, key=lambda s: s["doc_id"])]  # in document order, however ranks split them
     return {"task": task, "cell": row.name, **extra, "fingerprint": fingerprint(config, task, row),
@@ -102,6 +103,16 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
             "metrics": numeric.get(task, {}), "subtasks": {k: v for k, v in numeric.items() if k != task},
             "alspec": document, "samples": len(samples), "sample_log": samples,
             "elapsed_s": round(time.perf_counter() - started, 3)}
+
+
+def _per_document(sample_stats: dict[tuple[str, int, int, int], dict[str, Any]]) -> dict[tuple[str, int], list]:
+    """The adapter's per-request statistics by (task, doc_id): one entry per request of the document, in request
+    order (of a repeated request, its last repeat's)."""
+    by_request = {(task, doc, idx): entry for (task, doc, idx, _), entry in sorted(sample_stats.items())}
+    out: dict[tuple[str, int], list] = {}
+    for (task, doc, _), entry in sorted(by_request.items()):
+        out.setdefault((task, doc), []).append(entry)
+    return out
 
 
 def _scalars(doc: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +127,7 @@ def check_tasks(tasks: list[str]) -> None:
 
     from lm_eval.tasks import TaskManager
 
-    known = TaskManager().all_tasks
+    known = TaskManager(include_path=str(tasks_dir())).all_tasks
     for task in tasks:
         if task not in known:
             close = difflib.get_close_matches(task, known, n=1)

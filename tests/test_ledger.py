@@ -1,0 +1,50 @@
+"""The request ledger: finding batch rows again, HFLM's truncation, passes, and per-sample records."""
+
+from __future__ import annotations
+
+import pytest
+from lm_eval.api.instance import Instance
+
+from alspec_eval.ledger import RequestLedger, RowRecord, model_input, teacher_forced_passes
+from alspec_eval.stats import AcceptanceStats
+
+
+def test_rows_are_found_whatever_the_pad_token():
+    ledger = RequestLedger(num_layers=2)
+    with ledger.teacher_forcing({(5, 7, 9): 1, (5, 7): 1, (3,): 0}):
+        assert ledger.match([5, 7, 9, 42, 42]) == (5, 7, 9)
+        assert ledger.match([5, 7, 42, 42, 42]) == (5, 7)
+        assert ledger.match([3, 1, 1]) == (3,)
+        with pytest.raises(RuntimeError, match="matches no request"):
+            ledger.match([4, 1, 1])
+    with pytest.raises(RuntimeError, match="matches no request"):  # outside the pass nothing is known
+        ledger.match([3, 1, 1])
+
+
+def test_model_input_is_hflms_truncation():
+    assert model_input([1, 2, 3], [4, 5], max_length=10) == (1, 2, 3, 4)
+    assert model_input([1, 2, 3], [4, 5], max_length=3) == (2, 3, 4)  # the last max_length + 1 tokens, minus the last
+
+
+def test_one_input_from_two_starts_runs_in_two_passes():
+    inputs = [((1, 2, 3), 1), ((4, 5), 1), ((1, 2, 3), 2), ((1, 2, 3), 1), ((1, 2, 3), 0)]
+    assert teacher_forced_passes(inputs) == [[0, 1, 3], [2], [4]]
+
+
+def test_samples_are_kept_per_document_request_and_repeat():
+    ledger = RequestLedger(num_layers=1)
+    stats = AcceptanceStats.zeros(1)
+    stats.speculated[0], stats.accepted[0] = 4, 3
+    requests = [Instance("loglikelihood", {}, ("a", "b"), idx, ("t", doc, 2)) for doc in (7, 3) for idx in (0, 1)]
+
+    def run(batch):
+        ledger.records.update({(id(inst),): RowRecord(stats) for inst in batch})
+        return [0.0] * len(batch)
+
+    doubled = [r for r in requests for _ in range(2)]  # lm-eval sends a request once per repeat
+    ledger.run(doubled, run, lambda inst: [(id(inst),)])
+    keys = [(s["task"], s["doc_id"], s["idx"], s["repeat"]) for s in ledger.samples()]
+    assert keys == [("t", doc, idx, rep) for doc in (3, 7) for idx in (0, 1) for rep in (0, 1)]
+    assert all(s["accepted"] == 3 and s["speculated"] == 4 for s in ledger.samples())
+    assert ledger.task_stats["t"].accepted[0] == 3 * len(doubled)
+    assert requests[0].arguments[-1]["alspec"]["accepted"] == 3  # the samples log's entry, once per request
