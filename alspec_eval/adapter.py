@@ -23,16 +23,16 @@ from lm_eval.models.huggingface import HFLM
 
 from .compat import check_lm_eval
 from .config import LOAD_TIME_SETTINGS, ConfigError, SpeculationConfig
-from .hooks import check_fused_kernel
+from .backends.sim.hooks import check_fused_kernel
 from .rows import Row
-from .ledger import (RequestLedger, RowKey, RowRecord, SampleKey, model_input, row_keys, sample_rows,
+from .ledger import (RequestLedger, RowKey, RowRecord, SampleKey, model_input, row_keys, sample_rows, samples_path,
                      teacher_forced_passes)
 from .shared_prefill import SharedPrefill
-from .models import SMOLLM2_ALIAS, smollm2_path
+from .smollm2 import SMOLLM2_ALIAS, smollm2_path
 from .region import DecodeRegion
 from .selfspec import check_greedy, check_model as check_selfspec_model, selfspec_generate
 from .provenance import versions
-from .report_io import samples_path, write_json_atomic, write_jsonl_atomic
+from .atomic_json import write_json_atomic, write_jsonl_atomic
 from .lm_eval_cli import USE_CACHE_REFUSED
 from .distributed import gather_statistics
 from .stats import AcceptanceStats, run_statistics

@@ -12,7 +12,8 @@ Policy = Literal["dynamic", "sink", "static", "exact", "selfspec"]
 POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact", "selfspec")
 DEFAULT_GAMMA = 4  # draft tokens per verification step under policy=selfspec
 BACKENDS: tuple[str, ...] = ("sim", "tt")
-KERNELS: tuple[str, ...] = ("auto", "torch", "triton", "sdpa")
+KERNELS: tuple[str, ...] = ("auto", "model", "torch", "triton")  # backends/sim.py says what each computes
+KERNEL_ALIASES = {"sdpa": "model"}  # the name kernel=model had before it also covered eager attention
 TILE = 32  # a Tenstorrent tile; window_align=32 mirrors the TT op (the rules themselves: semantics.py)
 WINDOW_ALIGNS: tuple[int, ...] = (1, TILE)
 TT_MODES: tuple[str, ...] = ("device", "host")
@@ -119,6 +120,7 @@ class SpeculationConfig:
             raise ConfigError(f"policy={self.policy!r} is unknown; use one of {', '.join(POLICIES)}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend={self.backend!r} is unknown; use one of {', '.join(BACKENDS)}")
+        object.__setattr__(self, "kernel", KERNEL_ALIASES.get(self.kernel, self.kernel))
         if self.kernel not in KERNELS:
             raise ConfigError(f"kernel={self.kernel!r} is unknown; use one of {', '.join(KERNELS)}")
         if self.backend == "tt":  # the TT op's windows are tile-aligned by definition

@@ -51,9 +51,9 @@ def _sweep_rows(model: Any, outdir: str) -> list[dict[str, Any]]:
     """One projection per (task, measured cell) of a sweep: the report's own (``alspec_eval.report.latency``), so
     a cell projects the same here and there (self-speculation cells from their tau)."""
     from .report.cells import load_sweep
-    from .report.latency import project
+    from .report.latency import project_sweep
 
-    p = project(load_sweep(outdir), model)
+    p = project_sweep(load_sweep(outdir), model)
     rows = []
     for task in p.tasks:
         for row in p.rows:

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -163,6 +164,11 @@ class RequestLedger:
         if key in self.records:
             return key
         return next(k for k in self.records if key[-len(k):] == k)
+
+
+def samples_path(stats_path: Path) -> Path:
+    """Where a statistics file's per-request entries go: `stats.json` -> `stats.samples.jsonl`."""
+    return stats_path.with_name(stats_path.stem + ".samples.jsonl")
 
 
 def sample_rows(samples: dict[SampleKey, dict[str, Any]]) -> list[dict[str, Any]]:

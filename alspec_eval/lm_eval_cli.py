@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from .config import ConfigError
-from .report_io import write_json_atomic
+from .atomic_json import write_json_atomic
 
 # lm-eval's request cache (CachingLM) is keyed by the request alone and answers cached requests without calling
 # the model: another lambda's answers would be served, and the cached samples would have no decisions.

@@ -20,9 +20,9 @@ import torch
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
 from .config import ConfigError, SpeculationConfig
-from .hooks import sliding_layers
+from .backends.sim.hooks import sliding_layers
 from .region import DecodeRegion
-from .speculator import Speculator
+from .backends.sim.speculator import Speculator
 from .stats import DraftStats
 
 

@@ -25,7 +25,7 @@ from .ledger import RowKey, RowRecord, row_keys
 from .region import DecodeRegion
 from .rows import Row
 from .selfspec import row_cache, selfspec_generate
-from .speculator import Speculator
+from .backends.sim.speculator import Speculator
 from .stopping import StopRule
 
 Generate = Callable[..., torch.Tensor]  # HFLM's generation of a batch: (context, max_length, stop, **kwargs) -> tokens

@@ -19,7 +19,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 
 from alspec_eval.adapter import ALSpecLM
-from alspec_eval.models import smollm2_path
+from alspec_eval.smollm2 import smollm2_path
 
 
 def prompts(tokenizer, count: int, tokens: int) -> list[str]:

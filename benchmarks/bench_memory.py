@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--runs", default="hf,alspec,niah,niah_seq",
                         help="which commands to run, comma-separated (hf, alspec, niah, niah_seq)")
     args = parser.parse_args()
-    from alspec_eval.models import smollm2_path
+    from alspec_eval.smollm2 import smollm2_path
 
     model = str(smollm2_path())
     bin_dir = Path(sys.executable).parent

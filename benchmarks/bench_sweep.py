@@ -17,7 +17,7 @@ import torch
 
 from alspec_eval.adapter import ALSpecLM
 from alspec_eval.rows import sweep_rows
-from alspec_eval.models import smollm2_path
+from alspec_eval.smollm2 import smollm2_path
 from bench_adapter import prompts, requests
 
 LAMBDAS = [0.05, 0.1, 0.15, 0.2, 0.25]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Protocol
 
@@ -33,15 +32,12 @@ def torch_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: tor
 
 
 def select_kernel(name: str, device: torch.device | str) -> DecodeKernel:
-    """Kernel for ``auto|torch|triton|unfused``; auto is Triton on CUDA when installed, else torch.
+    """Kernel for ``torch|triton|unfused`` (the sim backend's ``kernel=auto`` chooses among them and ``model``).
 
     ``unfused`` (two separate SDPA calls) cross-checks the fused kernels; it is not the sim backend's
-    ``kernel=sdpa``, which is the model's own attention plus a gathered window.
+    ``kernel=model``, which is the model's own attention plus a gathered window.
     """
     device = torch.device(device)
-    has_triton = importlib.util.find_spec("triton") is not None
-    if name == "auto":
-        name = "triton" if device.type == "cuda" and has_triton else "torch"
     if name == "torch":
         return torch_kernel
     if name == "unfused":
@@ -50,4 +46,4 @@ def select_kernel(name: str, device: torch.device | str) -> DecodeKernel:
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"kernel=triton runs on CUDA (or on CPU with TRITON_INTERPRET=1), not on {device}")
         return speculative_flash_decode_triton
-    raise ValueError(f"unknown kernel {name!r}; use auto, torch, triton or unfused")
+    raise ValueError(f"unknown kernel {name!r}; use torch, triton or unfused")

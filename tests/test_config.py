@@ -43,6 +43,7 @@ def test_good_args_parse():
     assert math.isinf(config.lam) and config.window == 64 and config.static_layers == (0, 3, 4, 5)
     assert config.trace_tokens is True and rest == {"pretrained": "x"}
     assert config.to_dict()["lambda"] == "inf"
+    assert SpeculationConfig(kernel="sdpa").kernel == "model"  # the older name of "no fused kernel"
 
 
 def test_parse_layers():

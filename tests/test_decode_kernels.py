@@ -32,11 +32,11 @@ def test_kernel_decisions_equal_sdpa_path(model, kernel, align):
     prompts = [p * (3 if align == 32 else 1) for p in PROMPTS]
     lam = median_ratio(alspec_lm(model, window=window, window_align=align), prompts[0])
     runs = {}
-    for name in ("sdpa", kernel):
+    for name in ("model", kernel):
         lm = alspec_lm(model, batch_size=2, kernel=name, window=window, window_align=align, **{"lambda": lam})
-        assert (lm.speculator.decode_kernel is None) == (name == "sdpa")
+        assert (lm.speculator.decode_kernel is None) == (name == "model")
         requests = gen_requests(prompts)
         runs[name] = (lm.generate_until(requests), sample_stats(requests))
-    assert runs[kernel] == runs["sdpa"]
-    accepted = sum(s["accepted"] for s in runs["sdpa"][1])
-    assert 0 < accepted < sum(s["speculated"] for s in runs["sdpa"][1])
+    assert runs[kernel] == runs["model"]
+    accepted = sum(s["accepted"] for s in runs["model"][1])
+    assert 0 < accepted < sum(s["speculated"] for s in runs["model"][1])

@@ -16,7 +16,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from alspec_eval.config import ConfigError
 from alspec_eval.region import DecodeRegion
-from alspec_eval.speculator import Speculator
+from alspec_eval.backends.sim.speculator import Speculator
 from families import FAMILIES, Family, build, table_markdown
 from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, stepwise_logprob
 
@@ -155,7 +155,7 @@ def test_refusals_come_before_the_weights_load(tmp_path, monkeypatch):
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
     with pytest.raises(ConfigError, match="kernel=torch computes plain softmax attention, without the attention "
-                                          "logit soft-capping of gemma2; use kernel=sdpa"):
+                                          "logit soft-capping of gemma2; use kernel=model"):
         ALSpecLM(pretrained=str(paths["Gemma 2"]), kernel="torch", device="cpu")
     with pytest.raises(ConfigError, match="without the learned attention sinks of gpt_oss"):
         ALSpecLM(pretrained=str(paths["gpt-oss"]), kernel="triton", device="cpu")

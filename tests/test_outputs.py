@@ -171,7 +171,7 @@ def test_needle_length_beyond_the_context_is_refused(tmp_path):
     assert not (tmp_path / "out" / "cells").exists()
 
 
-@pytest.mark.parametrize("module", ["alspec_eval.sweep.cli", "alspec_eval.niah.runner", "alspec_eval.report.cli",
+@pytest.mark.parametrize("module", ["alspec_eval.sweep.cli", "alspec_eval.niah.cli", "alspec_eval.report.cli",
                                     "alspec_eval.latency_cli"])
 def test_help_imports_no_torch(module):
     code = (f"import sys\nfrom {module} import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"

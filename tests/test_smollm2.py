@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from alspec_eval.models import smollm2_path
+from alspec_eval.smollm2 import smollm2_path
 
 LM_EVAL = str(Path(sys.executable).with_name("lm_eval"))  # the venv's script, activated or not
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

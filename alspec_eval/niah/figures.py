@@ -174,7 +174,7 @@ def write_niah_figures(outdir: Path, tokenizer: Any = None) -> list[Path]:
 def _tokenizer(sweep: Sweep) -> Any:
     from transformers import AutoTokenizer
 
-    from ..models import SMOLLM2_ALIAS, smollm2_path
+    from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 
     name = sweep.model
     if name in (None, SMOLLM2_ALIAS):

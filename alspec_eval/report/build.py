@@ -11,7 +11,7 @@ from alspec_eval.report.figures import (acceptance_heatmap, attention_vs_token_s
                                         open_loop_acceptance_figure, save, score_vs_hit_rate, speedup_vs_score)
 from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
-from alspec_eval.report.latency import DEFAULT_PRESET, project, projection_markdown, write_projection_csv
+from alspec_eval.report.latency import DEFAULT_PRESET, project_sweep, projection_markdown, write_projection_csv
 from alspec_eval.report.cells import load_sweep
 from alspec_eval.report.paper import paper_section
 from alspec_eval.report.table import table1_markdown, write_table1_csv
@@ -44,7 +44,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     figures = {"Score against hit rate": score_fig, "Per-layer acceptance": heatmaps,
                "Open-loop acceptance": open_loop}
 
-    projections = [project(sweep, spec) for spec in specs]
+    projections = [project_sweep(sweep, spec) for spec in specs]
     trade_off = [save(speedup_vs_score(sweep, projections[0]), report / "speedup_vs_score.png")] if projections else []
     if trade_off:
         figures["Projected speedup against score"] = trade_off

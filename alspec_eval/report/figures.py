@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
 
-    from alspec_eval.report.latency import Projection
+    from alspec_eval.report.latency import SweepProjection
 from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
 
 # Open-loop curves are read at the histogram's bin edges, where they are exact.
@@ -185,7 +185,7 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     return fig
 
 
-def speedup_vs_score(sweep: Sweep, projection: "Projection") -> Figure:
+def speedup_vs_score(sweep: Sweep, projection: "SweepProjection") -> Figure:
     """The trade-off a user decides on: per task, projected speedup (the paper's latency model on the cells'
     measured per-layer hit rates) against score, one point per cell; the baseline at 1x."""
     tasks = sweep.tasks
@@ -215,7 +215,7 @@ def speedup_vs_score(sweep: Sweep, projection: "Projection") -> Figure:
     return fig
 
 
-def frontier(cells: "pd.DataFrame", projection: "Projection") -> Figure:
+def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
     """Per task: projected speedup against the paired score difference to the baseline (95% interval), one point per
     cell; filled points are not significantly worse, so the right-most filled point is the cheapest safe choice."""
     from alspec_eval.report.frames import not_worse
@@ -253,7 +253,7 @@ def _row_of(r: "pd.Series") -> Row:
     return Row.from_record(r["policy"], r["lambda"], r["gamma"] if r["policy"] == "selfspec" else None)
 
 
-def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "Projection") -> Figure:
+def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "SweepProjection") -> Figure:
     """At one S: attention-level speculation's hit rate per lambda next to token-level self-speculation's tau per
     gamma, each point labelled with the latency model's projected speedup."""
     dynamic = [c for c in sweep.dynamic_cells(task) if c.hit_rate is not None]

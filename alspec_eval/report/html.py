@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:
     import pandas as pd
 
-from alspec_eval.report.latency import Projection, projection_note, projection_rows
+from alspec_eval.report.latency import SweepProjection, projection_note, projection_rows
 from alspec_eval.report.cells import Sweep
 from alspec_eval.report.paper import NOTE, PaperSection
 from alspec_eval.report.table import table1_rows
@@ -37,12 +37,12 @@ def _image(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
-def _projection(p: Projection) -> str:
+def _projection(p: SweepProjection) -> str:
     return (f"<h3>{html.escape(p.spec.name)}</h3><p class='note'>{html.escape(p.spec.description)}<br>"
             f"{html.escape(projection_note(p))}</p>" + html_table(projection_rows(p)))
 
 
-def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[Projection],
+def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[SweepProjection],
                 cells: "pd.DataFrame | None" = None, choices: Sequence[str] = (),
                 paper: PaperSection | None = None) -> str:
     """The report page; ``figures`` maps a section title to its PNG files."""

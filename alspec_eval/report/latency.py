@@ -13,30 +13,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from alspec_eval.latency import (DEFAULT_PRESET, LatencyModel, Projection as Projected, SelfSpecProjection, full_tp,
+from alspec_eval.latency import (DEFAULT_PRESET, LatencyModel, Projection, SelfSpecProjection, full_tp,
                                  project_layers, project_selfspec)
 from alspec_eval.report.cells import BASELINE, Row, Sweep
 from alspec_eval.report.table import MISSING, markdown_table
 
-__all__ = ["DEFAULT_PRESET", "Projection", "project", "projection_markdown", "projection_note", "projection_rows",
-           "write_projection_csv"]
+__all__ = ["DEFAULT_PRESET", "SweepProjection", "project_sweep", "projection_markdown", "projection_note",
+           "projection_rows", "write_projection_csv"]
 
 
 @dataclass(frozen=True)
-class Projection:
+class SweepProjection:
     """One latency model applied to every cell of a sweep."""
 
     spec: LatencyModel
     tasks: list[str]
     rows: list[Row]
-    entries: dict[tuple[Row, str], Projected]
+    entries: dict[tuple[Row, str], Projection]
     averaged: bool  # hit rates were averaged over layers (layer counts differ)
     selfspec: dict[tuple[Row, str], SelfSpecProjection] = field(default_factory=dict)
 
 
-def project(sweep: Sweep, spec: LatencyModel) -> Projection:
+def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
     """Projected tokens/s and speedup of every measured cell; the baseline row needs no cell."""
-    entries: dict[tuple[Row, str], Projected] = {}
+    entries: dict[tuple[Row, str], Projection] = {}
     selfspec: dict[tuple[Row, str], SelfSpecProjection] = {}
     averaged = False
     for task in sweep.tasks:
@@ -52,17 +52,17 @@ def project(sweep: Sweep, spec: LatencyModel) -> Projection:
                 continue
             entries[(row, task)], avg = project_layers(spec, cell.layer_hit_rates())
             averaged |= avg
-    return Projection(spec, sweep.tasks, sweep.rows, entries, averaged, selfspec)
+    return SweepProjection(spec, sweep.tasks, sweep.rows, entries, averaged, selfspec)
 
 
-def projection_rows(p: Projection) -> list[list[str]]:
+def projection_rows(p: SweepProjection) -> list[list[str]]:
     """Header plus "tokens/s (speedup×)" per row and task."""
-    def fmt(e: Projected | None) -> str:
+    def fmt(e: Projection | None) -> str:
         return MISSING if e is None else f"{e.tokens_per_s:.1f} tok/s ({e.speedup:.2f}×)"
     return [["", *p.tasks], *([row.label, *(fmt(p.entries.get((row, t))) for t in p.tasks)] for row in p.rows)]
 
 
-def projection_note(p: Projection) -> str:
+def projection_note(p: SweepProjection) -> str:
     """The table's quantities in one sentence, its estimates named, and whether hit rates were averaged."""
     s = p.spec
     note = (f"{s.num_layers} layers; per token: fixed {s.fixed_us:.4g} µs, per layer {s.per_layer_us:.4g} µs "
@@ -82,12 +82,12 @@ def projection_note(p: Projection) -> str:
     return note
 
 
-def projection_markdown(p: Projection) -> str:
+def projection_markdown(p: SweepProjection) -> str:
     title = f"**{p.spec.name}**" + (f": {p.spec.description}" if p.spec.description else "")
     return f"{title}\n\n{projection_note(p)}\n\n{markdown_table(projection_rows(p))}"
 
 
-def write_projection_csv(projections: Sequence[Projection], path: Path) -> Path:
+def write_projection_csv(projections: Sequence[SweepProjection], path: Path) -> Path:
     """Long form: one line per preset, row and task."""
     with path.open("w", newline="") as f:
         out = csv.writer(f)

@@ -17,9 +17,9 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError
 from ..distributed import barrier, is_main_process
-from ..models import SMOLLM2_ALIAS, smollm2_path
+from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 from ..provenance import provenance
-from ..report_io import write_json_atomic
+from ..atomic_json import write_json_atomic
 from ..stats import AcceptanceStats
 from .._lmeval_hook import tasks_dir
 from ..rows import STATIC, Row

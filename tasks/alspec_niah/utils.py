@@ -25,7 +25,7 @@ from typing import Any
 
 import datasets
 
-from alspec_eval.models import SMOLLM2_ALIAS, smollm2_path
+from alspec_eval.smollm2 import SMOLLM2_ALIAS, smollm2_path
 from alspec_eval.niah import SUPPORTED_LENGTHS, Needle, NeedleSample, make_paper_sample, make_single_sample, score_needles
 
 # One metric per length, named by the length (as ruler does). The YAMLs list exactly these.

@@ -1,6 +1,6 @@
 """On a CUDA GPU (skipped without one): the Triton speculative decode against the torch reference in float16 and
 bfloat16 (GQA, left padding, window_align 1 and 32), and `--model alspec` in bfloat16 with kernel=auto (Triton)
-deciding as kernel=sdpa except within bfloat16 rounding of lambda. The wall-time ratio is a benchmark:
+deciding as kernel=model except within bfloat16 rounding of lambda. The wall-time ratio is a benchmark:
 `python benchmarks/bench_adapter.py --device cuda --dtype bfloat16 --kernel auto` (and `--kernel sdpa`)."""
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def test_alspec_on_cuda_bfloat16_triton_decides_as_sdpa():
     model = tiny_model().to("cuda", torch.bfloat16)
     ids = torch.tensor([TOKENIZER(PROMPTS[0] * 3)["input_ids"]], device="cuda")
     traces = {}
-    for kernel in ("sdpa", "auto"):
+    for kernel in ("model", "auto"):
         lm = alspec_lm(model, window=16, kernel=kernel, device="cuda", **{"lambda": 0.3})
-        assert (lm.speculator.decode_kernel is None) == (kernel == "sdpa")
+        assert (lm.speculator.decode_kernel is None) == (kernel == "model")
         with torch.no_grad():
             out = lm.model.generate(ids[:, :-20], max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
             cache = out.past_key_values
@@ -53,7 +53,7 @@ def test_alspec_on_cuda_bfloat16_triton_decides_as_sdpa():
                 for t in range(ids.shape[1] - 20, ids.shape[1]):  # teacher-forced decode steps, one token each
                     lm.model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
         traces[kernel] = trace
-    a, b = traces["sdpa"], traces["auto"]
+    a, b = traces["model"], traces["auto"]
     codes_a, codes_b = a.codes[0].flatten(), b.codes[0].flatten()  # (position, layer) in decoding order
     ratios_a, ratios_b = a.ratios[0].flatten(), b.ratios[0].flatten()
     differ = (codes_a != codes_b).nonzero().flatten()

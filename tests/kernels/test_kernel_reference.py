@@ -111,11 +111,15 @@ def test_sdpa_kernel_and_selection() -> None:
     torch.testing.assert_close(alt.exact, ref.exact, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(alt.spec, ref.spec, atol=1e-5, rtol=1e-5)
     assert torch.equal(alt.trivial, ref.trivial)
-    assert select_kernel("auto", "cpu") is torch_kernel  # the CPU fast path where it applies, else the reference
+    from alspec_eval.backends.sim import decode_kernel
+
+    assert decode_kernel("auto", torch.device("cpu")) is None  # kernel=auto on the CPU: the model's own attention
+    assert decode_kernel("torch", torch.device("cpu")) is torch_kernel  # the CPU fast path where it applies
     assert select_kernel("torch", "cpu") is torch_kernel
     assert select_kernel("unfused", torch.device("cpu")) is unfused_decode
-    with pytest.raises(ValueError, match="unknown kernel"):
-        select_kernel("flash", "cpu")
+    for name in ("flash", "auto"):  # auto is the sim backend's choice, not a kernel
+        with pytest.raises(ValueError, match="unknown kernel"):
+            select_kernel(name, "cpu")
 
 
 def test_rejects_bad_shapes() -> None:

@@ -10,7 +10,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from kernel_oracle import fill_padding, make_inputs, padded_oracle  # noqa: E402
 
-from alspec_eval.kernels import select_kernel, speculative_flash_decode  # noqa: E402
+from alspec_eval.kernels import speculative_flash_decode  # noqa: E402
 from alspec_eval.kernels import triton_decode  # noqa: E402
 
 POSITIONS = [150, 16, 15, 3, 97]
@@ -118,4 +118,6 @@ def test_cuda_left_padding(dtype: torch.dtype, align: int) -> None:
 
 @needs_cuda
 def test_auto_selects_triton_on_cuda() -> None:
-    assert select_kernel("auto", "cuda") is triton_decode.speculative_flash_decode_triton
+    from alspec_eval.backends.sim import decode_kernel
+
+    assert decode_kernel("auto", torch.device("cuda")) is triton_decode.speculative_flash_decode_triton

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from alspec_eval.niah.runner import main
+from alspec_eval.niah.cli import main
 from tiny import save_tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore")

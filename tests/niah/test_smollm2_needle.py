@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from alspec_eval.niah.runner import main
+from alspec_eval.niah.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 

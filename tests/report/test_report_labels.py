@@ -12,7 +12,7 @@ from alspec_eval.latency import preset
 from alspec_eval.report.cells import load_sweep
 from alspec_eval.report.figures import attention_vs_token_speculation, frontier, score_vs_hit_rate, speedup_vs_score
 from alspec_eval.report.frames import load
-from alspec_eval.report.latency import project
+from alspec_eval.report.latency import project_sweep
 from synthetic_sweep import TASKS, write_sweep
 from test_report_selfspec import add_selfspec
 
@@ -48,7 +48,7 @@ def labels_of(fig) -> dict[int, list[Annotation]]:
 def test_labels_never_overlap(tmp_path):
     out = crowded(tmp_path)
     sweep, cells = load_sweep(out), load(out).cells
-    projection = project(sweep, preset("h100-tp4-32k"))
+    projection = project_sweep(sweep, preset("h100-tp4-32k"))
     figures = [score_vs_hit_rate(sweep), speedup_vs_score(sweep, projection), frontier(cells, projection),
                *(attention_vs_token_speculation(sweep, task, projection) for task in TASKS)]
     for fig in figures:

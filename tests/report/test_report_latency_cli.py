@@ -12,7 +12,7 @@ import pytest
 from alspec_eval.latency import PRESETS, LatencyError, LatencyModel, load_latency, preset
 from alspec_eval.latency_cli import main as latency_main
 from alspec_eval.report.cli import main as report_main
-from alspec_eval.report.latency import project
+from alspec_eval.report.latency import project_sweep
 from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, load_sweep
 
 # The paper's own numbers, restated here from ../shared/paper/latency_appendix_f.md (ns, context 1K).
@@ -114,7 +114,7 @@ def test_cli_from_sweep(sweep_dir: Path, tmp_path: Path, capsys):
 
 
 def test_report_projection_by_hand(sweep_dir: Path) -> None:
-    p = project(load_sweep(sweep_dir), LatencyModel.from_mapping(TINY, "tiny"))
+    p = project_sweep(load_sweep(sweep_dir), LatencyModel.from_mapping(TINY, "tiny"))
     gsm = "alspec_gsm8k_cot"
     assert not p.averaged
     assert p.entries[(BASELINE, gsm)].token_latency_us == pytest.approx(50 + 4 * 380)
@@ -126,7 +126,7 @@ def test_report_projection_by_hand(sweep_dir: Path) -> None:
 
 
 def test_report_averages_when_layer_counts_differ(sweep_dir: Path) -> None:
-    p = project(load_sweep(sweep_dir), LatencyModel.from_mapping({**TINY, "num_layers": 8}, "tiny8"))
+    p = project_sweep(load_sweep(sweep_dir), LatencyModel.from_mapping({**TINY, "num_layers": 8}, "tiny8"))
     assert p.averaged
     # mean per-layer hit 0.42 on all 8 layers
     assert p.entries[(Row.dynamic(0.1), "alspec_gsm8k_cot")].token_latency_us == pytest.approx(50 + 8 * (0.42 * 300 + 0.58 * 400))

@@ -9,7 +9,7 @@ import pytest
 from alspec_eval.latency import preset
 from alspec_eval.report.build import write_report
 from alspec_eval.report.cells import Row, load_sweep
-from alspec_eval.report.latency import project
+from alspec_eval.report.latency import project_sweep
 from alspec_eval.stats import RATIO_EDGES
 from synthetic_sweep import NUM_LAYERS, SCORES, TASKS, cell_json, layer_entry, write_sweep
 
@@ -64,7 +64,7 @@ def test_projected_speedup_is_tau_over_draft_cost(sweep_dir):
     # smallest contexts: 13 us at 1K and 29 us at 32K
     attention = 13 + (128 - 1024) * (29 - 13) / (32768 - 1024)
     draft = fixed + 32 * (100 + attention)
-    p = project(load_sweep(sweep_dir), spec)
+    p = project_sweep(load_sweep(sweep_dir), spec)
     for gamma, tau in TAU.items():
         entry = p.entries[(Row.selfspec(gamma), TASKS[0])]
         assert entry.speedup == pytest.approx(tau / (gamma * draft / verify + 1))
@@ -84,7 +84,7 @@ def test_latency_cli_projects_a_selfspec_cell_as_the_report_does(sweep_dir, caps
 
     assert latency_main(["--preset", "h100-tp4-32k", "--from", str(sweep_dir), "--json"]) == 0
     cells = json.loads(capsys.readouterr().out)["cells"]
-    p = project(load_sweep(sweep_dir), preset("h100-tp4-32k"))
+    p = project_sweep(load_sweep(sweep_dir), preset("h100-tp4-32k"))
     for gamma, tau in TAU.items():
         cell = next(c for c in cells if c["task"] == TASKS[0] and c["cell"] == f"selfspec γ = {gamma}")
         assert cell["speedup"] == pytest.approx(p.entries[(Row.selfspec(gamma), TASKS[0])].speedup)
@@ -112,5 +112,5 @@ def test_a_task_without_generations_has_a_selfspec_row_without_tau(tmp_path):
     line = next(l for l in (out / "report" / "table1.md").read_text().splitlines() if l.startswith("| selfspec γ = 2 |"))
     assert line.endswith(f"/ τ = – |") and f"τ = {TAU[2]:.2f}" in line
     assert f"alspec_vs_selfspec_{TASKS[0]}.png" in written and f"alspec_vs_selfspec_{TASKS[1]}.png" not in written
-    p = project(load_sweep(out), preset("h100-tp4-32k"))
+    p = project_sweep(load_sweep(out), preset("h100-tp4-32k"))
     assert (Row.selfspec(2), TASKS[1]) not in p.entries and (Row.selfspec(2), TASKS[0]) in p.entries

@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from ... import hooks
+from ..sim import hooks
 from ...config import ConfigError, SpeculationConfig
 from . import contract
 from .runtime import TTRuntime, round_bfloat8_b

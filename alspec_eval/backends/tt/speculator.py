@@ -17,7 +17,7 @@ import torch
 from ... import semantics
 from ...config import SpeculationConfig
 from ...kernels import SpecDecodeOutput
-from ...speculator import Speculator
+from ..sim.speculator import Speculator
 from . import contract
 from .runtime import TTRuntime
 

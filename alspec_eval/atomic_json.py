@@ -1,4 +1,4 @@
-"""Writing result files so that an interrupted run never leaves a half-written file behind."""
+"""Writing JSON result files so that an interrupted run never leaves a half-written file behind."""
 
 from __future__ import annotations
 
@@ -17,11 +17,6 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
 def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict[str, Any]]) -> Path:
     """Write one JSON object per line, atomically as :func:`write_json_atomic`."""
     return _write_atomic(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-
-
-def samples_path(stats_path: Path) -> Path:
-    """Where a statistics file's per-request entries go: `stats.json` -> `stats.samples.jsonl`."""
-    return stats_path.with_name(stats_path.stem + ".samples.jsonl")
 
 
 def _write_atomic(path: str | os.PathLike, text: str) -> Path:

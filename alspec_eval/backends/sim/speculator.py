@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import semantics
-from .config import SpeculationConfig
-from .kernels import DecodeKernel, SpecDecodeOutput
-from .region import DecodeRegion, Trace
-from .stats import ACCEPTED, REJECTED, TRIVIAL
+from ... import semantics
+from ...config import SpeculationConfig
+from ...kernels import DecodeKernel, SpecDecodeOutput
+from ...region import DecodeRegion, Trace
+from ...stats import ACCEPTED, REJECTED, TRIVIAL
 
 ATTR = "alspec_speculator"  # the attribute of each attention module that holds its speculator
 

@@ -1,9 +1,10 @@
 """backend=sim: the simulated reference, on the CPU or CUDA (DESIGN.md, Semantics 1-5).
 
-The model's attention runs through the speculator (:mod:`alspec_eval.speculator`). ``kernel`` picks how
-a decode step computes A and A~: ``sdpa``, the model's own attention for A plus a gathered 2S-key
-attention for A~ (A bit-identical to the plain model); ``torch`` or ``triton``, the speculative flash
-decode, A~ being the first partial of A. ``auto`` is Triton on CUDA and ``sdpa`` on the CPU.
+The model's attention runs through the speculator (:mod:`.speculator`; :mod:`.hooks` puts it into the model). ``kernel`` picks how
+a decode step computes A and A~: ``model``, no fused kernel: the model's own attention function (sdpa or
+eager, with every term of its family) for A and, on the gathered 2S window keys, for A~ (A bit-identical to
+the plain model); ``torch`` or ``triton``, the speculative flash decode, A~ being the first partial of A.
+``auto`` is ``triton`` on CUDA where the attention is plain softmax, else ``model``.
 """
 
 from __future__ import annotations
@@ -13,18 +14,17 @@ import importlib.util
 import torch
 from transformers import PreTrainedModel
 
-from .. import hooks
-from ..kernels import DecodeKernel, select_kernel
-from ..speculator import Speculator
+from . import hooks
+from ...kernels import DecodeKernel, select_kernel
+from .speculator import Speculator
 
 
 def decode_kernel(name: str, device: torch.device, plain_softmax: bool = True) -> DecodeKernel | None:
-    """The fused kernel of ``kernel=name`` on ``device``, or None for ``sdpa`` (see the module docstring); ``auto``
-    is ``sdpa`` too where the model's attention is not plain softmax (soft-capping, sinks)."""
+    """The fused kernel of ``kernel=name`` on ``device``, or None for ``model`` (see the module docstring)."""
     if name == "auto":
         fused = device.type == "cuda" and importlib.util.find_spec("triton") and plain_softmax
-        name = "triton" if fused else "sdpa"
-    return None if name == "sdpa" else select_kernel(name, device)
+        name = "triton" if fused else "model"
+    return None if name == "model" else select_kernel(name, device)
 
 
 def install(model: PreTrainedModel, kernel: str = "auto") -> Speculator:

@@ -21,7 +21,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .config import ConfigError
+from ...config import ConfigError
 from .speculator import ATTR, Speculator, alspec_attention
 
 _HOOKS = "_alspec_hooks"  # on the model: (forward pre-hook handle, base attention implementation)
@@ -71,7 +71,7 @@ def check_fused_kernel(kernel: str, config: PretrainedConfig, model: PreTrainedM
     if terms:
         family = config.get_text_config().model_type
         raise ConfigError(f"{kernel} computes plain softmax attention, without the {' and '.join(terms)} of "
-                          f"{family}; use kernel=sdpa (the model's own attention for A and A~) and backend=sim")
+                          f"{family}; use kernel=model (the model's own attention for A and A~) and backend=sim")
 
 
 def base_attention(model: PreTrainedModel, attention_module: torch.nn.Module) -> tuple[str, Callable]:
