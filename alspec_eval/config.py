@@ -8,6 +8,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from .errors import ConfigError
+from .schedule import DEFAULT_LAMBDA, LambdaSchedule
+
+__all__ = ["ConfigError", "LambdaSchedule", "SpeculationConfig", "parse_layers"]
+
 Policy = Literal["dynamic", "sink", "static", "exact", "selfspec"]
 POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact", "selfspec")
 DEFAULT_GAMMA = 4  # draft tokens per verification step under policy=selfspec
@@ -28,7 +33,7 @@ MODEL_ARGS: dict[str, str] = {
     "backend": "backend", "window_align": "window_align", "speculate_prefill": "speculate_prefill",
     "trace_tokens": "trace_tokens", "kernel": "kernel", "stats_path": "stats_path",
     "tt_mode": "tt_mode", "tt_device_id": "tt_device_id", "tt_kv_dtype": "tt_kv_dtype",
-    "tt_kernel": "tt_kernel", "gamma": "gamma",
+    "tt_kernel": "tt_kernel", "gamma": "gamma", "lambda_schedule": "lambda_schedule",
 }
 
 
@@ -39,10 +44,6 @@ def tt_window_problem(window: int) -> str | None:
                 f"TT op's k_chunk_size; use window=32, 64, 128 (the authors' default), 256 or 512 "
                 "(backend=sim takes any S)")
     return None
-
-
-class ConfigError(ValueError):
-    """A bad `--model_args` value; the message names the value and the fix."""
 
 
 def parse_layers(spec: str | int | list[int] | tuple[int, ...] | None) -> tuple[int, ...]:
@@ -88,7 +89,7 @@ class SpeculationConfig:
     token-level self-speculation instead (``gamma`` drafted tokens per step, the sink A~ as draft; selfspec.py).
     """
 
-    lam: float = 0.1
+    lam: float = DEFAULT_LAMBDA
     window: int = 128
     policy: Policy = "dynamic"
     static_layers: tuple[int, ...] = ()
@@ -103,6 +104,7 @@ class SpeculationConfig:
     tt_kv_dtype: str = "bfloat8_b"
     tt_kernel: str = "ttnn"
     gamma: int | None = None  # policy=selfspec only; DEFAULT_GAMMA when not given
+    lambda_schedule: LambdaSchedule | str | None = None  # per-layer lambdas (a path, read here); schedule.py
 
     def __post_init__(self) -> None:
         lam = self.lam
@@ -145,6 +147,7 @@ class SpeculationConfig:
         if self.policy != "static" and self.static_layers:
             raise ConfigError(f"static_layers={';'.join(map(str, self.static_layers))} only applies to policy=static; drop it or set policy=static")
         self._check_gamma()
+        self._check_schedule()
         object.__setattr__(self, "speculate_prefill", _as_bool("speculate_prefill", self.speculate_prefill))
         object.__setattr__(self, "trace_tokens", _as_bool("trace_tokens", self.trace_tokens))
 
@@ -164,6 +167,24 @@ class SpeculationConfig:
             raise ConfigError("policy=selfspec runs on backend=sim only (the TT op speculates attention, not tokens)")
         object.__setattr__(self, "gamma", gamma)
 
+    def _check_schedule(self) -> None:
+        schedule = self.lambda_schedule
+        if schedule in (None, ""):
+            object.__setattr__(self, "lambda_schedule", None)
+            return
+        if not isinstance(schedule, LambdaSchedule):
+            schedule = LambdaSchedule.load(str(schedule))
+            object.__setattr__(self, "lambda_schedule", schedule)
+        if self.lam != DEFAULT_LAMBDA:
+            raise ConfigError(f"lambda={self.lam:g} and lambda_schedule={schedule.path} both set the threshold; drop "
+                              "one (a schedule gives every layer its own lambda)")
+        if self.policy != "dynamic":
+            raise ConfigError(f"lambda_schedule only applies to policy=dynamic, not policy={self.policy}; drop it")
+
+    def layer_lambda(self, layer: int) -> float:
+        """The threshold of ``layer``: the schedule's, else ``lam``."""
+        return self.lam if self.lambda_schedule is None else self.lambda_schedule.layer_lambda(layer)
+
     @classmethod
     def from_model_args(cls, args: dict[str, Any], known: set[str] = frozenset()) -> tuple["SpeculationConfig", dict[str, Any]]:
         """Split lm-eval model_args into the speculation config and the rest (for HFLM).
@@ -181,6 +202,8 @@ class SpeculationConfig:
 
     def check_layers(self, num_layers: int) -> None:
         """Layer indices can only be checked once the model config is known (still before the weights load)."""
+        if self.lambda_schedule is not None:
+            self.lambda_schedule.check_layers(num_layers)
         bad = [i for i in self.static_layers if i >= num_layers]
         if bad:
             raise ConfigError(
@@ -190,7 +213,9 @@ class SpeculationConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (lambda under its paper name)."""
-        out = {k: v for k, v in asdict(self).items() if k != "lam"}
+        out = {k: v for k, v in asdict(self).items() if k not in ("lam", "lambda_schedule")}
         out = {"lambda": self.lam if math.isfinite(self.lam) else "inf", **out}
         out["static_layers"] = list(self.static_layers)
+        if self.lambda_schedule is not None:  # the schedule sets every threshold
+            out["lambda"], out["lambda_schedule"] = None, self.lambda_schedule.to_dict()
         return out

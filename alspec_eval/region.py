@@ -18,8 +18,8 @@ class DecodeRegion:
     pad: index of the row's first real token (left padding before it is not part of the sequence).
     spec_start: first index that speculates (the first token fed back after the exact prefill).
     row_end: index past the last real token (right padding after it is ignored).
-    lam: per-row lambda overriding the config's, so that one batch can hold the rows of a lambda
-        sweep (inf: pure sink); None uses the config.
+    lam: per-row lambda (B,), or per-row per-layer (B, L), overriding the config's, so that one batch can
+        hold the rows of a lambda sweep (inf: pure sink) or of per-layer schedules; None uses the config.
     exact: rows that never speculate nor record (the baseline rows of such a batch).
     """
 
@@ -32,20 +32,22 @@ class DecodeRegion:
     @classmethod
     def build(cls, pad: list[int] | torch.Tensor, spec_start: list[int] | torch.Tensor,
               row_end: list[int] | torch.Tensor | None = None, device: torch.device | str = "cpu",
-              lam: list[float] | None = None, exact: list[bool] | None = None) -> "DecodeRegion":
+              lam: list[float] | list[list[float]] | None = None, exact: list[bool] | None = None) -> "DecodeRegion":
         pad_t = torch.as_tensor(pad, dtype=torch.long, device=device)
         start_t = torch.as_tensor(spec_start, dtype=torch.long, device=device)
         end_t = torch.full_like(pad_t, NO_END) if row_end is None else torch.as_tensor(row_end, dtype=torch.long, device=device)
         lam_t = None if lam is None else torch.as_tensor(lam, dtype=torch.float32, device=device)
         exact_t = None if exact is None else torch.as_tensor(exact, dtype=torch.bool, device=device)
-        shapes = {t.shape for t in (pad_t, start_t, end_t, lam_t, exact_t) if t is not None}
-        if len(shapes) != 1 or pad_t.dim() != 1:
-            raise ValueError("pad, spec_start, row_end, lam and exact must be 1-D with one entry per batch row")
+        shapes = {t.shape[:1] for t in (pad_t, start_t, end_t, lam_t, exact_t) if t is not None}
+        if len(shapes) != 1 or pad_t.dim() != 1 or (lam_t is not None and lam_t.dim() > 2):
+            raise ValueError("pad, spec_start, row_end and exact must be 1-D, lam 1-D or (rows, layers), with one "
+                             "entry per batch row")
         return cls(pad_t, start_t, end_t, lam_t, exact_t)
 
     @classmethod
     def from_left_padded(cls, attention_mask: torch.Tensor, speculate_prefill: bool,
-                         lam: list[float] | None = None, exact: list[bool] | None = None) -> "DecodeRegion":
+                         lam: list[float] | list[list[float]] | None = None,
+                         exact: list[bool] | None = None) -> "DecodeRegion":
         """Generation: prompts are left padded; every token fed back after the prompt speculates."""
         batch, prompt_len = attention_mask.shape
         pad = prompt_len - attention_mask.long().sum(-1)

@@ -6,21 +6,27 @@ runs with and what its cell file records; no name is ever parsed back into a row
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-KINDS: tuple[str, ...] = ("baseline", "dynamic", "sink", "static", "selfspec")  # the paper's row order, then tokens
-POLICY_OF_KIND = {"baseline": "exact", "dynamic": "dynamic", "sink": "sink", "static": "static", "selfspec": "selfspec"}
+from .schedule import DEFAULT_LAMBDA, LambdaSchedule
+
+# The paper's row order, then token-level self-speculation, then a tuned per-layer schedule (alspec-tune).
+KINDS: tuple[str, ...] = ("baseline", "dynamic", "sink", "static", "selfspec", "tuned")
+POLICY_OF_KIND = {"baseline": "exact", "dynamic": "dynamic", "sink": "sink", "static": "static", "selfspec": "selfspec",
+                  "tuned": "dynamic"}
 
 
 @dataclass(frozen=True)
 class Row:
-    """Baseline (exact), one lambda (dynamic), pure sink (lambda = inf), the static layer baseline, or token-level
-    self-speculation with draft length ``gamma``."""
+    """Baseline (exact), one lambda (dynamic), pure sink (lambda = inf), the static layer baseline, token-level
+    self-speculation with draft length ``gamma``, or a per-layer lambda ``schedule`` (tuned)."""
 
     kind: str
     lam: float | None = None  # dynamic rows only
     gamma: int | None = None  # selfspec rows only
+    schedule: LambdaSchedule | None = field(default=None, compare=False)  # tuned rows only (compared by digest)
+    digest: str | None = None  # the schedule's, which identifies a tuned row
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -29,8 +35,12 @@ class Row:
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'dynamic' else 'takes no'} lambda")
         if (self.kind == "selfspec") != (self.gamma is not None):
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'selfspec' else 'takes no'} gamma")
+        if (self.kind == "tuned") != (self.schedule is not None):
+            raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'tuned' else 'takes no'} schedule")
         if self.lam is not None:
             object.__setattr__(self, "lam", float(self.lam))
+        if self.schedule is not None:
+            object.__setattr__(self, "digest", self.schedule.digest)
 
     @classmethod
     def dynamic(cls, lam: float) -> Row:
@@ -39,6 +49,10 @@ class Row:
     @classmethod
     def selfspec(cls, gamma: int) -> Row:
         return cls("selfspec", gamma=int(gamma))
+
+    @classmethod
+    def tuned(cls, schedule: LambdaSchedule) -> Row:
+        return cls("tuned", schedule=schedule)
 
     # ------------------------------------------------------------------ names
 
@@ -49,6 +63,8 @@ class Row:
             return f"lambda_{self.lam:g}"
         if self.kind == "selfspec":
             return f"selfspec_g{self.gamma}"
+        if self.kind == "tuned":
+            return f"tuned_{self.digest[:10]}"
         return self.kind
 
     @property
@@ -58,6 +74,8 @@ class Row:
             return f"λ = {self.lam:g}"
         if self.kind == "selfspec":
             return f"selfspec γ = {self.gamma}"
+        if self.kind == "tuned":
+            return f"tuned {self.digest[:6]}"
         return self.kind
 
     @property
@@ -76,10 +94,11 @@ class Row:
         """Whether the row can run on a sweep's shared exact prefill (static calibrates on the others first)."""
         return self.kind != "static"
 
-    @property
-    def threshold(self) -> float:
-        """The row's lambda in a shared batch: inf for pure sink; unused where attention is exact."""
-        return {"dynamic": self.lam, "sink": math.inf}.get(self.kind, 0.0)
+    def thresholds(self, num_layers: int) -> list[float]:
+        """The row's lambda at each layer in a shared batch: inf for pure sink; unused where attention is exact."""
+        if self.kind == "tuned":
+            return self.schedule.lambdas(num_layers)
+        return [{"dynamic": self.lam, "sink": math.inf}.get(self.kind, 0.0)] * num_layers
 
     @property
     def exact_attention(self) -> bool:
@@ -90,9 +109,12 @@ class Row:
         """The speculation settings the row runs with (changes to a ``SpeculationConfig``). A static row without
         layers runs exact: no layer reached the calibration's hit rate, so the exact model is that policy."""
         policy = "exact" if self.kind == "static" and not static_layers else self.policy
-        out: dict[str, Any] = {"policy": policy, "static_layers": tuple(static_layers), "gamma": self.gamma}
+        out: dict[str, Any] = {"policy": policy, "static_layers": tuple(static_layers), "gamma": self.gamma,
+                               "lambda_schedule": self.schedule}
         if self.kind == "dynamic":
             out["lam"] = self.lam
+        if self.kind == "tuned":
+            out["lam"] = DEFAULT_LAMBDA  # the schedule sets every layer's
         return out
 
     def record(self, static_layers: list[int] | None = None) -> dict[str, Any]:
@@ -101,13 +123,17 @@ class Row:
         out: dict[str, Any] = {"policy": self.policy, "lambda": lam, "static_layers": static_layers}
         if self.kind == "selfspec":
             out["gamma"] = self.gamma
+        if self.kind == "tuned":
+            out["lambda_schedule"] = self.schedule.to_dict()
         return out
 
     # ------------------------------------------------------------------ reading cell files
 
     @classmethod
-    def from_record(cls, policy: str, lam: Any = None, gamma: Any = None) -> Row:
-        """The row a cell file records (``policy``, ``lambda``, ``gamma``)."""
+    def from_record(cls, policy: str, lam: Any = None, gamma: Any = None, schedule: Any = None) -> Row:
+        """The row a cell file records (``policy``, ``lambda``, ``gamma``, ``lambda_schedule``)."""
+        if policy == "dynamic" and schedule is not None:
+            return cls.tuned(LambdaSchedule.from_json(schedule["schedule"], path=schedule.get("path")))
         if policy == "dynamic":
             if lam is None or lam == "inf":
                 raise ValueError("a dynamic cell needs a numeric lambda")

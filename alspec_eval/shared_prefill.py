@@ -55,10 +55,13 @@ class SharedPrefill:
     replay: int = 0
     rows: dict[tuple[RowKey, int], _Stored] = field(default_factory=dict)
 
-    @staticmethod
-    def region_args(batch: int, variants: list[Row]) -> dict[str, list]:
-        """Per-row lambda and exact flags for a batch of ``batch`` requests, each repeated once per variant."""
-        return {"lam": [v.threshold for _ in range(batch) for v in variants],
+    def region_args(self, batch: int, variants: list[Row]) -> dict[str, list]:
+        """Per-row lambda (per layer where a variant is a schedule) and exact flags for a batch of ``batch``
+        requests, each repeated once per variant."""
+        layers = self.speculator.num_layers
+        per_layer = any(v.kind == "tuned" for v in variants)
+        lam = [v.thresholds(layers) if per_layer else v.thresholds(1)[0] for v in variants]
+        return {"lam": [x for _ in range(batch) for x in lam],
                 "exact": [v.exact_attention for _ in range(batch) for v in variants]}
 
     def generate(self, context: torch.Tensor, max_length: int, stop: list[str], rule: StopRule,

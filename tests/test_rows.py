@@ -21,8 +21,9 @@ def test_names_labels_and_records_round_trip(row, name, label):
 
 
 def test_settings_are_what_each_row_runs_with():
-    assert Row.dynamic(0.2).settings() == {"policy": "dynamic", "lam": 0.2, "static_layers": (), "gamma": None}
-    assert SINK.threshold == math.inf and Row.dynamic(0.2).threshold == 0.2
+    assert Row.dynamic(0.2).settings() == {"policy": "dynamic", "lam": 0.2, "static_layers": (), "gamma": None,
+                                           "lambda_schedule": None}
+    assert SINK.thresholds(2) == [math.inf] * 2 and Row.dynamic(0.2).thresholds(2) == [0.2, 0.2]
     assert BASELINE.exact_attention and Row.selfspec(2).exact_attention and not SINK.exact_attention
     assert STATIC.settings((2, 3))["policy"] == "static" and STATIC.settings(())["policy"] == "exact"
     assert STATIC.record([2, 3]) == {"policy": "static", "lambda": None, "static_layers": [2, 3]}

@@ -59,10 +59,11 @@ class Cell:
     sample_log: tuple[dict[str, Any], ...] = ()  # per document: doc_id, filter and the metric values
     gamma: int | None = None  # selfspec: tokens drafted per step
     draft: dict[str, Any] | None = None  # selfspec with generations: gamma, steps, drafted, accepted, tau, hist
+    schedule: dict[str, Any] | None = None  # a tuned row's per-layer lambdas: schedule, path, sha256
 
     @property
     def row(self) -> Row:
-        return Row.from_record(self.policy, self.lam, self.gamma)
+        return Row.from_record(self.policy, self.lam, self.gamma, self.schedule)
 
     @property
     def hit_rate(self) -> float | None:
@@ -128,7 +129,8 @@ class Sweep:
         """Every row the sweep declares or has a cell for (a sweep run with ``static: false`` has no static row)."""
         has = {c.row for c in self.cells}
         static = [STATIC] if STATIC in has or self.meta.get("static_p", 0.8) is not None else []
-        return [BASELINE, *map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas)]
+        tuned = sorted({c.row for c in self.cells if c.row.kind == "tuned"}, key=lambda r: r.name)
+        return [BASELINE, *map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas), *tuned]
 
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))
@@ -166,7 +168,8 @@ def load_cell(path: Path) -> Cell:
                 static_layers=tuple(static) if static is not None else None, metric=d.get("metric", ""),
                 score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
                 samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),
-                gamma=d.get("gamma", (stats.get("selfspec") or {}).get("gamma")), draft=stats.get("selfspec"))
+                gamma=d.get("gamma", (stats.get("selfspec") or {}).get("gamma")), draft=stats.get("selfspec"),
+                schedule=d.get("lambda_schedule"))
 
 
 def _same_edges(edges: list[float]) -> bool:

@@ -230,7 +230,7 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
         group = cells[(cells["task"] == task) & cells["diff"].notna()]
         ok = not_worse(group)
         for (_, r), good in zip(group.iterrows(), ok):
-            entry = projection.entries.get((_row_of(r), task))
+            entry = projection.entries.get((_row_of(r, projection.rows), task))
             if entry is None:
                 continue
             err = [[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]]
@@ -249,8 +249,9 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
     return fig
 
 
-def _row_of(r: "pd.Series") -> Row:
-    return Row.from_record(r["policy"], r["lambda"], r["gamma"] if r["policy"] == "selfspec" else None)
+def _row_of(r: "pd.Series", rows: list[Row]) -> Row:
+    """The row of a frame's cell (cells are named after their rows)."""
+    return next(row for row in rows if row.name == r["cell"])
 
 
 def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "SweepProjection") -> Figure:

@@ -241,7 +241,7 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
         group = [row for row in todo if row.shares_prefill]
         if group and config.shared_prefill:
             shared = [row for row in rows if row.shares_prefill]
-            lm.reconfigure(policy="dynamic", static_layers=(), gamma=None)
+            lm.reconfigure(policy="dynamic", static_layers=(), gamma=None, lambda_schedule=None)
             with lm.shared_prefill(shared) as fork:
                 for row in group:
                     fork.replay = shared.index(row)

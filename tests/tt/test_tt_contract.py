@@ -121,6 +121,22 @@ def test_a_reconfigured_window_reaches_the_op(model, card_for):
     assert chunks == {64}
 
 
+def test_each_layer_calls_the_op_with_its_own_lambda(model, card, tmp_path):
+    """lambda_schedule: every layer's op call gets that layer's lambda, and the decisions equal sim's."""
+    import json
+
+    lam = _gap_lambda(model)
+    schedule = [lam, 4 * lam, lam / 4]  # the tiny model's three layers
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps(schedule))
+    sim = _run(model, 0.1, lambda_schedule=str(path), window_align=32)
+    tt = _run(model, 0.1, lambda_schedule=str(path), backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
+    assert tt == sim
+    lambdas = [call["lambda_"] for kind, call in card.calls if kind == "speculative"]
+    assert lambdas[:3] == schedule  # one call per layer and step, in layer order
+    assert len(lambdas) % 3 == 0 and lambdas == schedule * (len(lambdas) // 3)
+
+
 def test_kv_cache_stays_on_the_device(model, card, monkeypatch):
     """Each layer's cache is uploaded once per request; later steps append one token through paged_update_cache."""
     uploads = []

@@ -43,8 +43,6 @@ class _Pass:
     cols: torch.Tensor | None = None
     index: torch.Tensor | None = None
     mask: torch.Tensor | None = None
-    lam: float | torch.Tensor = 0.0  # the threshold of each speculated position
-    lam_batch: float | torch.Tensor = 0.0  # the threshold of each batch row (what a fused kernel takes)
     decisions: dict[int, Decision] = field(default_factory=dict)
 
 
@@ -139,7 +137,7 @@ class Speculator:
             approx, accept, ratio = fused.spec[rows], fused.accept[rows], fused.d[rows] / fused.n[rows]
         else:
             approx = self.approximate(module, plan, query, key, value, scaling, kwargs)
-            accept, ratio = self.verify(approx, exact[rows, cols], plan.lam)
+            accept, ratio = self.verify(approx, exact[rows, cols], self.thresholds(rows, layer))
         plan.decisions[layer] = (accept, ratio)
         return self.commit(exact, plan, approx, accept), weights
 
@@ -164,18 +162,20 @@ class Speculator:
         positions, valid = semantics.window_positions(pos[rows, cols], cfg.window, cfg.window_align)
         index = (positions + pad[rows, None]).clamp_max(k_len - 1)
         mask = None if bool(valid.all()) else valid[:, None, None, :]
-        lam_batch = self.row_lambda(torch.arange(len(pad), device=query.device))
-        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, self.row_lambda(rows),
-                                   lam_batch)
+        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask)
         return session.passes[-1]
 
-    def row_lambda(self, rows: torch.Tensor) -> float | torch.Tensor:
-        """The threshold of each batch row in ``rows``: the region's per-row lambda (a sweep's shared batch) or
-        the config's; sink and static speculate unconditionally (lambda = inf)."""
+    def thresholds(self, rows: torch.Tensor, layer: int) -> float | torch.Tensor:
+        """The lambda of each batch row in ``rows`` at ``layer``: the region's per-row (or per-row, per-layer) lambda
+        of a sweep's shared batch, else the config's (its schedule's at this layer); sink and static speculate
+        unconditionally (lambda = inf)."""
         config, region = self.session.config, self.session.region
         if config.policy != "dynamic":
             return float("inf")
-        return config.lam if region.lam is None else region.lam.to(rows.device)[rows]
+        if region.lam is None:
+            return config.layer_lambda(layer)
+        lam = region.lam.to(rows.device)
+        return lam[rows] if lam.dim() == 1 else lam[rows, layer]
 
     def has_fused_decode(self) -> bool:
         """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call."""
@@ -186,7 +186,8 @@ class Speculator:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
         cfg, pad = self.session.config, self.session.region.pad.to(query.device)
         cur_pos = torch.full_like(pad, key.shape[2] - 1)
-        return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, plan.lam_batch,
+        lam = self.thresholds(torch.arange(len(pad), device=query.device), layer)
+        return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, lam,
                                   window_align=cfg.window_align, scale=scaling, start=pad)
 
     def approximate(self, module: torch.nn.Module, plan: _Pass, query: torch.Tensor, key: torch.Tensor,

@@ -62,11 +62,13 @@ class TTSpeculator(Speculator):
         """A decode step's A, A~, d, n and decision for every batch row; query (B, Hq, 1, D), key/value (B, Hkv, L, D)."""
         pad = self.session.region.pad.to(key.device)
         pos = key.shape[2] - 1 - pad  # logical position of the current token
-        return self.decode(layer, query[:, :, 0], key, value, pad, pos, plan.lam_batch, scaling, self.session.config)
+        lam = self.thresholds(torch.arange(len(pad), device=key.device), layer)
+        return self.decode(layer, query[:, :, 0], key, value, pad, pos, lam, scaling, self.session.config)
 
     def decode(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
                pos: torch.Tensor, lam: float | torch.Tensor, scale: float, config: SpeculationConfig) -> SpecDecodeOutput:
-        """A decode step for query ``q`` (B, Hq, D) under ``config`` (its window; its lambda is the op's)."""
+        """A decode step for query ``q`` (B, Hq, D) under ``config`` (its window; its lambda at ``layer`` is the op's
+        ``lambda_``; the decision takes ``lam``, each row's)."""
         rt, window = self.runtime, config.window
         batch, heads, dim = q.shape
         trivial = semantics.is_trivial(pos, window)
@@ -93,7 +95,7 @@ class TTSpeculator(Speculator):
             approx = torch.where(trivial[:, None, None], exact, approx)
             d, n = semantics.distances(approx, exact)
             return SpecDecodeOutput(exact, approx, d, n, semantics.accept_squared(d * d, n * n, lam) | trivial, trivial)
-        op_lambda = config.lam
+        op_lambda = config.layer_lambda(layer)
         if not trivial.any():
             full, spec, d2, n2 = rt.speculative(q_dev, k_dev, v_dev, lam=op_lambda, cur_pos=pos.tolist(), scale=scale,
                                                 query_heads=heads, window=window)
