@@ -8,7 +8,8 @@ from typing import Sequence
 
 from alspec_eval.latency import LatencyModel, preset
 from alspec_eval.report.figures import (acceptance_heatmap, attention_vs_token_speculation, frontier,
-                                        open_loop_acceptance_figure, save, score_vs_hit_rate, speedup_vs_score)
+                                        open_loop_acceptance_figure, save, schedule_profile, score_vs_hit_rate,
+                                        speedup_vs_score)
 from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
 from alspec_eval.report.latency import DEFAULT_PRESET, project_sweep, projection_markdown, write_projection_csv
@@ -62,6 +63,10 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
                       if r.kind == "selfspec")]
     if comparison:
         figures["Attention-level against token-level speculation"] = comparison
+    profiles = [save(schedule_profile(sweep, row), report / f"schedule_{row.name}.png")
+                for row in sweep.rows if row.kind == "tuned"]
+    if profiles:
+        figures["Tuned per-layer schedules"] = profiles
     paper_md = report / "paper.md"
     beside_paper = paper_section(sweep, cells, frames.documents, paper)
     paper_md.write_text(beside_paper.markdown())
@@ -73,5 +78,5 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
 
     page = report / "report.html"
     page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper))
-    return [*written, *score_fig, *heatmaps, *open_loop, *trade_off, *comparison, paper_md, latency_md, latency_csv,
-            page]
+    return [*written, *score_fig, *heatmaps, *open_loop, *trade_off, *comparison, *profiles, paper_md, latency_md,
+            latency_csv, page]

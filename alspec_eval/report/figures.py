@@ -109,6 +109,32 @@ def acceptance_heatmap(sweep: Sweep, task: str) -> Figure:
     return fig
 
 
+def schedule_profile(sweep: Sweep, row: Row) -> Figure:
+    """A tuned schedule's per-layer lambda (bars) and each task's measured per-layer hit rate (lines)."""
+    num_layers = max((len(c.layers) for task in sweep.tasks if (c := sweep.cell(task, row)) is not None), default=0)
+    lambdas = row.schedule.lambdas(num_layers)
+    fig = _figure(2.4 + 0.22 * max(num_layers, 8), 3.8)
+    ax = fig.add_subplot()
+    finite = [lam for lam in lambdas if math.isfinite(lam) and lam > 0]
+    top = max(finite, default=1.0) * 4
+    ax.bar(range(num_layers), [min(lam, top) if lam > 0 else 0 for lam in lambdas], color="tab:gray", alpha=0.5,
+           label="λ (∞ drawn at the top)")
+    ax.set_yscale("symlog", linthresh=min(finite, default=1e-3))
+    ax.set_xlabel("layer")
+    ax.set_ylabel("λ")
+    hits = ax.twinx()
+    for task in sweep.tasks:
+        if (cell := sweep.cell(task, row)) is not None:
+            hits.plot(range(len(cell.layers)), [100 * (layer.hit_rate or 0.0) for layer in cell.layers], "o-",
+                      markersize=3, label=f"{task} hit rate")
+    hits.set_ylabel("hit rate (%)")
+    hits.set_ylim(-5, 105)
+    handles = ax.get_legend_handles_labels()[0] + hits.get_legend_handles_labels()[0]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=7)
+    ax.set_title(f"{row.label}: per-layer λ and hit rate", fontsize=9)
+    return fig
+
+
 def score_vs_hit_rate(sweep: Sweep) -> Figure:
     """One panel per task (so tasks whose sink points coincide stay apart): the lambda cells as a line, the baseline
     dashed, sink and static as markers."""
@@ -199,8 +225,8 @@ def speedup_vs_score(sweep: Sweep, projection: "SweepProjection") -> Figure:
             cell, entry = sweep.cell(task, row), projection.entries.get((row, task))
             if cell is None or entry is None or cell.score is None:
                 continue
-            marker = {"baseline": "D", "dynamic": "o", "sink": "X", "static": "s", "selfspec": "^"}[row.kind]
-            colour = {"baseline": "black", "selfspec": "tab:orange"}.get(row.kind, "tab:blue")
+            marker = {"baseline": "D", "dynamic": "o", "sink": "X", "static": "s", "selfspec": "^", "tuned": "*"}[row.kind]
+            colour = {"baseline": "black", "selfspec": "tab:orange", "tuned": "tab:red"}.get(row.kind, "tab:blue")
             ax.plot(entry.speedup, cell.score, marker, color=colour, markersize=7)
             labels.append((ax, entry.speedup, cell.score, row.label, {"fontsize": 7}))
         ax.set_title(task, fontsize=10)

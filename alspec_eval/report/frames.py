@@ -125,7 +125,7 @@ def load(outdir: str | Path) -> Frames:
                "hit_rate": c.hit_rate if c.hit_rate is not None else math.nan, "hit_low": low, "hit_high": high,
                "hit_low_decision": low_d, "hit_high_decision": high_d,
                "gamma": c.gamma if c.gamma is not None else math.nan, "tau": c.tau if c.tau is not None else math.nan}
-        row.update(_paired(docs, scores.get((c.task, _baseline_name(sweep, c.task))), c.row == BASELINE))
+        row.update(paired_difference(docs, scores.get((c.task, _baseline_name(sweep, c.task))), c.row == BASELINE))
         cells.append(row)
         for i, layer in enumerate(c.layers):
             layers.append({"task": c.task, "cell": c.name, "layer": i, "speculated": layer.speculated,
@@ -141,7 +141,7 @@ def _baseline_name(sweep, task: str) -> str | None:  # noqa: ANN001 (report.cell
     return None if cell is None else cell.name
 
 
-def _paired(docs: pd.Series, baseline: pd.Series | None, is_baseline: bool) -> dict[str, float]:
+def paired_difference(docs: pd.Series, baseline: pd.Series | None, is_baseline: bool) -> dict[str, float]:
     """Difference against the baseline on the documents both scored: mean, bootstrap interval, McNemar p."""
     empty = {"diff": math.nan, "diff_low": math.nan, "diff_high": math.nan, "p_value": math.nan, "n_paired": 0}
     if is_baseline or baseline is None:

@@ -13,6 +13,7 @@ import yaml
 
 from ..config import ConfigError
 from ..rows import STATIC, Row, sweep_rows
+from ..schedule import LambdaSchedule
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,12 @@ class SweepConfig:
     sink: bool = True
     static: StaticBaseline | None = field(default_factory=StaticBaseline)
     gammas: list[int] = field(default_factory=list)  # a policy=selfspec row per draft length
+    schedules: list[str] = field(default_factory=list)  # a tuned row per lambda_schedule file (alspec-tune)
     shared_prefill: bool = True
     device: str = "cpu"
     batch_size: int = 1
     limit: int | float | None = None
+    samples: dict[str, list[int]] | None = None  # the doc_ids to evaluate per task (lm-eval's samples), not with limit
     num_fewshot: int | None = None
     apply_chat_template: bool = False
     gen_kwargs: dict[str, Any] | None = None
@@ -53,7 +56,9 @@ class SweepConfig:
 
     def rows(self) -> list[Row]:
         """Rows per task, in run order: the shared-prefill group first, static last (it calibrates on them)."""
-        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas), *([STATIC] if self.static else [])]
+        tuned = [Row.tuned(LambdaSchedule.load(path)) for path in self.schedules]
+        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas), *tuned,
+                *([STATIC] if self.static else [])]
 
 
 def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
@@ -116,6 +121,19 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
                               or (isinstance(limit, float) and limit > 1 and not limit.is_integer())):
         raise ConfigError(f"{source}: limit={limit!r} must be a number of samples (an integer >= 1) or a fraction "
                           "in (0, 1], e.g. limit: 8")
+    samples = raw.get("samples")
+    if samples is not None:
+        if limit is not None:
+            raise ConfigError(f"{source}: limit and samples both choose documents; give one of them")
+        if not isinstance(samples, dict) or not all(
+                isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+                for ids in samples.values()):
+            raise ConfigError(f"{source}: samples must map each task to a list of doc_ids, e.g. {{alspec_recall: [0, 3]}}")
+    schedules = raw.get("schedules", [])
+    if not isinstance(schedules, list) or not all(isinstance(p, str) for p in schedules):
+        raise ConfigError(f"{source}: schedules must be a list of lambda_schedule files, got {schedules!r}")
+    for path in schedules:
+        LambdaSchedule.load(path)  # each mistake in one line, before anything loads
     for key in ("num_fewshot", "seed"):
         if raw.get(key) is not None and (isinstance(raw[key], bool) or not isinstance(raw[key], int) or raw[key] < 0):
             raise ConfigError(f"{source}: {key}={raw[key]!r} must be an integer >= 0")
@@ -131,6 +149,7 @@ def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:
     """Everything that decides a cell's numbers: a cell is reused only when a rerun's fingerprint equals it."""
     out = {"task": task, "cell": row.name, "model_args": config.model_args, "window": config.window,
            "window_align": config.window_align, "limit": config.limit, "num_fewshot": config.num_fewshot,
+           **({"samples": config.samples.get(task)} if config.samples is not None else {}),
            "apply_chat_template": config.apply_chat_template, "gen_kwargs": config.gen_kwargs,
            "metadata": config.metadata, "seed": config.seed}
     if row == STATIC and config.static is not None:

@@ -51,8 +51,9 @@ def build_lm(config: SweepConfig):  # noqa: ANN201 (ALSpecLM; imported late: it 
         from ..selfspec import check_model
 
         check_model(AutoConfig.from_pretrained(args["pretrained"], trust_remote_code=args.get("trust_remote_code") in (True, "true", "True")))
+    lam = {"lambda": config.lambdas[0]} if config.lambdas else {}
     return ALSpecLM(**args, window=config.window, window_align=config.window_align,
-                    device=config.device, batch_size=config.batch_size, **{"lambda": config.lambdas[0]})
+                    device=config.device, batch_size=config.batch_size, **lam)
 
 
 def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -> str | None:
@@ -77,6 +78,7 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
     metadata = {**resolved_model_args(config), **config.metadata}
     results = simple_evaluate(
         model=lm, tasks=[task], limit=config.limit, num_fewshot=config.num_fewshot,
+        samples={task: config.samples[task]} if config.samples is not None else None,
         apply_chat_template=config.apply_chat_template, gen_kwargs=config.gen_kwargs, log_samples=True,
         task_manager=TaskManager(include_path=str(tasks_dir()), metadata=metadata), random_seed=config.seed, numpy_random_seed=config.seed,
         torch_random_seed=config.seed, fewshot_random_seed=config.seed, bootstrap_iters=BOOTSTRAP_ITERS)

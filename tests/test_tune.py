@@ -1,0 +1,120 @@
+"""alspec-tune's search (open-loop curves, the schedule path, bisection and the choice) with a fake evaluator, the
+document split, and a real tune on a tiny model that resumes to the same schedule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
+from alspec_eval.tune.search import THRESHOLDS, Measured, Search, best, open_loop_curve, schedule_path, start_step
+from alspec_eval.tune.tuner import split_documents
+
+
+def _hist(centre: int, width: int = 6, total: int = 600) -> list[int]:
+    """A d/n histogram with ``total`` decisions spread evenly over the bins around ``centre``."""
+    hist = [0] * (len(RATIO_EDGES) + 1)
+    for k in range(centre - width // 2, centre + width // 2):
+        hist[k] = total // width
+    return hist
+
+
+CURVES = [open_loop_curve(_hist(c)) for c in (40, 55, 70)]  # an easy, a middle and a hard layer
+
+
+def test_open_loop_curve_is_the_histograms_acceptance():
+    hist = _hist(50)
+    curve = open_loop_curve(hist)
+    for k in (0, 10, 25, 40):
+        assert curve.hit[k] == pytest.approx(open_loop_acceptance(hist, THRESHOLDS[k]))
+    assert list(curve.hit) == sorted(curve.hit) and list(curve.error) == sorted(curve.error)
+    assert curve.hit[-1] == 1.0
+
+
+def test_the_path_raises_one_layer_at_a_time_from_zero_to_the_top():
+    path = schedule_path(CURVES)
+    assert path[0] == [0.0, 0.0, 0.0] and path[-1] == [THRESHOLDS[-1]] * 3
+    for before, after in zip(path, path[1:]):
+        changed = [i for i in range(3) if after[i] != before[i]]
+        assert len(changed) == 1 and after[changed[0]] > before[changed[0]]
+    first = next(i for i, lambdas in enumerate(path) if lambdas[0] > 0)
+    assert all(lambdas[2] == 0 for lambdas in path[:first + 1])  # the easy layer moves before the hard one
+
+
+def _fake(boundary: int, path: list[list[float]], calls: list[int]):
+    """Deterministic: a candidate meets the budget up to the path's step ``boundary``; speedup grows with the step."""
+    def evaluate(lambdas: list[float]) -> Measured:
+        step = path.index(lambdas)
+        calls.append(step)
+        return Measured(step <= boundary, 1 + step / len(path))
+    return evaluate
+
+
+def test_bisection_finds_the_last_feasible_step_and_the_choice_respects_the_budget():
+    path = schedule_path(CURVES)
+    boundary, calls = len(path) // 3, []
+    search = Search(path, _fake(boundary, path, calls))
+    search.run(steps=12)
+    assert boundary in calls and boundary + 1 in calls  # the bracket closed on the boundary
+    candidates = [(f"step {step}", m) for step, _, m in search.tried] + [("uniform", Measured(True, 1.01))]
+    name, chosen = best(candidates)
+    assert chosen.feasible and name == f"step {boundary}"
+    assert all(not m.feasible for _, m in candidates if m.speedup > chosen.speedup)  # nothing faster met the budget
+    assert best([("fast but over", Measured(False, 9.0))]) is None
+
+
+def test_the_search_starts_where_the_best_uniform_lambda_was():
+    path = schedule_path(CURVES)
+    start = start_step(path, CURVES, hit_rate=0.5)
+    assert 0 < start < len(path) - 1
+    calls = []
+    Search(path, _fake(len(path) - 1, path, calls)).run(steps=3, start=start)
+    assert min(calls) > start
+
+
+def test_split_is_seeded_disjoint_and_complete():
+    calibration, held = split_documents({"a": 10, "b": 7}, 0.5, seed=3)
+    again = split_documents({"a": 10, "b": 7}, 0.5, seed=3)
+    assert (calibration, held) == again
+    for task, n in (("a", 10), ("b", 7)):
+        assert sorted(calibration[task] + held[task]) == list(range(n)) and not set(calibration[task]) & set(held[task])
+    with pytest.raises(Exception, match="--holdout 0.01 leaves no"):
+        split_documents({"a": 10}, 0.01, seed=3)
+
+
+def test_a_resumed_tune_gives_the_same_schedule(tmp_path):
+    from tiny import save_tiny
+
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    out = tmp_path / "tune"
+    command = [sys.executable, "-m", "alspec_eval.tune.cli", "--tasks", "alspec_recall", "--model_args",
+               f"pretrained={model}", "--window", "16", "--lambdas", "0.3,0.9", "--limit", "8", "--steps", "2",
+               "--max_drop", "0.2", "--batch_size", "4", "--output_path", str(out)]
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PATH": ""}
+    import os
+
+    env = {**os.environ, **env}
+    first = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    schedule = json.loads((out / "schedule.json").read_text())
+    result = json.loads((out / "tune.json").read_text())
+    assert result["heldout"]["tuned"]["tasks"]["alspec_recall"]["n"] == 4  # the held-out half of 8
+    assert (out / "heldout" / "report" / "table1.md").read_text().count("tuned") >= 1
+    cells = sorted((out / "candidates" / "cells").rglob("*.json"))
+    stamps = {p: p.stat().st_mtime_ns for p in cells}
+    # An interruption after the candidates: the outputs and the held-out run are gone, one candidate cell too.
+    for path in (out / "schedule.json", out / "tune.json"):
+        path.unlink()
+    import shutil
+
+    shutil.rmtree(out / "heldout")
+    cells[-1].unlink()
+    second = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert json.loads((out / "schedule.json").read_text()) == schedule
+    assert json.loads((out / "tune.json").read_text())["chosen"] == result["chosen"]
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in cells[:-1])  # finished runs were not redone
