@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -92,36 +93,36 @@ def write_sidecar(tracker: Any, results: dict[str, Any]) -> Path | None:
     return sidecar
 
 
+def _wrap(cls: type, name: str, make: Callable[[Callable], Callable], static: bool = False) -> None:
+    """Replace ``cls.name`` with ``make(original)`` once (a second call finds it wrapped)."""
+    original = getattr(cls, name)
+    if getattr(original, "_alspec", False):
+        return
+    wrapped = functools.wraps(original)(make(original))
+    wrapped._alspec = True
+    setattr(cls, name, staticmethod(wrapped) if static else wrapped)
+
+
 def patch_run_command(module: ModuleType) -> None:
     """Wrap ``lm_eval._cli.run.Run._execute``: alspec errors as one line, arguments checked before the model."""
-    run = module.Run
-    execute = run._execute
-    if getattr(execute, "_alspec", False):
-        return
+    def make(execute: Callable) -> Callable:
+        def _execute(args: argparse.Namespace) -> None:
+            from . import cli_errors
 
-    @functools.wraps(execute)
-    def _execute(args: argparse.Namespace) -> None:
-        from . import cli_errors
+            cli_errors.install()
+            check_arguments(args)
+            execute(args)
+        return _execute
 
-        cli_errors.install()
-        check_arguments(args)
-        execute(args)
-
-    _execute._alspec = True
-    run._execute = staticmethod(_execute)
+    _wrap(module.Run, "_execute", make, static=True)
 
 
 def patch_tracker(module: ModuleType) -> None:
     """Wrap ``EvaluationTracker.save_results_aggregated`` so the sidecar goes beside the file it writes."""
-    tracker = module.EvaluationTracker
-    save = tracker.save_results_aggregated
-    if getattr(save, "_alspec", False):
-        return
+    def make(save: Callable) -> Callable:
+        def save_results_aggregated(self: Any, results: dict, samples: dict | None = None) -> None:
+            save(self, results=results, samples=samples)
+            write_sidecar(self, results)
+        return save_results_aggregated
 
-    @functools.wraps(save)
-    def save_results_aggregated(self: Any, results: dict, samples: dict | None = None) -> None:
-        save(self, results=results, samples=samples)
-        write_sidecar(self, results)
-
-    save_results_aggregated._alspec = True
-    tracker.save_results_aggregated = save_results_aggregated
+    _wrap(module.EvaluationTracker, "save_results_aggregated", make)
