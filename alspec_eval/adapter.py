@@ -1,9 +1,10 @@
 """`lm_eval --model alspec`: lm-eval's HFLM with attention-level speculation and its statistics.
 
-Every HFLM option keeps working; the speculation options are read off the same
-model_args (see README). Requests run task by task so statistics are kept per task;
-each forward pass runs inside a decode region (DESIGN.md, Semantics 6) and each
-sample's decisions are reduced to per-layer counts and logged with the sample.
+Every HFLM option keeps working; the speculation options are read off the same model_args (see README). In the
+shape of lm-eval's ``hf_steered``: HFLM's own request methods and model calls run unchanged, each model call inside
+one speculation session (``speculator.speculating(region, config)``, DESIGN.md Semantics 6) whose trace becomes a
+row record; the request ledger (:mod:`.ledger`) knows which request a model input belongs to and sums the records
+per request (logged with the sample) and per task.
 """
 
 from __future__ import annotations
@@ -21,20 +22,20 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from .atomic_json import write_json_atomic, write_jsonl_atomic
+from .backends.sim.hooks import check_fused_kernel
 from .compat import check_lm_eval
 from .config import LOAD_TIME_SETTINGS, ConfigError, SpeculationConfig
-from .backends.sim.hooks import check_fused_kernel
-from .rows import Row
+from .distributed import gather_statistics
 from .ledger import (RequestLedger, RowKey, RowRecord, SampleKey, model_input, row_keys, sample_rows, samples_path,
                      teacher_forced_passes)
+from .lm_eval_cli import USE_CACHE_REFUSED
+from .provenance import versions
+from .region import DecodeRegion
+from .rows import Row
+from .selfspec import check_greedy, check_model as check_selfspec_model, selfspec_generate
 from .shared_prefill import SharedPrefill
 from .smollm2 import SMOLLM2_ALIAS, smollm2_path
-from .region import DecodeRegion
-from .selfspec import check_greedy, check_model as check_selfspec_model, selfspec_generate
-from .provenance import versions
-from .atomic_json import write_json_atomic, write_jsonl_atomic
-from .lm_eval_cli import USE_CACHE_REFUSED
-from .distributed import gather_statistics
 from .stats import AcceptanceStats, run_statistics
 from .stopping import StopRule
 

@@ -33,7 +33,7 @@ def _score(sample: dict[str, Any]) -> float:
 
 def _label(cell: dict[str, Any]) -> str:
     """The row a raw cell JSON was made as, for a title: "λ = 0.05", "baseline", "sink"."""
-    return Row.from_record(cell["policy"], cell.get("lambda"), cell.get("gamma")).label
+    return Row.from_record(cell["policy"], cell.get("lambda"), cell.get("gamma"), cell.get("lambda_schedule")).label
 
 
 def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
