@@ -131,10 +131,6 @@ class RequestLedger:
             args = args[:-1]
         inst.arguments = (*args, {"alspec": entry})
 
-    def samples(self) -> list[dict[str, Any]]:
-        """This rank's per-request statistics, as :func:`sample_rows` lists them."""
-        return sample_rows(self.sample_stats)
-
     def reset(self) -> None:
         """Start counting anew (a sweep's next cell)."""
         self.task_stats, self.sample_stats = {}, {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from lm_eval.api.instance import Instance
 
-from alspec_eval.ledger import RequestLedger, RowRecord, model_input, teacher_forced_passes
+from alspec_eval.ledger import RequestLedger, RowRecord, model_input, sample_rows, teacher_forced_passes
 from alspec_eval.stats import AcceptanceStats
 
 
@@ -43,8 +43,9 @@ def test_samples_are_kept_per_document_request_and_repeat():
 
     doubled = [r for r in requests for _ in range(2)]  # lm-eval sends a request once per repeat
     ledger.run(doubled, run, lambda inst: [(id(inst),)])
-    keys = [(s["task"], s["doc_id"], s["idx"], s["repeat"]) for s in ledger.samples()]
+    rows = sample_rows(ledger.sample_stats)
+    keys = [(s["task"], s["doc_id"], s["idx"], s["repeat"]) for s in rows]
     assert keys == [("t", doc, idx, rep) for doc in (3, 7) for idx in (0, 1) for rep in (0, 1)]
-    assert all(s["accepted"] == 3 and s["speculated"] == 4 for s in ledger.samples())
+    assert all(s["accepted"] == 3 and s["speculated"] == 4 for s in rows)
     assert ledger.task_stats["t"].accepted[0] == 3 * len(doubled)
     assert requests[0].arguments[-1]["alspec"]["accepted"] == 3  # the samples log's entry, once per request

@@ -100,8 +100,8 @@ class Search:
     tried: list[tuple[int, list[float], Measured]] = field(default_factory=list)
 
     def run(self, steps: int, start: int = 0) -> None:
-        """``steps`` bisection steps between ``start`` (assumed feasible: the bracket's low end) and the path's end
-        (the first probe: everything at the largest threshold is rarely feasible, so it is probed last)."""
+        """``steps`` bisection steps between ``start`` (taken as feasible: the bracket's low end) and the path's end
+        (taken as infeasible: every layer at the largest threshold; neither end is run)."""
         lo, hi = start, len(self.path) - 1
         for _ in range(steps):
             if hi - lo <= 1:
