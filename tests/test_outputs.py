@@ -172,7 +172,7 @@ def test_needle_length_beyond_the_context_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["alspec_eval.sweep.cli", "alspec_eval.niah.cli", "alspec_eval.report.cli",
-                                    "alspec_eval.latency_cli"])
+                                    "alspec_eval.tune.cli", "alspec_eval.latency_cli"])
 def test_help_imports_no_torch(module):
     code = (f"import sys\nfrom {module} import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules, 'torch imported for --help'")
