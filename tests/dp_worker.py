@@ -1,7 +1,8 @@
 """One rank of a data-parallel lm-eval run on the CPU (gloo), set up as HFLM sets up ranks on GPUs.
 
 Usage: python tests/dp_worker.py RANK WORLD PORT OUT.json            (rank 0 writes OUT.json)
-       python tests/dp_worker.py RANK WORLD PORT OUTDIR sweep MODEL  (the smoke sweep config on MODEL into OUTDIR)
+       python tests/dp_worker.py RANK WORLD PORT OUTDIR sweep MODEL SCHEDULE  (the smoke sweep config on MODEL,
+                                                                      with a tuned row of lambda_schedule SCHEDULE)
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def main() -> None:
 
         config = load_config(Path(__file__).parents[1] / "configs" / "smoke.yaml",
                              {"model_args": {"pretrained": sys.argv[6]}, "lambdas": [0.5, 1.0],
-                              "static": {"p": 0.5, "lambda": 1.0}, "gammas": [2], "output": str(out)})
+                              "static": {"p": 0.5, "lambda": 1.0}, "gammas": [2], "schedules": sys.argv[7:8],
+                              "output": str(out)})
         lm = build_lm(config)
         _as_rank(lm, rank, world)
         run_sweep(config, lm=lm)

@@ -62,14 +62,18 @@ def test_sweep_on_two_ranks_writes_one_process_cells_and_resumes(tmp_path):
     from tiny import save_tiny
 
     model = save_tiny(tmp_path / "model", max_positions=4096)
-    _launch(1, tmp_path / "one", "sweep", model)
-    _launch(2, tmp_path / "two", "sweep", model)
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps([0.5, 1.0, 0.7]))  # a per-layer lambda_schedule row, in the shared prefill too
+    _launch(1, tmp_path / "one", "sweep", model, str(schedule))
+    _launch(2, tmp_path / "two", "sweep", model, str(schedule))
     one, two = read_cells(tmp_path / "one"), read_cells(tmp_path / "two")
-    assert len(one) == 6 and two == one
+    assert len(one) == 7 and two == one
     assert one["alspec_recall/selfspec_g2"]["alspec"]["selfspec"]["steps"] > 0
-    # Resume under two ranks: a folder that already holds the baseline cell gets the other five, the same.
+    (tuned,) = [cell for name, cell in one.items() if "/tuned_" in name]
+    assert tuned["lambda_schedule"]["schedule"] == [0.5, 1.0, 0.7] and tuned["alspec"]["total"]["accepted"] > 0
+    # Resume under two ranks: a folder that already holds the baseline cell gets the other six, the same.
     (tmp_path / "three" / "cells" / "alspec_recall").mkdir(parents=True)
     baseline = tmp_path / "one" / "cells" / "alspec_recall" / "baseline.json"
     (tmp_path / "three" / "cells" / "alspec_recall" / "baseline.json").write_text(baseline.read_text())
-    _launch(2, tmp_path / "three", "sweep", model)
+    _launch(2, tmp_path / "three", "sweep", model, str(schedule))
     assert read_cells(tmp_path / "three") == one
