@@ -7,6 +7,7 @@ itself with its path and a digest, so a result always says which schedule produc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -92,7 +93,12 @@ class LambdaSchedule:
         return out
 
     def layer_lambda(self, layer: int) -> float:
-        return dict(self.layers).get(layer, self.default)
+        """``layer``'s lambda (asked once per layer and forward pass: a lookup, not a scan)."""
+        return self._by_layer.get(layer, self.default)
+
+    @functools.cached_property
+    def _by_layer(self) -> dict[int, float]:
+        return dict(self.layers)
 
     def to_json(self) -> Any:
         """The file's form (what :meth:`from_json` reads back)."""

@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="override the config's device, e.g. cuda:0")
     p.add_argument("--output_path", "--output", dest="output", default=None,
                    help="output folder (default: results/tune_<config name>)")
+    p.add_argument("--recompute", action="store_true",
+                   help="recompute runs made with other settings (another split, model or window) instead of refusing")
     return p
 
 
@@ -76,7 +78,8 @@ def plan_from_args(args: argparse.Namespace):  # noqa: ANN201 (TunePlan; importe
     if base.gammas or base.schedules:
         base = replace(base, gammas=[], schedules=[])
     output = Path(args.output or f"results/tune_{base.name}")
-    return TunePlan(base, args.max_drop, preset(args.preset or DEFAULT_PRESET), args.holdout, args.steps, output)
+    return TunePlan(base, args.max_drop, preset(args.preset or DEFAULT_PRESET), args.holdout, args.steps, output,
+                    args.recompute)
 
 
 def main(argv: list[str] | None = None) -> None:

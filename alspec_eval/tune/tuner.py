@@ -37,6 +37,7 @@ class TunePlan:
     holdout: float = 0.5
     steps: int = 6
     output: Path = Path("results/tune")
+    recompute: bool = False  # runs made with other settings are recomputed instead of refused
 
 
 def split_documents(counts: dict[str, int], holdout: float, seed: int) -> tuple[dict[str, list[int]],
@@ -95,7 +96,7 @@ class Tuner:
                                      output=str(self.plan.output / name), limit=None, **changes)
         if self.lm is None:
             self.lm = build_lm(config)
-        return run_sweep(config, lm=self.lm)
+        return run_sweep(config, lm=self.lm, recompute=self.plan.recompute)
 
     def calibrate(self) -> Path:
         return self.sweep("calibration", samples=self.calibration_docs, sink=False, static=None, gammas=[])

@@ -165,17 +165,17 @@ class Speculator:
         session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask)
         return session.passes[-1]
 
-    def thresholds(self, rows: torch.Tensor, layer: int) -> float | torch.Tensor:
-        """The lambda of each batch row in ``rows`` at ``layer``: the region's per-row (or per-row, per-layer) lambda
-        of a sweep's shared batch, else the config's (its schedule's at this layer); sink and static speculate
-        unconditionally (lambda = inf)."""
+    def thresholds(self, rows: torch.Tensor | None, layer: int) -> float | torch.Tensor:
+        """The lambda of each batch row in ``rows`` (None: every row) at ``layer``: the region's per-row (or per-row,
+        per-layer) lambda of a sweep's shared batch, else the config's (its schedule's at this layer); sink and
+        static speculate unconditionally (lambda = inf)."""
         config, region = self.session.config, self.session.region
         if config.policy != "dynamic":
             return float("inf")
         if region.lam is None:
             return config.layer_lambda(layer)
-        lam = region.lam.to(rows.device)
-        return lam[rows] if lam.dim() == 1 else lam[rows, layer]
+        lam = region.lam if region.lam.dim() == 1 else region.lam[:, layer]
+        return lam if rows is None else lam.to(rows.device)[rows]
 
     def has_fused_decode(self) -> bool:
         """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call."""
@@ -186,7 +186,8 @@ class Speculator:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
         cfg, pad = self.session.config, self.session.region.pad.to(query.device)
         cur_pos = torch.full_like(pad, key.shape[2] - 1)
-        lam = self.thresholds(torch.arange(len(pad), device=query.device), layer)
+        lam = self.thresholds(None, layer)
+        lam = lam.to(query.device) if isinstance(lam, torch.Tensor) else lam
         return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, lam,
                                   window_align=cfg.window_align, scale=scaling, start=pad)
 

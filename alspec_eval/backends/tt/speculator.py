@@ -62,7 +62,8 @@ class TTSpeculator(Speculator):
         """A decode step's A, A~, d, n and decision for every batch row; query (B, Hq, 1, D), key/value (B, Hkv, L, D)."""
         pad = self.session.region.pad.to(key.device)
         pos = key.shape[2] - 1 - pad  # logical position of the current token
-        lam = self.thresholds(torch.arange(len(pad), device=key.device), layer)
+        lam = self.thresholds(None, layer)
+        lam = lam.to(key.device) if isinstance(lam, torch.Tensor) else lam
         return self.decode(layer, query[:, :, 0], key, value, pad, pos, lam, scaling, self.session.config)
 
     def decode(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
