@@ -1,10 +1,12 @@
 """`lm_eval --model alspec`: lm-eval's HFLM with attention-level speculation and its statistics.
 
 Every HFLM option keeps working; the speculation options are read off the same model_args (see README). In the
-shape of lm-eval's ``hf_steered``: HFLM's own request methods and model calls run unchanged, each model call inside
-one speculation session (``speculator.speculating(region, config)``, DESIGN.md Semantics 6) whose trace becomes a
-row record; the request ledger (:mod:`.ledger`) knows which request a model input belongs to and sums the records
-per request (logged with the sample) and per task.
+shape of lm-eval's ``hf_steered``: HFLM does the work. The three request methods are wrapped, not rewritten: each
+runs HFLM's own, task by task through the request ledger (:mod:`.ledger`), which knows which request a model input
+belongs to and sums the row records per request (logged with the sample) and per task. The two model calls
+(``_model_call``, ``_model_generate``) are overridden only to run HFLM's call inside one speculation session
+(``speculator.speculating(region, config)``, docs/design.md, Semantics 6) whose trace becomes a row record, or to
+answer from a sweep's shared prefill or self-speculation.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ _HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
 
 @register_model("alspec")
 class ALSpecLM(HFLM):
-    """HFLM whose attention speculates: see DESIGN.md for what every backend computes."""
+    """HFLM whose attention speculates: see docs/design.md for what every backend computes."""
 
     def __init__(self, pretrained: str | transformers.PreTrainedModel, **kwargs: Any) -> None:
         check_lm_eval()
@@ -153,7 +155,7 @@ class ALSpecLM(HFLM):
     # ------------------------------------------------------------------ loglikelihood: teacher forcing
 
     def _pair_input(self, context: str, continuation: str) -> tuple[RowKey, int]:
-        """The model input HFLM builds for a pair, and where its speculation starts (DESIGN.md 6)."""
+        """The model input HFLM builds for a pair, and where its speculation starts (docs/design.md, Semantics 6)."""
         if context == "":
             context_enc, continuation_enc = [self.prefix_token_id], self.tok_encode(continuation)
         else:
@@ -164,7 +166,7 @@ class ALSpecLM(HFLM):
         return key, max(len(key) - (len(continuation_enc) - 1), 0)
 
     def _rolling_inputs(self, string: str) -> list[tuple[RowKey, int]]:
-        """A rolling request's windows as HFLM builds them; every scored token speculates (DESIGN.md 6)."""
+        """A rolling request's windows as HFLM builds them; every scored token speculates (docs/design.md, Semantics 6)."""
         windows = map(utils.make_disjoint_window, utils.get_rolling_token_windows(
             token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
             max_seq_len=self.max_length, context_len=1))

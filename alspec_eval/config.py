@@ -83,7 +83,7 @@ def _as_bool(name: str, value: Any) -> bool:
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    """What to speculate and how to verify it (DESIGN.md, Semantics 1-7).
+    """What to speculate and how to verify it (docs/design.md, Semantics 1-7).
 
     ``lam`` is the paper's lambda: a position is accepted iff ||A~ - A|| <= lam * ||A||. ``policy=selfspec`` is
     token-level self-speculation instead (``gamma`` drafted tokens per step, the sink A~ as draft; selfspec.py).

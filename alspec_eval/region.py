@@ -1,4 +1,4 @@
-"""Which positions speculate, and what a forward pass decided there (DESIGN.md, Semantics 6)."""
+"""Which positions speculate, and what a forward pass decided there (docs/design.md, Semantics 6)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """policy=selfspec: token-level self-speculation with the same sink, to set against attention-level speculation.
 
 TriForce and MagicDec's StreamingLLM self-speculation draft with the model itself, its attention restricted to
-the first S and the last S positions (the sink A~ of DESIGN.md, Semantics 2), and verify the drafted tokens with
+the first S and the last S positions (the sink A~ of docs/design.md, Semantics 2), and verify the drafted tokens with
 exact attention in one pass. Greedy, so lossless: the output is the exact model's, cut where it stops (EOS, a stop
 string, max_gen_toks), also inside a step. One cache serves both: the draft attends over the verifier's KV entries
 of the committed tokens and its own of the tokens drafted in this step (the first draft pass computes the entry of
@@ -66,7 +66,7 @@ def selfspec_generate(model: PreTrainedModel, speculator: Speculator, config: Sp
     (``stop_length`` of the tokens so far: how many to keep, None while not stopped), even inside a step.
     ``cache`` holds the exact KV entries of the prompt before ``pending`` (none: the whole prompt is pending); the
     pending tokens are prefilled exactly and give the first token. ``accepted`` counts only the drafted tokens
-    kept in the output (DESIGN.md, Token-level self-speculation). The draft speculates with ``config``'s window
+    kept in the output (docs/design.md, Token-level self-speculation). The draft speculates with ``config``'s window
     under the sink policy."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     device = model.device

@@ -1,4 +1,4 @@
-"""The rules of attention-level speculation, written once (DESIGN.md, Semantics 2-4).
+"""The rules of attention-level speculation, written once (docs/design.md, Semantics 2-4).
 
 Read beside the paper's Algorithm 1. Every path calls this module: the sim and tt backends, the
 host side of the torch reference, the Triton and TT-Lang wrappers (the values they hand a kernel)

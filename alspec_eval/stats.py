@@ -1,4 +1,4 @@
-"""Acceptance statistics, schema version 2 (DESIGN.md, Statistics; version 2 adds ``selfspec``).
+"""Acceptance statistics, schema version 2 (docs/design.md, Statistics; version 2 adds ``selfspec``).
 
 A run records, per batch row, token position and layer, one decision code and the
 ratio d/n. Reducing a row's codes gives a sample's counts and ratio histogram;

@@ -1,23 +1,51 @@
-"""Without CUDA, Triton kernels run in Triton's CPU interpreter (read when a kernel is first built)."""
+"""The test tiers, and Triton's CPU interpreter where there is no CUDA.
 
+A test that builds a model (``PreTrainedModel``), runs lm-eval's evaluator or starts a process is ``slow``: it says
+so with ``pytest.mark.slow`` on itself or its module. The fast tier, ``pytest -m "not slow"``, is everything else
+(the rules, kernels, report, configs and CLIs' argument checks). The guard below keeps the marks true: a test
+without the mark that does one of those things fails, naming what it did, so a new test cannot slip a model into
+the fast tier unnoticed. (Importing a module that defines models is fine; building one is not.)
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
 import os
-from pathlib import Path
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # read when a Triton kernel is first built
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-
-# The fast tier, `pytest -m "not slow"` (about a minute): the rules, kernels, report and config. Every other test
-# loads a model, runs lm-eval or starts a process, and is marked slow here; the README's test command runs all.
-FAST = ("test_semantics.py", "test_config.py", "test_rows.py", "test_ledger.py", "test_tt_golden.py", "kernels/",
-        "report/", "niah/test_generator.py", "niah/test_scoring.py")
-TESTS = Path(__file__).parent
+SLOW_BECAUSE = "builds a model, runs lm-eval or starts a process"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if not item.path.relative_to(TESTS).as_posix().startswith(FAST):
-            item.add_marker(pytest.mark.slow)
+def _refusal(nodeid: str, what: str) -> Callable[..., Any]:
+    def refuse(*_: Any, **__: Any) -> None:
+        pytest.fail(f"{nodeid} {what} but is not marked slow: add @pytest.mark.slow (tests that {SLOW_BECAUSE} are "
+                    "the slow tier; tests/conftest.py)", pytrace=False)
+    return refuse
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Around a test not marked slow (its fixtures included): building a model, running lm-eval's evaluator or
+    starting a process fails."""
+    if item.get_closest_marker("slow") is not None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", _refusal(item.nodeid, "starts a process"))
+        patch.setattr(multiprocessing.process.BaseProcess, "start", _refusal(item.nodeid, "starts a process"))
+        if "transformers" in sys.modules:  # every test module that builds a model has imported it by now
+            from transformers import PreTrainedModel
+
+            patch.setattr(PreTrainedModel, "__init__", _refusal(item.nodeid, "builds a model"))
+        if "lm_eval.evaluator" in sys.modules:
+            patch.setattr(sys.modules["lm_eval.evaluator"], "evaluate", _refusal(item.nodeid, "runs lm-eval"))
+        yield

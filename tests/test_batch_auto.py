@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 from lm_eval.api.instance import Instance
+from lm_eval.models.huggingface import HFLM
 
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, sample_stats
 from tiny import tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 
 
 def _rolling_requests() -> list[Instance]:
@@ -25,10 +26,19 @@ def _run(batch_size, **args):
     return runs, lm.statistics()["tasks"], lm
 
 
-def test_batch_auto_equals_batch_one():
+def test_batch_auto_equals_batch_one(monkeypatch):
     one, one_stats, _ = _run(1)
+    probe_rows = []  # rows of every model call made inside lm-eval's probe
+    model_call = HFLM._model_call
+
+    def spy(self, inps, *args, **kwargs):
+        if self._probing:
+            probe_rows.append(inps.shape[0])
+        return model_call(self, inps, *args, **kwargs)
+
+    monkeypatch.setattr(HFLM, "_model_call", spy)
     auto, auto_stats, lm = _run("auto", max_batch_size=4)
-    assert lm.batch_sizes or lm.batch_size_per_gpu == "auto"  # lm-eval did probe
+    assert probe_rows and max(probe_rows) == 4  # lm-eval's probe ran, up to max_batch_size rows, through the adapter
     assert auto == one
     assert auto_stats == one_stats
     assert all(t["total"]["speculated"] > 0 for t in one_stats.values())

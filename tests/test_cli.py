@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # builds models, runs lm-eval or starts processes
+
 LM_EVAL = str(Path(sys.executable).with_name("lm_eval"))  # the venv's script, activated or not
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 

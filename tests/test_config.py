@@ -52,11 +52,13 @@ def test_parse_layers():
         parse_layers("5-2")
 
 
+@pytest.mark.slow
 def test_layer_out_of_range_is_caught():
     with pytest.raises(ConfigError, match=r"static_layers contains \[3\], but the model has 3 layers"):
         alspec_lm(tiny_model(layers=3), policy="static", static_layers="0;3")
 
 
+@pytest.mark.slow
 def test_tt_backend_is_not_silently_simulated():
     with pytest.raises(ConfigError, match="backend=tt"):
         alspec_lm(tiny_model(), backend="tt")
@@ -68,6 +70,7 @@ class Unhookable(LlamaForCausalLM):
     _supports_attention_backend = False
 
 
+@pytest.mark.slow
 def test_model_that_cannot_be_hooked():
     with pytest.raises(ConfigError, match="AttentionInterface"):
         alspec_lm(Unhookable(tiny_model().config))

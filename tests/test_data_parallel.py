@@ -14,6 +14,8 @@ import pytest
 
 from helpers import read_cells
 
+pytestmark = pytest.mark.slow  # builds models, runs lm-eval or starts processes
+
 WORKER = Path(__file__).with_name("dp_worker.py")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import PROMPTS, alspec_lm, gen_requests, median_ratio, sample_stats
 from tiny import tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 
 
 def _kernels() -> list:

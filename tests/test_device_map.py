@@ -9,7 +9,7 @@ import transformers
 from helpers import alspec_lm, gen_requests, ll_requests, sample_stats
 from tiny import save_tiny
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 
 
 def test_device_map_equals_plain_model(tmp_path):

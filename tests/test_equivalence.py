@@ -15,7 +15,7 @@ from helpers import (PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requ
                      stepwise_logprob)
 from tiny import ARCHS, tiny_model
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))

@@ -31,6 +31,7 @@ def family(request) -> tuple[Family, torch.nn.Module]:
     return f, build(f)
 
 
+@pytest.mark.slow
 def test_lambda_zero_is_the_hf_model_bit_for_bit(family):
     f, model = family
     lm = alspec_lm(model, window=WINDOW, **{"lambda": 0.0})
@@ -45,6 +46,7 @@ def _own_attention(f: Family, module: torch.nn.Module):
     return ALL_ATTENTION_FUNCTIONS[f.attn]
 
 
+@pytest.mark.slow
 def test_committed_approximation_is_the_familys_attention_on_the_window(family, monkeypatch):
     """Semantics 2 by hand: for every speculated layer and position p (batch 1, no padding), A~ is the model's own
     attention function with every term it applies (scaling, soft-capping, sinks) called on the query and the keys
@@ -81,6 +83,7 @@ def test_committed_approximation_is_the_familys_attention_on_the_window(family, 
     assert checked > 0 or len(f.sliding_layers) == model.config.num_hidden_layers
 
 
+@pytest.mark.slow
 def test_teacher_forced_loglikelihood_is_token_by_token_decoding(family):
     f, model = family
     everywhere_sliding = len(f.sliding_layers) == model.config.num_hidden_layers
@@ -100,6 +103,7 @@ def test_teacher_forced_loglikelihood_is_token_by_token_decoding(family):
         assert 0 < entry["accepted"] < entry["speculated"]
 
 
+@pytest.mark.slow
 def test_selfspec_is_lossless_or_refused(family):
     f, model = family
     if f.sliding_layers:
@@ -110,6 +114,7 @@ def test_selfspec_is_lossless_or_refused(family):
     assert lm.generate_until(gen_requests()) == hf_lm(model).generate_until(gen_requests())
 
 
+@pytest.mark.slow
 def test_sliding_window_layers_are_reported_and_left_out(family):
     f, model = family
     lm = alspec_lm(model, window=WINDOW)
@@ -123,6 +128,7 @@ def test_sliding_window_layers_are_reported_and_left_out(family):
     assert (total["speculated"] > 0) == (len(f.sliding_layers) < model.config.num_hidden_layers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [f.name for f in FAMILIES if f.attn == "eager"])
 @pytest.mark.parametrize("kernel", ["torch", "triton"])
 def test_fused_kernels_are_refused_where_the_family_changes_the_attention_formula(name, kernel):
@@ -136,6 +142,7 @@ def test_readme_family_table_is_the_matrix():
     assert table_markdown() in readme
 
 
+@pytest.mark.slow
 def test_refusals_come_before_the_weights_load(tmp_path, monkeypatch):
     """From a checkpoint path: a fused kernel for Gemma 2 (soft-capping) and gpt-oss (sinks), policy=selfspec for a
     family with sliding-window layers; one line each, and no weights loaded."""

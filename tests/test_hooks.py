@@ -18,6 +18,7 @@ from tiny import tiny_model
 ROOT = Path(__file__).parents[1]
 
 
+@pytest.mark.slow
 def test_speculation_block_installs_and_removes_everything():
     model = tiny_model()
     ids = torch.randint(3, 100, (1, 60))
@@ -38,12 +39,14 @@ def test_speculation_block_installs_and_removes_everything():
     remove(model)  # a second remove is a no-op
 
 
+@pytest.mark.slow
 def test_import_changes_no_global_state():
     code = ("import sys; hook = sys.excepthook; import alspec_eval.adapter, alspec_eval.backends.sim; "
             "assert sys.excepthook is hook, 'excepthook replaced on import'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_top_level_kernels_folder_is_harmless_from_the_repository_root():
     """From the root `kernels/` is also a top-level name, which transformers probes for the PyPI `kernels`."""
     code = ("import kernels, transformers.integrations.hub_kernels as h; "

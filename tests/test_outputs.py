@@ -39,6 +39,7 @@ def _cell(out: Path, name: str) -> dict:
     return json.loads((out / "cells" / "alspec_recall" / f"{name}.json").read_text())
 
 
+@pytest.mark.slow
 def test_every_cell_records_its_own_settings(swept):
     config, _, out = swept
     expected = {"baseline": ("exact", 0.5), "lambda_0.5": ("dynamic", 0.5), "lambda_1": ("dynamic", 1.0),
@@ -68,6 +69,7 @@ def _umask() -> int:
     return mask
 
 
+@pytest.mark.slow
 def test_changed_settings_are_refused_before_loading_and_sweep_json_kept(swept):
     _, overrides, out = swept
     before = (out / "sweep.json").read_text()
@@ -79,6 +81,7 @@ def test_changed_settings_are_refused_before_loading_and_sweep_json_kept(swept):
     assert (out / "sweep.json").read_text() == before
 
 
+@pytest.mark.slow
 def test_truncated_cell_is_refused_then_recomputed(swept, tmp_path):
     config, overrides, out = swept
     copy = tmp_path / "copy"
@@ -101,6 +104,7 @@ def test_second_sweep_on_a_folder_in_use_refuses(tmp_path):
                 pass
 
 
+@pytest.mark.slow
 def test_unwritable_output_and_bad_limit_stop_before_loading(tmp_path):
     (tmp_path / "afile").write_text("x")
     result = subprocess.run([str(BIN / "alspec-sweep"), str(CONFIGS / "smoke.yaml"), "--output_path",
@@ -141,6 +145,7 @@ def test_sidecar_goes_beside_this_runs_results_only(tmp_path):
         check_output_path(tmp_path / "afile" / "x")
 
 
+@pytest.mark.slow
 def test_stock_cli_output_path_under_a_file_fails_before_loading(tmp_path):
     (tmp_path / "afile").write_text("x")
     result = subprocess.run([str(BIN / "lm_eval"), "--model", "alspec", "--model_args", "pretrained=/no/such/model",
@@ -150,6 +155,7 @@ def test_stock_cli_output_path_under_a_file_fails_before_loading(tmp_path):
     assert "alspec: --output_path" in result.stderr and "afile is a file" in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_model_is_one_line(tmp_path):
     result = subprocess.run([str(BIN / "lm_eval"), "--model", "alspec", "--model_args", "pretrained=/no/such/model",
                              "--tasks", "alspec_recall", "--limit", "1"], capture_output=True, text=True, env=ENV)
@@ -158,6 +164,7 @@ def test_missing_model_is_one_line(tmp_path):
     assert "a local folder with config.json" in result.stderr
 
 
+@pytest.mark.slow
 def test_needle_length_beyond_the_context_is_refused(tmp_path):
     model = save_tiny(tmp_path / "model", max_positions=1024)
     result = subprocess.run([str(BIN / "alspec-niah"), "--lengths", "2048", "--model_args", f"pretrained={model}",
@@ -173,6 +180,7 @@ def test_needle_length_beyond_the_context_is_refused(tmp_path):
 
 @pytest.mark.parametrize("module", ["alspec_eval.sweep.cli", "alspec_eval.niah.cli", "alspec_eval.report.cli",
                                     "alspec_eval.tune.cli", "alspec_eval.latency_cli"])
+@pytest.mark.slow
 def test_help_imports_no_torch(module):
     code = (f"import sys\nfrom {module} import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules, 'torch imported for --help'")
@@ -196,6 +204,7 @@ def test_only_alspec_runs_have_their_arguments_checked(tmp_path):
     check_arguments(Namespace(model="hf", **bad))  # another model's arguments are lm-eval's business
 
 
+@pytest.mark.slow
 def test_stock_cli_prints_a_summary_and_the_sidecar_path(tmp_path):
     model = save_tiny(tmp_path / "model", max_positions=4096)
     result = subprocess.run([str(BIN / "lm_eval"), "--model", "alspec", "--model_args",
@@ -212,6 +221,7 @@ def test_stock_cli_prints_a_summary_and_the_sidecar_path(tmp_path):
     assert f"alspec: statistics in {sidecar}" in result.stdout
 
 
+@pytest.mark.slow
 def test_bundled_gsm8k_score_and_statistics_share_the_task_name():
     """lm-eval reports the score under the name the user asked for; the statistics must sit under the same one."""
     from lm_eval import simple_evaluate

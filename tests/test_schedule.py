@@ -37,6 +37,7 @@ def test_bad_schedules_name_the_value(tmp_path, data, message):
         SpeculationConfig(lambda_schedule=write(tmp_path, data))
 
 
+@pytest.mark.slow
 def test_schedule_errors_before_the_model_loads(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         SpeculationConfig(lambda_schedule=str(tmp_path / "nope.json"))
@@ -76,6 +77,7 @@ def _run(model, **args):
     return lm.generate_until(gen), sample_stats(gen), lm.loglikelihood(ll), sample_stats(ll), lm.statistics()["tasks"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["model", "torch"])
 def test_a_constant_schedule_is_the_scalar_lambda_bit_for_bit(tmp_path, kernel):
     model = tiny_model()
@@ -86,6 +88,7 @@ def test_a_constant_schedule_is_the_scalar_lambda_bit_for_bit(tmp_path, kernel):
     assert 0 < scalar[4]["gen"]["total"]["accepted"] < scalar[4]["gen"]["total"]["speculated"]
 
 
+@pytest.mark.slow
 def test_lambda_zero_layers_never_accept(tmp_path):
     model = tiny_model()
     *_, tasks = _run(model, lambda_schedule=write(tmp_path, {"default": 0.0, "layers": {"1": "inf"}}))
@@ -95,6 +98,7 @@ def test_lambda_zero_layers_never_accept(tmp_path):
         assert layers[1]["accepted"] == layers[1]["speculated"] > 0
 
 
+@pytest.mark.slow
 def test_a_schedule_row_shares_the_prefill_and_equals_its_own_run(tmp_path):
     model = tiny_model()
     lam = median_ratio(alspec_lm(model), PROMPTS[0])

@@ -53,6 +53,7 @@ def reference(model, prompt: list[int], max_new: int, gamma: int) -> tuple[list[
     return out, steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_tau_matches_the_step_by_step_reference(gamma):
     model = tiny_model(layers=3)
@@ -67,6 +68,7 @@ def test_tau_matches_the_step_by_step_reference(gamma):
     assert 0 < stats.accepted < stats.drafted  # the draft is neither always right nor always wrong here
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_outputs_equal_greedy_baseline_and_batches_agree(arch):
     model = tiny_model(arch, layers=3)
@@ -80,6 +82,7 @@ def test_outputs_equal_greedy_baseline_and_batches_agree(arch):
     assert all(s["selfspec"]["steps"] > 0 and s["speculated"] == 0 for s in per_batch[1])
 
 
+@pytest.mark.slow
 def test_task_statistics_sum_the_samples_and_loglikelihood_is_exact():
     from helpers import ll_requests
 
@@ -105,6 +108,7 @@ def test_bad_gamma_is_one_line(args, message):
         SpeculationConfig(**args)
 
 
+@pytest.mark.slow
 def test_sampling_is_refused():
     lm = alspec_lm(tiny_model(layers=2), policy="selfspec")
     requests = gen_requests()
@@ -142,6 +146,7 @@ def _expected_counts(steps: list[int], end: int, budget: bool) -> tuple[int, int
     return len(kept), sum(k for _, k in kept)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["eos", "until", "max_gen_toks"])
 def test_a_stop_inside_a_step_gives_hf_text_and_counts_only_kept_drafts(where):
     """The exact model stops inside a verification step (on an end-of-sequence id of the generation config, on a
@@ -169,6 +174,7 @@ def test_a_stop_inside_a_step_gives_hf_text_and_counts_only_kept_drafts(where):
     assert counts["tau"] == pytest.approx(1 + counts["accepted"] / counts["steps"])
 
 
+@pytest.mark.slow
 def test_sliding_window_models_are_refused_before_the_weights_load(tmp_path, monkeypatch):
     """policy=selfspec (and a sweep's gammas) on a model with sliding-window layers: one line, no weights loaded."""
     import transformers

@@ -55,6 +55,7 @@ GUARDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutation", sorted(GUARDS))
 def test_mutated_rule_is_caught_on_every_path(mutation):
     env = {**os.environ, "ALSPEC_MUTATION": mutation}

@@ -43,6 +43,7 @@ def test_missing_config_file():
         load_config("configs/nope.yaml")
 
 
+@pytest.mark.slow
 def test_shared_prefill_equals_separate_runs():
     model = tiny_model()
     lam = median_ratio(alspec_lm(model), PROMPTS[0])
@@ -72,6 +73,7 @@ def test_shared_prefill_equals_separate_runs():
 
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_to_the_same_cells(tmp_path):
     model = save_tiny(tmp_path / "model", max_positions=4096)
     overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": {"p": 0.5, "lambda": 1.0}}

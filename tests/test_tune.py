@@ -86,6 +86,7 @@ def test_split_is_seeded_disjoint_and_complete():
         split_documents({"a": 10}, 0.01, seed=3)
 
 
+@pytest.mark.slow
 def test_a_resumed_tune_gives_the_same_schedule(tmp_path):
     from tiny import save_tiny
 

@@ -12,6 +12,7 @@ from tiny import save_tiny
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
+@pytest.mark.slow
 def test_needle_sweep_writes_cells_and_figures(tmp_path, capsys):
     model = save_tiny(tmp_path / "model", max_positions=4096)
     out = tmp_path / "niah"

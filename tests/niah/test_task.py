@@ -76,6 +76,7 @@ def test_unsupported_length_is_refused(metadata: dict[str, Any]) -> None:
     ("alspec_niah", lambda prompt: "I don't know.", 0.0),
     ("alspec_niah_single", lambda prompt: prompt, 1.0),
 ])
+@pytest.mark.slow
 def test_scores_reported_per_length(metadata: dict[str, Any], task: str, reply: Any, expected: float) -> None:
     manager = TaskManager(
         include_path=str(TASKS), include_defaults=False, metadata=metadata | {"niah_depths": [0.5], "niah_samples": 1}

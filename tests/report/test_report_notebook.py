@@ -17,6 +17,7 @@ def test_notebook_is_stripped() -> None:
             assert cell.outputs == [] and cell.execution_count is None
 
 
+@pytest.mark.slow
 def test_notebook_executes(sweep_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed (pip install nbformat)")
     nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (pip install nbclient)")

@@ -17,6 +17,8 @@ import pytest
 from alspec_eval.kernels.ttlang.decode import SIM, flavour
 from alspec_eval.stats import ACCEPTED, REJECTED
 
+pytestmark = pytest.mark.slow  # builds models, runs lm-eval or starts processes
+
 if flavour() != SIM:
     pytest.skip("tt-lang-sim is not installed here (pip install tt-lang-sim, Python 3.10-3.12; part of the test extra)",
                 allow_module_level=True)

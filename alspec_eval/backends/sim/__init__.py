@@ -1,4 +1,4 @@
-"""backend=sim: the simulated reference, on the CPU or CUDA (DESIGN.md, Semantics 1-5).
+"""backend=sim: the simulated reference, on the CPU or CUDA (docs/design.md, Semantics 1-5).
 
 The model's attention runs through the speculator (:mod:`.speculator`; :mod:`.hooks` puts it into the model). ``kernel`` picks how
 a decode step computes A and A~: ``model``, no fused kernel: the model's own attention function (sdpa or

@@ -1,4 +1,4 @@
-"""The speculator: per layer and token, A or A~, decided as DESIGN.md, Semantics 1-5, say.
+"""The speculator: per layer and token, A or A~, decided as docs/design.md, Semantics 1-5, say.
 
 One hooked attention call runs the model's own attention (so exact positions are bit-identical to
 the plain model) and then, for the positions of the active decode region, the steps of the paper's
@@ -208,7 +208,7 @@ class Speculator:
 
     def verify(self, approx: torch.Tensor, exact: torch.Tensor,
                lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(accept, d/n) of the speculated positions, in float32 (DESIGN.md, Semantics 4)."""
+        """(accept, d/n) of the speculated positions, in float32 (docs/design.md, Semantics 4)."""
         d, n = semantics.distances(approx, exact)
         return semantics.accept(d, n, lam), d / n
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds models, runs lm-eval or starts processes
+
 # Only look for the simulator: importing it here would rebind torch.bfloat16 for every later test.
 if importlib.util.find_spec("ttl") is None:
     pytest.skip("tt-lang-sim is not installed (pip install -e '.[test]')", allow_module_level=True)
