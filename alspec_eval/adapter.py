@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -27,7 +28,7 @@ from lm_eval.models.huggingface import HFLM
 from .atomic_json import write_json_atomic, write_jsonl_atomic
 from .backends.sim.hooks import check_fused_kernel
 from .compat import check_lm_eval
-from .config import LOAD_TIME_SETTINGS, ConfigError, SpeculationConfig
+from .config import LOAD_TIME_SETTINGS, ConfigError, SpeculationConfig, unknown_model_arg, unloadable_model
 from .distributed import gather_statistics
 from .ledger import (RequestLedger, RowKey, RowRecord, SampleKey, model_input, row_keys, sample_rows, samples_path,
                      teacher_forced_passes)
@@ -42,6 +43,17 @@ from .stats import AcceptanceStats, run_statistics
 from .stopping import StopRule
 
 _HFLM_ARGS = set(inspect.signature(HFLM.__init__).parameters)
+
+
+def unexpected_keyword(err: TypeError) -> str | None:
+    """The keyword of Python's "f() got an unexpected keyword argument 'k'", else None."""
+    match = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+    return match and match[1]
+
+
+def type_name(err: TypeError) -> str:
+    """Who refused the keyword: "LlamaForCausalLM" of "LlamaForCausalLM.__init__() got ..."."""
+    return str(err).split(".", 1)[0].split("(", 1)[0] or "the model"
 
 
 @register_model("alspec")
@@ -65,8 +77,7 @@ class ALSpecLM(HFLM):
         except OSError as err:  # transformers' "not a local folder and not a valid model identifier" and kin
             if not isinstance(pretrained, str):
                 raise
-            raise ConfigError(f"pretrained={pretrained!r} cannot be loaded ({str(err).splitlines()[0]}); give a local "
-                              "folder with config.json, a model id in the local hub cache, or pretrained=smollm2") from None
+            raise ConfigError(unloadable_model(pretrained, err)) from None
         if self.spec_config.policy == "selfspec":  # a model object skips _create_model
             check_selfspec_model(self.model.config)
         if self._tt_runtime is not None:
@@ -104,7 +115,13 @@ class ALSpecLM(HFLM):
                 f"{model_class.__name__} does not dispatch attention through transformers' AttentionInterface, "
                 "so speculation cannot be hooked; use a model that does (Llama, Qwen2/3, Mistral, Gemma, ...)"
             )
-        super()._create_model(pretrained, *args, **kwargs)
+        try:
+            super()._create_model(pretrained, *args, **kwargs)
+        except TypeError as err:  # the model class refused a leftover model_arg, before any weight is read
+            key = unexpected_keyword(err)
+            if key not in kwargs:
+                raise
+            raise ConfigError(unknown_model_arg(key, kwargs[key], type_name(err), _HFLM_ARGS)) from None
 
     # ------------------------------------------------------------------ requests, task by task
 

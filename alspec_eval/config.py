@@ -17,7 +17,7 @@ Policy = Literal["dynamic", "sink", "static", "exact", "selfspec"]
 POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact", "selfspec")
 DEFAULT_GAMMA = 4  # draft tokens per verification step under policy=selfspec
 BACKENDS: tuple[str, ...] = ("sim", "tt")
-KERNELS: tuple[str, ...] = ("auto", "model", "torch", "triton")  # backends/sim.py says what each computes
+KERNELS: tuple[str, ...] = ("auto", "model", "torch", "triton")  # backends/sim/__init__.py says what each computes
 KERNEL_ALIASES = {"sdpa": "model"}  # the name kernel=model had before it also covered eager attention
 TILE = 32  # a Tenstorrent tile; window_align=32 mirrors the TT op (the rules themselves: semantics.py)
 WINDOW_ALIGNS: tuple[int, ...] = (1, TILE)
@@ -35,6 +35,22 @@ MODEL_ARGS: dict[str, str] = {
     "tt_mode": "tt_mode", "tt_device_id": "tt_device_id", "tt_kv_dtype": "tt_kv_dtype",
     "tt_kernel": "tt_kernel", "gamma": "gamma", "lambda_schedule": "lambda_schedule",
 }
+
+
+def unloadable_model(pretrained: str, err: OSError) -> str:
+    """One line for transformers' "not a local folder and not a valid model identifier" and kin."""
+    return (f"pretrained={pretrained!r} cannot be loaded ({str(err).splitlines()[0]}); give a local folder with "
+            "config.json, a model id in the local hub cache, or pretrained=smollm2")
+
+
+def unknown_model_arg(key: str, value: Any, rejected_by: str, hf_keys: set[str]) -> str:
+    """One line for a model_arg that no one takes: HFLM passed it on to ``from_pretrained``, whose model class
+    (``rejected_by``) refused it. Names the key meant where it is a near miss of ours or HFLM's."""
+    close = difflib.get_close_matches(key, [*MODEL_ARGS, *sorted(hf_keys - {"self", "kwargs"})], n=1, cutoff=0.75)
+    meant = f"did you mean {close[0]!r}? " if close else ""
+    return (f"unknown model_arg {key}={value!r}: {meant}alspec's own are {', '.join(sorted(set(MODEL_ARGS) - {'lam'}))}; "
+            f"HFLM takes its own (batch_size, dtype, max_length, ...) and passes the rest to from_pretrained, where "
+            f"{rejected_by} does not take {key!r}; drop it or fix its name")
 
 
 def tt_window_problem(window: int) -> str | None:

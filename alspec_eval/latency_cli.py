@@ -14,6 +14,8 @@ import json
 import sys
 from typing import Any, Sequence
 
+from .cli_errors import bad_input
+
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The usage examples as written, and every option's default."""
@@ -105,8 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             rows = _sweep_rows(model, args.sweep)
     except (LatencyError, FileNotFoundError, ValueError) as err:
-        print(f"alspec-latency: {err}", file=sys.stderr)
-        return 2
+        return bad_input("alspec-latency", err)
     if args.json:
         out: Any = rows[0] if args.hit_rate is not None else {"preset": model.name, "cells": rows}
         if args.hit_rate is not None:

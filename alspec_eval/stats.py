@@ -164,8 +164,8 @@ def _rate(accepted: int, speculated: int) -> float | None:
 
 
 def open_loop_acceptance(hist: list[int], lam: float) -> float | None:
-    """Share of decisions that ``lam`` would accept, read off a schema-v1 histogram: the bins whose every ratio
-    semantics.accept would accept (upper edge <= lam; exact at bin edges). None without decisions."""
+    """Share of decisions that ``lam`` would accept, read off a histogram (the same bins in every schema version):
+    the bins whose every ratio semantics.accept would accept (upper edge <= lam; exact at bin edges). None without decisions."""
     total = sum(hist)
     if not total:
         return None

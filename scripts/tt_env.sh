@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ok() { "$1" -c 'import sys; assert sys.version_info[:2] in ((3, 10), (3, 12))' 2>/dev/null; }
 if [ -z "${PYTHON:-}" ]; then  # pyenv's shim is on PATH even where 3.12 is not its selected version
-    for PYTHON in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 python3.10 ""; do
+    for PYTHON in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 python3.10 ""; do
         [ -n "$PYTHON" ] && ok "$PYTHON" && break
     done
 fi

@@ -45,6 +45,16 @@ def test_bad_lambda_stops_before_loading_with_one_message(tmp_path):
     assert "Traceback" not in result.stderr and "missing" not in result.stderr.split("alspec:")[-1]
 
 
+def test_a_model_arg_nobody_takes_is_one_line(tmp_path):
+    from tiny import save_tiny
+
+    result = subprocess.run(
+        [LM_EVAL, "--model", "alspec", "--model_args", f"pretrained={save_tiny(tmp_path / 'm')},foo=1",
+         "--tasks", "alspec_recall", "--device", "cpu", "--limit", "1"], capture_output=True, text=True, env=ENV)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "alspec: unknown model_arg foo=1: " in result.stderr and "does not take 'foo'" in result.stderr
+
+
 def test_alspec_eval_run_delegates_to_lm_eval():
     result = subprocess.run([sys.executable, "-m", "alspec_eval", "run", "--help"], capture_output=True, text=True,
                             env=ENV)

@@ -26,6 +26,8 @@ BAD = [
     ({"kernel": "cuda"}, "kernel='cuda'"),
     ({"trace_tokens": "maybe"}, "trace_tokens='maybe'"),
     ({"lamda": 0.1}, "did you mean 'lambda'"),
+    ({"windows": 64}, "did you mean 'window'"),
+    ({"polciy": "sink"}, "did you mean 'policy'"),
 ]
 
 
@@ -74,3 +76,32 @@ class Unhookable(LlamaForCausalLM):
 def test_model_that_cannot_be_hooked():
     with pytest.raises(ConfigError, match="AttentionInterface"):
         alspec_lm(Unhookable(tiny_model().config))
+
+
+@pytest.mark.parametrize(("key", "meant"), [("foo", None), ("batchsize", "batch_size"), ("dtpye", "dtype")])
+def test_a_key_nobody_takes_is_one_line(key, meant):
+    from alspec_eval.adapter import _HFLM_ARGS
+    from alspec_eval.config import unknown_model_arg
+
+    line = unknown_model_arg(key, 1, "LlamaForCausalLM", _HFLM_ARGS)
+    assert "\n" not in line and f"{key}=1" in line and "LlamaForCausalLM does not take" in line
+    assert "lambda, lambda_schedule, policy" in line and "from_pretrained" in line
+    assert (f"did you mean {meant!r}" in line) if meant else "did you mean" not in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["foo", "batchsize"])
+def test_a_key_nobody_takes_stops_before_the_weights_load(tmp_path, monkeypatch, key):
+    from transformers import PreTrainedModel
+
+    from alspec_eval.adapter import ALSpecLM
+    from tiny import save_tiny
+
+    path = save_tiny(tmp_path)
+
+    def loaded(*_, **__):
+        raise AssertionError("the weights loaded before the bad model_arg was refused")
+
+    monkeypatch.setattr(PreTrainedModel, "_load_pretrained_model", loaded)
+    with pytest.raises(ConfigError, match=rf"unknown model_arg {key}=1: .*does not take '{key}'"):
+        ALSpecLM(pretrained=path, device="cpu", **{key: 1})

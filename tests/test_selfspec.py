@@ -1,4 +1,4 @@
-"""policy=selfspec: greedy self-speculative decoding with a sink-attention draft (issue 18).
+"""policy=selfspec: greedy self-speculative decoding with a sink-attention draft.
 
 Lossless against greedy decoding; tau against a step-by-step reference that shares no code with the decoder's
 loop (fresh caches for every drafted token, verification by one uncached exact forward of the whole sequence).

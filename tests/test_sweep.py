@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -31,11 +32,17 @@ def test_shipped_configs_are_valid(name):
     ({"static": {"q": 0.8}}, "unknown key 'q'"),
     ({"window": 0}, "window=0 must be an integer >= 1"),
     ({"gammas": [4, 0]}, "gammas must be a list of draft lengths"),
+    ({"lambdas": []}, "lambdas is empty ([]), but the static baseline calibrates"),
 ])
 def test_config_errors_name_the_key_and_fix(change, message):
     raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.2], **change}
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(raw)
+
+
+def test_empty_lambdas_without_static_is_a_sweep():
+    config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [], "static": False, "gammas": [2]})
+    assert [row.name for row in config.rows()] == ["baseline", "sink", "selfspec_g2"]
 
 
 def test_missing_config_file():

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from alspec_eval.config import ConfigError
+
 from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
 from alspec_eval.tune.search import THRESHOLDS, Measured, Search, best, open_loop_curve, schedule_path, start_step
 from alspec_eval.tune.tuner import split_documents
@@ -121,3 +123,15 @@ def test_a_resumed_tune_gives_the_same_schedule(tmp_path):
     assert json.loads((out / "schedule.json").read_text()) == schedule
     assert json.loads((out / "tune.json").read_text())["chosen"] == result["chosen"]
     assert all(p.stat().st_mtime_ns == stamps[p] for p in cells[:-1])  # finished runs were not redone
+
+
+@pytest.mark.parametrize(("max_drop", "refused"), [(0.0, False), (1.0, False), (1.0000001, True), (-0.01, True)])
+def test_a_budget_no_score_can_use_is_refused(max_drop, refused):
+    from alspec_eval.tune.cli import parser, plan_from_args
+
+    args = parser().parse_args(["--tasks", "alspec_recall", "--max_drop", str(max_drop)])
+    if refused:
+        with pytest.raises(ConfigError, match=rf"--max_drop {max_drop}"):
+            plan_from_args(args)
+    else:
+        assert plan_from_args(args).max_drop == max_drop

@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..config import ConfigError
+from ..cli_errors import bad_input
+from ..config import ConfigError, unloadable_model
 from ..sweep.config import SweepConfig, parse_config, parse_model_args
 from .generator import SUPPORTED_LENGTHS
 
@@ -93,7 +94,10 @@ def check_context(config: SweepConfig, lengths: list[int], max_gen_toks: int) ->
     from ..sweep.runner import resolved_model_args
 
     args = resolved_model_args(config)
-    model_config = AutoConfig.from_pretrained(args["pretrained"]).get_text_config()
+    try:
+        model_config = AutoConfig.from_pretrained(args["pretrained"]).get_text_config()
+    except OSError as err:
+        raise ConfigError(unloadable_model(args["pretrained"], err)) from None
     limit = getattr(model_config, "max_position_embeddings", None)
     if "max_length" in args:
         limit = int(args["max_length"])
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             check_context(config, [int(x) for x in _floats(args.lengths, "--lengths")], args.max_gen_toks)
         out = run_sweep(config, recompute=args.recompute)
     except ConfigError as err:
-        sys.exit(f"alspec-niah: {err}")
+        sys.exit(bad_input("alspec-niah", err))
     from .figures import write_niah_figures
 
     if is_main_process():  # a data-parallel run writes its figures once

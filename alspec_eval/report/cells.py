@@ -25,7 +25,7 @@ class NoCellsError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class LayerStats:
-    """One layer's (or the total's) speculation counts and d/n histogram, schema v1."""
+    """One layer's (or the total's) speculation counts and d/n histogram (schema version 2; version 1 has the same fields)."""
 
     speculated: int
     accepted: int
@@ -159,7 +159,7 @@ def load_cell(path: Path) -> Cell:
                          "re-run the cell with this alspec-eval")
     edges = stats.get("ratio_edges")
     if edges is not None and not _same_edges(edges):
-        raise ValueError(f"{path}: ratio_edges differ from schema v1's; re-run the cell with this alspec-eval")
+        raise ValueError(f"{path}: ratio_edges differ from the schema's; re-run the cell with this alspec-eval")
     skipped = {int(k): v for k, v in (stats.get("skipped_layers") or {}).items()}
     layers = tuple(LayerStats.from_dict(x, skipped.get(int(x["layer"]))) for x in stats.get("layers", []))
     total = LayerStats.from_dict(stats["total"]) if "total" in stats else LayerStats(0, 0, 0, None, ())

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from alspec_eval.cli_errors import bad_input
 from alspec_eval.latency import DEFAULT_PRESET, PRESETS, LatencyModel, load_latency, preset
 
 
@@ -35,8 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             specs.append(load_latency(args.latency))
         paths = write_report(args.outdir, specs or None, args.paper)
     except (NoCellsError, ValueError) as e:  # bad cells or latency tables carry a one-line message with the fix
-        print(f"alspec-report: {e}", file=sys.stderr)
-        return 2
+        return bad_input("alspec-report", e)
     print(f"alspec-report: wrote {len(paths)} files under {paths[-1].parent}; open {paths[-1]}")
     return 0
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cli_errors import bad_input
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="alspec-sweep", description=__doc__,
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
             config = replace(config, model_args={**config.model_args, **parse_model_args(args.model_args)})
         out = run_sweep(config, recompute=args.recompute)
     except ConfigError as err:
-        sys.exit(f"alspec-sweep: {err}")
+        sys.exit(bad_input("alspec-sweep", err))
     if not is_main_process():  # a data-parallel run: the main process writes the report
         return
     print(f"cells in {out / 'cells'}")

@@ -92,6 +92,9 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
         raise ConfigError(f"{source}: lambdas must be finite and > 0 (baseline and sink are cells of their own), got {lambdas}")
     raw["lambdas"] = sorted({float(x) for x in lambdas})
     static = raw.get("static", {})
+    if not lambdas and static not in (False, None):
+        raise ConfigError(f"{source}: lambdas is empty ([]), but the static baseline calibrates its layers on a dynamic "
+                          "cell; give at least one lambda, e.g. lambdas: [0.1], or set static: false")
     if static is False or static is None:
         raw["static"] = None
     elif isinstance(static, dict):

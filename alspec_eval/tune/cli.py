@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..cli_errors import bad_input
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="alspec-tune", description=__doc__,
@@ -52,6 +54,10 @@ def plan_from_args(args: argparse.Namespace):  # noqa: ANN201 (TunePlan; importe
 
     if not args.max_drop >= 0:
         raise ConfigError(f"--max_drop {args.max_drop} must be >= 0, e.g. --max_drop 0.02")
+    if args.max_drop > 1:  # per-document scores are shares in [0, 1], so no drop exceeds 1
+        raise ConfigError(f"--max_drop {args.max_drop} admits every schedule: the drop is a difference of the primary "
+                          "metric's per-document scores (accuracy, exact match: 0 or 1), which never exceeds 1; use a "
+                          "share such as 0.02 (two points), or 1 to choose for speed alone")
     if not 0 < args.holdout < 1:
         raise ConfigError(f"--holdout {args.holdout} must be a fraction in (0, 1), e.g. --holdout 0.5")
     if args.steps < 1:
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                      plan.base.seed)
         result = tuner.run()
     except (ConfigError, LatencyError) as err:
-        sys.exit(f"alspec-tune: {err}")
+        sys.exit(bad_input("alspec-tune", err))
     for path in write_outputs(plan.output, result):
         print(path)
     print((plan.output / "tune.md").read_text())

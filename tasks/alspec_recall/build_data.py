@@ -1,8 +1,9 @@
 """Builds recall.jsonl: passages of A Tale of Two Cities with a code hidden in the middle.
 
 Answering needs attention between the first and the last window (beyond S = 64 tokens from
-either end), so pure sink attention loses it and dynamic speculation must keep it. Run once; the output is committed:
-    python tasks/alspec_recall/build_data.py ../shared/data/tale_of_two_cities.txt
+either end), so pure sink attention loses it and dynamic speculation must keep it. Run once; the output is committed.
+The source is Project Gutenberg's plain-text eBook #98 (public domain), header and footer included:
+    python tasks/alspec_recall/build_data.py pg98.txt
 """
 
 from __future__ import annotations

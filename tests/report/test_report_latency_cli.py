@@ -15,7 +15,7 @@ from alspec_eval.report.cli import main as report_main
 from alspec_eval.report.latency import project_sweep
 from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, load_sweep
 
-# The paper's own numbers, restated here from ../shared/paper/latency_appendix_f.md (ns, context 1K).
+# The paper's own numbers, restated here from docs/paper.md (ns, context 1K).
 N150 = {"n150-tp1": (846747, 69853, 2313703), "n150-tp2": (555015, 64309, 1207636),
         "n150-tp4": (387584, 56024, 638529), "n150-tp8": (440451, 50096, 384460)}
 H100_TP4 = {"h100-tp4-1k": 244.6, "h100-tp4-32k": 214.2, "h100-tp4-64k": 191.4, "h100-tp4-96k": 178.2,

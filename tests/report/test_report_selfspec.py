@@ -70,8 +70,8 @@ def test_projected_speedup_is_tau_over_draft_cost(sweep_dir):
         assert entry.speedup == pytest.approx(tau / (gamma * draft / verify + 1))
 
 
-def test_the_draft_cost_on_the_issue_s_example():
-    """h100-tp4-32k at S = 128: c = 0.887 with Table 3's points (not 0.80 with FD scaled by 2S/K), so tau 1.444
+def test_the_draft_cost_at_32k_on_table_3s_points():
+    """h100-tp4-32k at S = 128: c = 0.888 with Table 3's points (not 0.80 with FD scaled by 2S/K), so tau 1.444
     at gamma 4 projects 0.317x."""
     from alspec_eval.latency import project_selfspec
 
