@@ -32,9 +32,9 @@ def hf_lm(model: torch.nn.Module, batch_size: int = 1) -> HFLM:
 
 
 def alspec_lm(model: torch.nn.Module, batch_size: int = 1, **args: Any) -> ALSpecLM:
-    args = {"lambda": 0.1, "window": 8, **args}
-    return ALSpecLM(pretrained=copy.deepcopy(model), tokenizer=TOKENIZER, batch_size=batch_size, device="cpu",
-                    max_length=1024, **args)
+    args = {"lambda": 0.1, "window": 8, "device": "cpu", **args}
+    return ALSpecLM(pretrained=copy.deepcopy(model), tokenizer=TOKENIZER, batch_size=batch_size, max_length=1024,
+                    **args)
 
 
 def gen_requests(prompts: list[str] = PROMPTS, task: str = "gen") -> list[Instance]:
