@@ -1,5 +1,7 @@
-"""Peak memory of a needle run at SmolLM2's full 8K context on the CPU: `--model alspec` and `alspec-niah` against
-the stock `--model hf` on the same prompt (target: ratio <= 1.1 for --model alspec).
+"""Peak memory at SmolLM2's full 8K context on the CPU, against the stock `--model hf` on the same input (target:
+ratio <= 1.1 for --model alspec): a needle run (generation: only the new tokens speculate), and rolling scoring
+(`loglikelihood_rolling` of an 8K-token text: every position speculates, so A~'s window keys are gathered for
+thousands of positions per layer, in chunks of bounded size).
 
 Each run is its own process (the stock commands, as a user types them); its peak resident set size comes from the
 kernel's accounting of that child (ru_maxrss). `alspec-niah` decodes a sweep's variants (baseline, each lambda and
@@ -8,7 +10,7 @@ pure sink) as rows of one batch after one shared prefill, so it holds one KV cac
 Peak RSS of one run varies by a few hundred MiB with the allocator's timing, so runs are repeated, interleaved,
 and the medians compared.
 
-    python benchmarks/bench_memory.py [--length 8192] [--max-gen-toks 16] [--repeats 3]
+    python benchmarks/bench_memory.py [--length 8192] [--max-gen-toks 16] [--repeats 3] [--runs hf,alspec,...]
 """
 
 from __future__ import annotations
@@ -21,6 +23,22 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+# One rolling-loglikelihood request of `length` tokens of the haystack, through HFLM or ALSpecLM (argv: model
+# path, "hf" or "alspec", length, window).
+ROLLING = """
+import sys
+from importlib import resources
+from lm_eval.api.instance import Instance
+from lm_eval.models.huggingface import HFLM
+from alspec_eval.adapter import ALSpecLM
+model, kind, length, window = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+args = dict(pretrained=model, dtype="float32", max_length=length, batch_size=1, device="cpu")
+lm = HFLM(**args) if kind == "hf" else ALSpecLM(**args, window=window, **{"lambda": 0.1})
+haystack = (resources.files("alspec_eval") / "data" / "haystack.txt").read_text(encoding="utf-8")
+text = lm.tokenizer.decode(lm.tok_encode(haystack[:8 * length])[:length - 1])
+lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0, ("rolling", 0, 1))], disable_tqdm=True)
+"""
 
 
 def peak_mib(cmd: list[str]) -> tuple[float, float]:
@@ -42,8 +60,9 @@ def main() -> None:
     parser.add_argument("--max-gen-toks", type=int, default=16)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--runs", default="hf,alspec,niah,niah_seq",
-                        help="which commands to run, comma-separated (hf, alspec, niah, niah_seq)")
+    parser.add_argument("--runs", default="hf,alspec,niah,niah_seq,hf_rolling,alspec_rolling",
+                        help="which runs, comma-separated (hf, alspec, niah, niah_seq: the needle run; hf_rolling, "
+                             "alspec_rolling: rolling scoring)")
     args = parser.parse_args()
     from alspec_eval.smollm2 import smollm2_path
 
@@ -57,9 +76,12 @@ def main() -> None:
         "alspec": [str(bin_dir / "lm_eval"), "--model", "alspec", "--model_args",
                    f"pretrained={model},dtype=float32,lambda=0.1,window={args.window}", *common],
     }
+    for kind in ("hf", "alspec"):
+        runs[f"{kind} rolling"] = [sys.executable, "-c", ROLLING, model, kind, str(args.length), str(args.window)]
     niah = "alspec-niah (baseline, lambda 0.1, sink)"
     niah_seq = "alspec-niah --no_shared_prefill"
-    chosen = {"hf": "hf", "alspec": "alspec", "niah": niah, "niah_seq": niah_seq}
+    chosen = {"hf": "hf", "alspec": "alspec", "niah": niah, "niah_seq": niah_seq, "hf_rolling": "hf rolling",
+              "alspec_rolling": "alspec rolling"}
     wanted = [chosen[k] for k in args.runs.split(",")]
     measured: dict[str, list[tuple[float, float]]] = {name: [] for name in wanted}
     for _ in range(args.repeats):
@@ -71,11 +93,12 @@ def main() -> None:
             runs[niah_seq] = [*runs[niah][:-3], "--output", out + "/sequential", "--allow_longer", "--no_shared_prefill"]
             for name in wanted:
                 measured[name].append(peak_mib(runs[name]))
-    print(f"SmolLM2-135M float32, needle prompt of {args.length} tokens, {args.max_gen_toks} new tokens, "
-          f"CPU threads={os.cpu_count()}, medians of {args.repeats} interleaved runs")
+    print(f"SmolLM2-135M float32, needle prompt of {args.length} tokens, {args.max_gen_toks} new tokens; rolling "
+          f"scoring of {args.length} tokens; CPU threads={os.cpu_count()}, medians of {args.repeats} interleaved runs")
     peaks = {name: statistics.median(p for p, _ in m) for name, m in measured.items()}
     for name, m in measured.items():
-        ratio = f"ratio to hf {peaks[name] / peaks['hf']:.3f}" if "hf" in peaks else ""
+        base = "hf rolling" if name.endswith("rolling") else "hf"
+        ratio = f"ratio to {base} {peaks[name] / peaks[base]:.3f}" if base in peaks else ""
         print(f"{name:45s} peak {peaks[name]:8.0f} MiB  {ratio}  "
               f"runs {[round(p) for p, _ in m]}  wall {statistics.median(w for _, w in m):.0f} s")
 

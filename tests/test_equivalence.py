@@ -23,6 +23,15 @@ def model(request):
     return tiny_model(request.param)
 
 
+@pytest.fixture(params=["one gather", "chunks of 3"])
+def chunks(request, monkeypatch):
+    """A~'s window keys gathered for all speculated positions of a layer at once, or in chunks of 3 positions (as
+    long scoring does under its memory bound): the same decisions and outputs either way."""
+    if request.param == "chunks of 3":
+        monkeypatch.setattr("alspec_eval.backends.sim.speculator.gather_chunk", lambda key, window_keys: 3)
+    return request.param
+
+
 def test_lambda_zero_is_the_baseline(model):
     baseline = hf_lm(model, batch_size=2)
     spec = alspec_lm(model, batch_size=2, **{"lambda": 0.0})
@@ -46,7 +55,7 @@ def _sink_mask(length: int, spec_start: int, window: int, align: int) -> torch.T
 
 
 @pytest.mark.parametrize("align", [1, 32])
-def test_sink_policy_equals_reference_sink_attention(model, align):
+def test_sink_policy_equals_reference_sink_attention(model, chunks, align):
     window = 32 if align == 32 else 8
     spec = alspec_lm(model, policy="sink", window=window, window_align=align)
     plain = hf_lm(model).model
@@ -72,7 +81,7 @@ def test_window_covering_context_is_exact_and_trivial(model):
         assert total["speculated"] == 0 and total["trivial"] > 0 and total["hit_rate"] is None
 
 
-def test_teacher_forcing_equals_token_by_token_decoding(model):
+def test_teacher_forcing_equals_token_by_token_decoding(model, chunks):
     spec = alspec_lm(model, window=4)
     context, continuation = "It was the best of times, it was the", " worst of times, it was the age of wisdom"
     lam = median_ratio(spec, context + continuation)
@@ -131,7 +140,7 @@ def test_statistics_add_up(model):
     assert task["total"]["hist"] == [sum(col) for col in zip(*(layer["hist"] for layer in task["layers"]))]
 
 
-def test_rolling_loglikelihood_speculates_every_position(model):
+def test_rolling_loglikelihood_speculates_every_position(model, chunks):
     text = PROMPTS[0] + " " + PROMPTS[1]
     requests = lambda: [Instance("loglikelihood_rolling", {}, (text,), 0, ("roll", 0, 1))]  # noqa: E731
     assert alspec_lm(model, **{"lambda": 0.0}).loglikelihood_rolling(requests()) == \
@@ -156,7 +165,7 @@ def test_sliding_window_layers_are_skipped_and_reported():
                for layer in stats["tasks"]["gen"]["layers"])
 
 
-def test_ratio_and_acceptance_follow_the_definition(model):
+def test_ratio_and_acceptance_follow_the_definition(model, chunks):
     """Layer 0's d/n against A and A~ taken from the plain model, and accept iff d <= lambda * n everywhere."""
     text = (" ".join(["the age of wisdom, the age of foolishness"] * 4))[:150]
     ids = torch.tensor([TOKENIZER(text)["input_ids"]])

@@ -195,16 +195,25 @@ class Speculator:
                     value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
         """A~ (R, Hq, D) of the speculated positions: the model's own attention function (with every term its family
         applies: scaling, soft-capping, sinks) called on each position's query and its 2S window keys, gathered
-        from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype."""
-        rows = plan.rows
-        q = query[rows, :, plan.cols][:, :, None, :]  # (R, Hq, 1, D): one query per speculated position
-        k = key[rows[:, None], :, plan.index].transpose(1, 2)  # (R, Hkv, 2S, D)
-        v = value[rows[:, None], :, plan.index].transpose(1, 2)
-        mask = plan.mask
+        from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype. Positions go in chunks
+        (:func:`gather_chunk`), so scoring where every position speculates holds one chunk's window keys at a time."""
+        chunk = gather_chunk(key, plan.index.shape[1])
+        parts = [self._approximate_rows(module, plan, slice(lo, lo + chunk), query, key, value, scaling, kwargs)
+                 for lo in range(0, len(plan.rows), chunk)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _approximate_rows(self, module: torch.nn.Module, plan: _Pass, part: slice, query: torch.Tensor,
+                          key: torch.Tensor, value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
+        """A~ of the speculated positions ``part`` (a slice of ``plan.rows``)."""
+        rows, index = plan.rows[part], plan.index[part]
+        q = query[rows, :, plan.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query per speculated position
+        k = key[rows[:, None], :, index].transpose(1, 2)  # (r, Hkv, 2S, D)
+        v = value[rows[:, None], :, index].transpose(1, 2)
+        mask = None if plan.mask is None else plan.mask[part]
         if mask is not None and self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
         out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **kwargs)
-        return out[:, 0]  # the base returns (R, 1, Hq, D)
+        return out[:, 0]  # the base returns (r, 1, Hq, D)
 
     def verify(self, approx: torch.Tensor, exact: torch.Tensor,
                lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,6 +252,18 @@ class Speculator:
         if not codes:
             return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
         return torch.cat(codes, 1), torch.cat(ratios, 1)
+
+
+GATHER_BUDGET = 256 * 2**20  # bytes of gathered window keys and values per chunk, unless one layer's cache is larger
+
+
+def gather_chunk(key: torch.Tensor, window_keys: int) -> int:
+    """Speculated positions per chunk of :meth:`Speculator.approximate`: their gathered keys and values (2S each)
+    take at most max(GATHER_BUDGET, the layer's own keys and values), so the peak stays near the plain model's
+    wherever every position speculates (rolling and long-continuation scoring), in few chunks per layer."""
+    batch, kv_heads, length, dim = key.shape
+    per_position = 2 * kv_heads * window_keys * dim * key.element_size()
+    return max(1, max(GATHER_BUDGET, 2 * key.numel() * key.element_size()) // per_position)
 
 
 def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
