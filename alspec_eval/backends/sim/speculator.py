@@ -231,27 +231,36 @@ class Speculator:
     # ------------------------------------------------------------------ the record
 
     def _assemble(self, batch: int, passes: list[_Pass]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-pass sparse decisions as dense (batch, positions, layers) codes and ratios."""
+        """Per-pass sparse decisions as dense (batch, positions, layers) codes and ratios, put together where the
+        decisions are and copied to the host once (no read-back per layer: on a GPU each would stall the stream)."""
+        device = next((p.trivial.device for p in passes if p.trivial is not None), torch.device("cpu"))
         codes, ratios = [], []
         for p in passes:
-            c = torch.zeros(batch, p.q_len, self.num_layers, dtype=torch.int8)
-            r = torch.full((batch, p.q_len, self.num_layers), float("nan"))
+            c = torch.zeros(batch, p.q_len, self.num_layers, dtype=torch.int8, device=device)
+            r = torch.full((batch, p.q_len, self.num_layers), float("nan"), device=device)
             codes.append(c)
             ratios.append(r)
             if p.trivial is None:  # an idle pass: nothing in the region
                 continue
-            rows, cols, trivial = p.rows.cpu(), p.cols.cpu(), p.trivial.cpu()
             for layer, decision in p.decisions.items():
-                c[:, :, layer].masked_fill_(trivial, TRIVIAL)
+                c[:, :, layer].masked_fill_(p.trivial, TRIVIAL)
                 if decision is None:
-                    c[rows, cols, layer] = REJECTED
+                    c[p.rows, p.cols, layer] = REJECTED
                     continue
-                accept, ratio = decision
-                c[rows, cols, layer] = torch.where(accept.cpu(), ACCEPTED, REJECTED).to(torch.int8)
-                r[rows, cols, layer] = ratio.float().cpu()
+                accept, ratio = decision  # on the layer's own device (a device map may spread the layers)
+                c[p.rows, p.cols, layer] = torch.where(accept.to(device), ACCEPTED, REJECTED).to(torch.int8)
+                r[p.rows, p.cols, layer] = ratio.to(device, torch.float32)
         if not codes:
             return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
-        return torch.cat(codes, 1), torch.cat(ratios, 1)
+        return torch.cat(codes, 1).cpu(), torch.cat(ratios, 1).cpu()
+
+
+def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """AttentionInterface entry (transformers calls it by the registered name): the module's speculator."""
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return getattr(module, ATTR).attend(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
 
 
 GATHER_BUDGET = 256 * 2**20  # bytes of gathered window keys and values per chunk, unless one layer's cache is larger
@@ -261,14 +270,6 @@ def gather_chunk(key: torch.Tensor, window_keys: int) -> int:
     """Speculated positions per chunk of :meth:`Speculator.approximate`: their gathered keys and values (2S each)
     take at most max(GATHER_BUDGET, the layer's own keys and values), so the peak stays near the plain model's
     wherever every position speculates (rolling and long-continuation scoring), in few chunks per layer."""
-    batch, kv_heads, length, dim = key.shape
+    _, kv_heads, _, dim = key.shape
     per_position = 2 * kv_heads * window_keys * dim * key.element_size()
     return max(1, max(GATHER_BUDGET, 2 * key.numel() * key.element_size()) // per_position)
-
-
-def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                     **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """AttentionInterface entry (transformers calls it by the registered name): the module's speculator."""
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    return getattr(module, ATTR).attend(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
