@@ -263,7 +263,7 @@ def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return getattr(module, ATTR).attend(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
 
 
-GATHER_BUDGET = 256 * 2**20  # bytes of gathered window keys and values per chunk, unless one layer's cache is larger
+GATHER_BUDGET = 128 * 2**20  # bytes of gathered window keys and values per chunk, unless one layer's cache is larger
 
 
 def gather_chunk(key: torch.Tensor, window_keys: int) -> int:
