@@ -18,7 +18,7 @@ from alspec_eval.config import SpeculationConfig  # noqa: E402
 from alspec_eval.kernels import speculative_flash_decode  # noqa: E402
 from alspec_eval.stats import RATIO_EDGES  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models and runs lm-eval requests
 WINDOW = 32
 PROMPTS_LONG = [p * 3 for p in PROMPTS]  # past 2S = 64 tokens, so decode steps speculate
 
