@@ -1,7 +1,7 @@
 """The authors' speculative op, ``ttnn.experimental.speculative_scaled_dot_product_attention_decode``
 (tenstorrent/tt-metal PR #22177), as code: its keywords, preconditions, configs and a host golden.
 
-Written from ``../shared/tt_op_contract.md``. No ttnn wheel has the op and no card is here, so what the
+Written from ``docs/tt_op_contract.md``. No ttnn wheel has the op and no card is here, so what the
 backend sends the op is pinned by this module and by a test double built from it. Facts:
 
 - signature ``(q, k, v, *, lambda_=0.2, is_causal=True, attn_mask=None, cur_pos=[], cur_pos_tensor=None,
