@@ -3,6 +3,7 @@ at a tracker's issue numbers."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -17,12 +18,12 @@ OUTSIDE = re.compile("|".join([
 
 
 def repository_files() -> list[Path]:
+    """Every file of the checkout, outside version control's, build and virtual environments' folders (pruned
+    while walking: a .venv holds hundreds of thousands of files)."""
     files = []
-    for path in ROOT.rglob("*"):
-        parts = path.relative_to(ROOT).parts
-        if path.is_file() and not any(p in SKIP_DIRS or p.startswith(".venv") or p.endswith(".egg-info")
-                                      for p in parts):
-            files.append(path)
+    for folder, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not (d in SKIP_DIRS or d.startswith(".venv") or d.endswith(".egg-info"))]
+        files.extend(Path(folder) / name for name in names)
     return files
 
 

@@ -23,11 +23,12 @@ message that starts with ``fake card:`` and names the check (tests match on it):
   orientation) with one shard core per batch row and shard [32, D]; the cache interleaved in DRAM, of the
   input's batch; one index per row, inside the cache;
 - what the rows hold, read from the tensors themselves and never from the backend's arithmetic: a row's
-  ``cur_pos`` is the position of its newest token, the last position of the cache it was given that holds a
-  key (the cache is zero past it). While a model runs (:class:`Witness`: the host's query, KV cache and left
-  padding as the model's attention call handed them to the backend), each row of every cache must be one host
-  row's cache with its left padding dropped (in the cache's dtype, by this card's rounding), its ``cur_pos`` that
-  row's newest position (so the cache holds the step's token there), and the query that row's; the call records
+  ``cur_pos`` is the position of its newest token. While a model runs (:class:`Witness`: the host's query, KV
+  cache and left padding as the model's attention call handed them to the backend), each row of every cache must
+  be one host row's cache with its left padding dropped (in the cache's dtype, by this card's rounding; zero past
+  it), its ``cur_pos`` that row's newest position, host length - 1 - left padding (so the cache holds the step's
+  token there), and the query that row's; called outside a model, the newest token is the last position holding a
+  nonzero key; the call records
   which host rows it computed (``rows``), for comparisons with sim row by row. On a card without the speculative
   op (``speculative_op=False``, a released wheel) the decode op also takes A~'s window keys: the first S and the
   last keys up to the current one, [ceil32(pos+1) - S, pos] (or [0, pos] while pos + 1 <= 2S), in that order.
@@ -240,10 +241,10 @@ def install(monkeypatch: Any, ttnn: Any, window: int, grid: tuple[int, int] = GR
     def read_rows(name: str, q: FakeTensor, k: FakeTensor, v: FakeTensor, cur_pos: list[int]) -> dict[str, Any]:
         """The card's own reading of what each row holds: cur_pos against the cache's contents; with a witness,
         the host row each op row computes. Returns what the call record adds."""
-        filled = k.value.ne(0).any(-1).any(1)  # (B, L): positions that hold a key
-        newest = [int(f.nonzero().max()) if f.any() else -1 for f in filled]
         w = device.witness
-        if w is None:
+        if w is None:  # the newest token is the last that holds a key (a zero key, the pad token's, reads as none)
+            filled = k.value.ne(0).any(-1).any(1)  # (B, L)
+            newest = [int(f.nonzero().max()) if f.any() else -1 for f in filled]
             for i, p in enumerate(cur_pos):
                 if p != newest[i]:
                     raise CardError("cur_pos", f"{name}: row {i} has cur_pos {p}, but the newest token of the cache "
@@ -270,9 +271,10 @@ def install(monkeypatch: Any, ttnn: Any, window: int, grid: tuple[int, int] = GR
                 raise CardError("cache contents", f"{name}: row {i} of the cache it was given (cur_pos {p}) holds no "
                                                   f"host row's KV cache with its left padding dropped (left padding "
                                                   f"{w.pad}, host length {length})")
-            if kind == "cache" and (p != newest[i] or p != length - 1 - w.pad[match]):
-                raise CardError("cur_pos", f"{name}: row {i} (host row {match}) has cur_pos {p}, but the newest token "
-                                           f"of the cache it was given is at {newest[i]}")
+            if kind == "cache" and p != length - 1 - w.pad[match]:
+                raise CardError("cur_pos", f"{name}: row {i} holds host row {match}, whose newest token is at "
+                                           f"{length - 1 - w.pad[match]} (host length {length}, left padding "
+                                           f"{w.pad[match]}), but has cur_pos {p}")
             if not torch.equal(q.value[0, i], w.query[match].to(q.value.dtype)):
                 raise CardError("query", f"{name}: row {i}'s query is not host row {match}'s")
             rows.append(match)
