@@ -78,6 +78,7 @@ class FakeTensor:
     dtype: Any
     layout: Any = None
     memory_config: Any = None
+    written: torch.Tensor | None = None  # (B, L): positions paged_update_cache wrote (their token came as bfloat16)
 
 
 @dataclass
@@ -229,14 +230,21 @@ def install(monkeypatch: Any, ttnn: Any, window: int, grid: tuple[int, int] = GR
             raise CardError("cur_pos", f"{kwargs['cur_pos']}: one position per row, inside the cache of "
                                        f"{k.value.shape[2]}")
 
-    def holds(cache: FakeTensor, i: int, keys: torch.Tensor, positions: list[int] | None = None) -> bool:
-        """Whether row i of ``cache`` holds ``keys`` (Hkv, n, D) from its start, in its own dtype, and (a whole
-        cache, ``positions`` None) nothing after them."""
+    def holds(cache: FakeTensor, i: int, keys: torch.Tensor, whole: bool = True) -> bool:
+        """Whether row i of ``cache`` holds ``keys`` (Hkv, n, D) from its start, in its own dtype, and (``whole``, a
+        whole cache) nothing after them. A position paged_update_cache wrote holds its token as uploaded, in
+        bfloat16, then stored: a float32 key rounds twice there."""
         n = keys.shape[1]
         row = cache.value[i]
-        if n > row.shape[1] or not torch.equal(row[:, :n], store(keys, cache.dtype)):
+        if n > row.shape[1]:
             return False
-        return positions is not None or not row[:, n:].any()
+        expected = store(keys, cache.dtype)
+        if cache.written is not None:
+            expected = torch.where(cache.written[i, None, :n, None], store(keys.to(torch.bfloat16), cache.dtype),
+                                   expected)
+        if not torch.equal(row[:, :n], expected):
+            return False
+        return not whole or not row[:, n:].any()
 
     def read_rows(name: str, q: FakeTensor, k: FakeTensor, v: FakeTensor, cur_pos: list[int]) -> dict[str, Any]:
         """The card's own reading of what each row holds: cur_pos against the cache's contents; with a witness,
@@ -250,38 +258,47 @@ def install(monkeypatch: Any, ttnn: Any, window: int, grid: tuple[int, int] = GR
                     raise CardError("cur_pos", f"{name}: row {i} has cur_pos {p}, but the newest token of the cache "
                                                f"it was given is at {newest[i]}")
             return {}
-        rows: list[int] = []
-        kinds = set()
         length = w.key.shape[2]
-        for i, p in enumerate(cur_pos):
-            match = kind = None
-            for b, pad in enumerate(w.pad):
-                if b not in rows and holds(k, i, w.key[b][:, pad:]) and holds(v, i, w.value[b][:, pad:]):
-                    match, kind = b, "cache"
-                    break
-            if match is None and not device.speculative_op:  # the fallback's A~: the window keys, gathered
-                for b, pad in enumerate(w.pad):
-                    keys = window_keys(length - 1 - pad, device.window)
-                    index = torch.tensor(keys) + pad
-                    if b not in rows and len(keys) == p + 1 and holds(k, i, w.key[b][:, index], keys) \
-                            and holds(v, i, w.value[b][:, index], keys):
-                        match, kind = b, "window"
-                        break
-            if match is None:
-                raise CardError("cache contents", f"{name}: row {i} of the cache it was given (cur_pos {p}) holds no "
-                                                  f"host row's KV cache with its left padding dropped (left padding "
-                                                  f"{w.pad}, host length {length})")
-            if kind == "cache" and p != length - 1 - w.pad[match]:
-                raise CardError("cur_pos", f"{name}: row {i} holds host row {match}, whose newest token is at "
-                                           f"{length - 1 - w.pad[match]} (host length {length}, left padding "
-                                           f"{w.pad[match]}), but has cur_pos {p}")
-            if not torch.equal(q.value[0, i], w.query[match].to(q.value.dtype)):
-                raise CardError("query", f"{name}: row {i}'s query is not host row {match}'s")
-            rows.append(match)
-            kinds.add(kind)
-        if len(kinds) > 1:
-            raise CardError("cache contents", f"{name}: some rows hold a whole cache, others window keys")
-        return {"step": w.step, "layer": w.layer, "length": length, "rows": rows, "window": kinds == {"window"}}
+
+        def row_holds(i: int, b: int, window: bool) -> bool:
+            """Whether row i holds host row b's cache (``window``: the fallback's gathered window keys of it)."""
+            pad = w.pad[b]
+            if not window:
+                return holds(k, i, w.key[b][:, pad:]) and holds(v, i, w.value[b][:, pad:])
+            keys = window_keys(length - 1 - pad, device.window)
+            index = torch.tensor(keys) + pad
+            return (len(keys) == cur_pos[i] + 1 and holds(k, i, w.key[b][:, index], whole=False)
+                    and holds(v, i, w.value[b][:, index], whole=False))
+
+        def match(window: bool) -> tuple[list[int], int | None]:
+            """The host row each op row holds (each host row once), and the first op row that holds none."""
+            rows: list[int] = []
+            for i in range(len(cur_pos)):
+                b = next((b for b in range(len(w.pad)) if b not in rows and row_holds(i, b, window)), None)
+                if b is None:
+                    return rows, i
+                rows.append(b)
+            return rows, None
+
+        # One reading for the whole call: every row a whole cache, or (the fallback's A~) every row its window keys;
+        # a row within 2S reads as both, its window being its whole context.
+        window = False
+        rows, missing = match(window)
+        if missing is not None and not device.speculative_op:
+            window = True
+            rows, missing = match(window)
+        if missing is not None:
+            raise CardError("cache contents", f"{name}: row {missing} of the cache it was given (cur_pos "
+                                              f"{cur_pos[missing]}) holds no host row's KV cache with its left padding "
+                                              f"dropped (left padding {w.pad}, host length {length})")
+        for i, (p, b) in enumerate(zip(cur_pos, rows)):
+            if not window and p != length - 1 - w.pad[b]:
+                raise CardError("cur_pos", f"{name}: row {i} holds host row {b}, whose newest token is at "
+                                           f"{length - 1 - w.pad[b]} (host length {length}, left padding "
+                                           f"{w.pad[b]}), but has cur_pos {p}")
+            if not torch.equal(q.value[0, i], w.query[b].to(q.value.dtype)):
+                raise CardError("query", f"{name}: row {i}'s query is not host row {b}'s")
+        return {"step": w.step, "layer": w.layer, "length": length, "rows": rows, "window": window}
 
     def speculative(q: FakeTensor, k: FakeTensor, v: FakeTensor, **kwargs: Any) -> tuple[FakeTensor, ...]:
         check_keywords("speculative_scaled_dot_product_attention_decode", kwargs, SPEC_KEYWORDS)
@@ -345,8 +362,11 @@ def install(monkeypatch: Any, ttnn: Any, window: int, grid: tuple[int, int] = GR
         if not isinstance(idxs, list) or len(idxs) != batch or any(not 0 <= i < length for i in idxs):
             raise CardError("update indices", f"{idxs}: one index per row, inside the cache of {length}")
         device.calls.append(("update", {"update_idxs": list(idxs)}))
-        rows = torch.arange(batch)
-        cache.value[rows, :, torch.tensor(idxs)] = store(token.value[0, :, :kv_heads].float(), cache.dtype)
+        rows, idxs = torch.arange(batch), torch.tensor(idxs)
+        cache.value[rows, :, idxs] = store(token.value[0, :, :kv_heads].float(), cache.dtype)
+        if cache.written is None:
+            cache.written = torch.zeros(batch, length, dtype=torch.bool)
+        cache.written[rows, idxs] = True
         return cache
 
     real_attend = TTSpeculator.attend
