@@ -105,9 +105,39 @@ def record_sim(lm, kv_dtype: str) -> list[SimCall]:
     return calls
 
 
+def record_committed(lm) -> list[tuple[int, int, torch.Tensor]]:
+    """(layer, host cache length, committed output (B, Hq, D)) of every decode step: what each layer continued with,
+    A~ where accepted and A elsewhere."""
+    speculator, committed = lm.speculator, []
+    attend = speculator.attend
+
+    def attend_(module, query, key, value, *args, **kwargs):
+        out = attend(module, query, key, value, *args, **kwargs)
+        if query.shape[2] == 1 and speculator.session is not None:
+            committed.append((module.layer_idx, key.shape[2], out[0][:, 0].float().clone()))
+        return out
+
+    speculator.attend = attend_
+    return committed
+
+
+def compare_committed(tt: list, sim: list) -> float:
+    """tt's committed outputs against sim's, layer by layer and step by step, each row within TOL of its norm;
+    returns the largest deviation seen (relative)."""
+    assert [(layer, length) for layer, length, _ in tt] == [(layer, length) for layer, length, _ in sim], \
+        "committed outputs: the backends decoded other layers or steps"
+    worst = 0.0
+    for (layer, length, out), (_, _, ref) in zip(tt, sim, strict=True):
+        deviation = ((out - ref).norm(dim=(1, 2)) / ref.norm(dim=(1, 2))).max()
+        assert deviation <= TOL, f"layer {layer}, host length {length}: a committed output off by {deviation:.4f}"
+        worst = max(worst, float(deviation))
+    return worst
+
+
 def run(model, lam: float, window: int, prompts: list[str], batch: int, kv_dtype: str = "bfloat16",
         max_gen_toks: int = GEN_KWARGS["max_gen_toks"], **args: Any):
-    """One backend's generations, per-sample decisions and per-layer counts, and (sim) its recorded calls."""
+    """One backend's generations, per-sample decisions and per-layer counts, (sim) its recorded calls, and its
+    committed outputs."""
     tt = args.get("backend") == "tt"
     if tt:
         args = {"tt_mode": "device", "tt_kv_dtype": kv_dtype, **args}
@@ -115,27 +145,28 @@ def run(model, lam: float, window: int, prompts: list[str], batch: int, kv_dtype
         args = {"window_align": 32, **args}
     lm = alspec_lm(model, batch_size=batch, window=window, **args, **{"lambda": lam})
     calls = None if tt else record_sim(lm, kv_dtype)
+    committed = record_committed(lm)
     reqs = requests(prompts, max_gen_toks)
     outputs = lm.generate_until(reqs)
     decisions = [(s["speculated"], s["accepted"]) for s in sample_stats(reqs)]
     layers = [(e["speculated"], e["accepted"], e["trivial"]) for e in lm.statistics()["tasks"]["gen"]["layers"]]
-    return (outputs, decisions, layers), calls
+    return (outputs, decisions, layers), calls, committed
 
 
 def settled(model, window: int, prompts: list[str], batch: int, kv_dtype: str = "bfloat16",
             max_gen_toks: int = GEN_KWARGS["max_gen_toks"], margin: float = MARGIN, **args: Any):
-    """(lambda, sim's run, sim's calls) with every decision of the run at least ``margin`` (relative) away from lambda,
+    """(lambda, sim's run, sim's calls, sim's committed outputs) with every decision of the run at least ``margin`` (relative) away from lambda,
     and some accepted and some rejected: sim runs again with lambda in the widest gap of its own ratios d/n near the
     middle until none lies closer (a decision changed changes what later tokens and layers see). The two backends'
     ratios differ by bfloat16 rounding (up to about 0.5% here), so equal decisions are then expected, not lucky."""
     lam = gap_lambda(model, window)
     for attempt in range(6):
-        sim, calls = run(model, lam, window, prompts, batch, kv_dtype, max_gen_toks, **args)
+        sim, calls, committed = run(model, lam, window, prompts, batch, kv_dtype, max_gen_toks, **args)
         ratios = torch.cat([c.d / c.n for c in calls]).sort().values
         nearest = float((ratios / lam).log().abs().min())
         if nearest > math.log(margin) and 0 < sum(a for _, a in sim[1]) < sum(s for s, _ in sim[1]):
             print(f"settled at lambda {lam:.4f} after {attempt + 1} sim run(s)")
-            return lam, sim, calls
+            return lam, sim, calls, committed
         middle = ratios[len(ratios) // 10: len(ratios) - len(ratios) // 10]
         gaps = middle[1:] / middle[:-1]
         i = int(gaps.argmax())

@@ -93,7 +93,6 @@ class TTSpeculator(Speculator):
             k_w, v_w = (rt.upload(t[rows, :, index].transpose(1, 2), rt.kv_dtype) for t in (key, value))
             approx = host(rt.sdpa_decode(q_dev, k_w, v_w, cur_pos=(valid.sum(1) - 1).tolist(), scale=scale,
                                          query_heads=heads, window=window))
-            approx = torch.where(trivial[:, None, None], exact, approx)
             d, n = semantics.distances(approx, exact)
             return SpecDecodeOutput(exact, approx, d, n, semantics.accept_squared(d * d, n * n, lam) | trivial, trivial)
         op_lambda = config.layer_lambda(layer)
