@@ -23,9 +23,10 @@ from ...stats import ACCEPTED, REJECTED, TRIVIAL
 
 ATTR = "alspec_speculator"  # the attribute of each attention module that holds its speculator
 
-# A layer's decisions in one pass: (accept, d/n) of its speculated positions, or None for a static
-# policy's exact layer (decided, not measured).
-Decision = tuple[torch.Tensor, torch.Tensor] | None
+# A layer's decisions in one pass: (accept, d, n) of its speculated positions (of every batch row, for a fused
+# decode step: ``_Pass.dense``), or None for a static policy's exact layer (decided, not measured). They stay where
+# the layer computed them until the call ends (a read-back per layer would stall a GPU's stream).
+Decision = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
 
 
 @dataclass
@@ -43,7 +44,9 @@ class _Pass:
     cols: torch.Tensor | None = None
     index: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    speculated: torch.Tensor | None = None  # (B,) bool of a decode step (q_len 1): the rows in ``rows``
     decisions: dict[int, Decision] = field(default_factory=dict)
+    dense: bool = False  # decisions hold every batch row (a fused decode step), not only ``rows``
 
 
 @dataclass
@@ -119,27 +122,32 @@ class Speculator:
         plan = self.plan(query, key)
         if plan.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        config = self.session.config
+        exact_layer = config.policy == "static" and layer not in config.static_layers
         if query.shape[2] == 1 and self.has_fused_decode():
             fused = self.fused_decode(layer, plan, query, key, value, scaling)
-            exact, weights = fused.exact[:, None], None
-        else:
-            fused = None
-            exact, weights = self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        config = self.session.config
-        if config.policy == "static" and layer not in config.static_layers:
+            if exact_layer:
+                plan.decisions[layer] = None
+                return fused.exact[:, None], None
+            # every batch row at once: A~ where the kernel accepted a speculated row (no gather per layer)
+            plan.dense = True
+            plan.decisions[layer] = (fused.accept, fused.d, fused.n)
+            use = (fused.accept & plan.speculated)[:, None, None]
+            return torch.where(use, fused.spec, fused.exact)[:, None], None
+        exact, weights = self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        if exact_layer:
             plan.decisions[layer] = None
             return exact, weights
         rows, cols = plan.rows, plan.cols
         if not len(rows):
-            plan.decisions[layer] = (torch.empty(0, dtype=torch.bool), torch.empty(0))
+            plan.decisions[layer] = (torch.empty(0, dtype=torch.bool), torch.empty(0), torch.empty(0))
             return exact, weights
-        if fused is not None:
-            approx, accept, ratio = fused.spec[rows], fused.accept[rows], fused.d[rows] / fused.n[rows]
-        else:
-            approx = self.approximate(module, plan, query, key, value, scaling, kwargs)
-            accept, ratio = self.verify(approx, exact[rows, cols], self.thresholds(rows, layer))
-        plan.decisions[layer] = (accept, ratio)
-        return self.commit(exact, plan, approx, accept), weights
+        approx = self.approximate(module, plan, query, key, value, scaling, kwargs)
+        current = exact[rows, cols]
+        accept, d, n = self.verify(approx, current, self.thresholds(rows, layer))
+        plan.decisions[layer] = (accept, d, n)
+        exact[rows, cols] = self.commit(current, approx, accept)
+        return exact, weights
 
     def plan(self, query: torch.Tensor, key: torch.Tensor) -> _Pass:
         """Which positions of this pass speculate, and their window keys (computed once, at its first layer)."""
@@ -162,7 +170,8 @@ class Speculator:
         positions, valid = semantics.window_positions(pos[rows, cols], cfg.window, cfg.window_align)
         index = (positions + pad[rows, None]).clamp_max(k_len - 1)
         mask = None if bool(valid.all()) else valid[:, None, None, :]
-        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask)
+        speculated = (in_region & ~trivial)[:, 0] if q_len == 1 else None
+        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, speculated)
         return session.passes[-1]
 
     def thresholds(self, rows: torch.Tensor | None, layer: int) -> float | torch.Tensor:
@@ -216,17 +225,15 @@ class Speculator:
         return out[:, 0]  # the base returns (r, 1, Hq, D)
 
     def verify(self, approx: torch.Tensor, exact: torch.Tensor,
-               lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(accept, d/n) of the speculated positions, in float32 (docs/design.md, Semantics 4)."""
+               lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(accept, d, n) of the speculated positions, in float32 (docs/design.md, Semantics 4)."""
         d, n = semantics.distances(approx, exact)
-        return semantics.accept(d, n, lam), d / n
+        return semantics.accept(d, n, lam), d, n
 
     @staticmethod
-    def commit(exact: torch.Tensor, plan: _Pass, approx: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
-        """The output the layer continues with: A~ where accepted, A elsewhere (written into ``exact``)."""
-        rows, cols = plan.rows, plan.cols
-        exact[rows, cols] = torch.where(accept[:, None, None], approx.to(exact.dtype), exact[rows, cols])
-        return exact
+    def commit(exact: torch.Tensor, approx: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+        """The output the speculated positions continue with: A~ where accepted, A elsewhere."""
+        return torch.where(accept[:, None, None], approx.to(exact.dtype), exact)
 
     # ------------------------------------------------------------------ the record
 
@@ -240,16 +247,24 @@ class Speculator:
             r = torch.full((batch, p.q_len, self.num_layers), float("nan"), device=device)
             codes.append(c)
             ratios.append(r)
-            if p.trivial is None:  # an idle pass: nothing in the region
+            if p.trivial is None or not p.decisions:  # an idle pass: nothing in the region
                 continue
-            for layer, decision in p.decisions.items():
-                c[:, :, layer].masked_fill_(p.trivial, TRIVIAL)
-                if decision is None:
-                    c[p.rows, p.cols, layer] = REJECTED
-                    continue
-                accept, ratio = decision  # on the layer's own device (a device map may spread the layers)
-                c[p.rows, p.cols, layer] = torch.where(accept.to(device), ACCEPTED, REJECTED).to(torch.int8)
-                r[p.rows, p.cols, layer] = ratio.to(device, torch.float32)
+            decided = torch.tensor(sorted(p.decisions), device=device)
+            c[:, :, decided] = torch.where(p.trivial[:, :, None], TRIVIAL, 0).to(torch.int8)
+            rows, cols = p.rows[:, None], p.cols[:, None]
+            exact = [layer for layer, decision in p.decisions.items() if decision is None]
+            if exact:
+                c[rows, cols, torch.tensor(exact, device=device)] = REJECTED
+            measured = sorted(layer for layer, decision in p.decisions.items() if decision is not None)
+            if not measured:
+                continue
+            # (R, layers), each layer's decisions moved from the layer's own device (a device map spreads them)
+            accept, d, n = (torch.stack([p.decisions[layer][i].to(device) for layer in measured], 1) for i in range(3))
+            if p.dense:  # a fused decode step decided every batch row: keep the speculated ones
+                accept, d, n = accept[p.rows], d[p.rows], n[p.rows]
+            at = torch.tensor(measured, device=device)
+            c[rows, cols, at] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
+            r[rows, cols, at] = (d / n).float()
         if not codes:
             return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
         return torch.cat(codes, 1).cpu(), torch.cat(ratios, 1).cpu()

@@ -142,10 +142,10 @@ class TTSpeculator(Speculator):
         return r.k, r.v
 
     def verify(self, approx: torch.Tensor, exact: torch.Tensor,
-               lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Host-side rows (teacher forcing) decide in the op's squared form too."""
         d, n = semantics.distances(approx, exact)
-        return semantics.accept_squared(d * d, n * n, lam), d / n
+        return semantics.accept_squared(d * d, n * n, lam), d, n
 
 
 def _from_squares(exact: torch.Tensor, approx: torch.Tensor, d2: torch.Tensor, n2: torch.Tensor,
