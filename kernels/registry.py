@@ -15,7 +15,11 @@ from .unfused import unfused_decode
 
 
 class DecodeKernel(Protocol):
-    """A decode step's exact and speculative attention with d, n and the decision (see :mod:`.reference`)."""
+    """A decode step's exact and speculative attention with d, n and the decision (see :mod:`.reference`).
+
+    A kernel may also have ``prepare(cur_pos, window, window_align, start)``: what its calls in one decode pass
+    share (window bounds, trivial rows), computed once and handed to each call as ``geometry=``.
+    """
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: torch.Tensor, window: int,
                  lam: float | torch.Tensor, chunk_size: int | None = None, window_align: int = 1,

@@ -45,6 +45,7 @@ class _Pass:
     index: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     speculated: torch.Tensor | None = None  # (B,) bool of a decode step (q_len 1): the rows in ``rows``
+    kernel_inputs: dict | None = None  # a fused decode step's positions (and kernel geometry), shared by its layers
     decisions: dict[int, Decision] = field(default_factory=dict)
     dense: bool = False  # decisions hold every batch row (a fused decode step), not only ``rows``
 
@@ -193,12 +194,20 @@ class Speculator:
     def fused_decode(self, layer: int, plan: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
-        cfg, pad = self.session.config, self.session.region.pad.to(query.device)
-        cur_pos = torch.full_like(pad, key.shape[2] - 1)
+        cfg = self.session.config
+        if plan.kernel_inputs is None:  # once per pass: every layer has the same positions
+            pad = self.session.region.pad.to(query.device)
+            cur_pos = torch.full_like(pad, key.shape[2] - 1)
+            plan.kernel_inputs = {"cur_pos": cur_pos, "start": pad}
+            prepare = getattr(self.decode_kernel, "prepare", None)
+            if prepare is not None:
+                plan.kernel_inputs["geometry"] = prepare(cur_pos, cfg.window, cfg.window_align, pad)
         lam = self.thresholds(None, layer)
         lam = lam.to(query.device) if isinstance(lam, torch.Tensor) else lam
-        return self.decode_kernel(query[:, :, 0], key, value, cur_pos, cfg.window, lam,
-                                  window_align=cfg.window_align, scale=scaling, start=pad)
+        inputs = plan.kernel_inputs
+        return self.decode_kernel(query[:, :, 0], key, value, inputs["cur_pos"], cfg.window, lam,
+                                  window_align=cfg.window_align, scale=scaling, start=inputs["start"],
+                                  **({"geometry": inputs["geometry"]} if "geometry" in inputs else {}))
 
     def approximate(self, module: torch.nn.Module, plan: _Pass, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
