@@ -121,3 +121,26 @@ def test_auto_selects_triton_on_cuda() -> None:
     from alspec_eval.backends.sim import decode_kernel
 
     assert decode_kernel("auto", torch.device("cuda")) is triton_decode.speculative_flash_decode_triton
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test")
+def test_interpreter_decides_per_row_as_semantics_and_a_shared_geometry_changes_nothing() -> None:
+    """The reduce kernel's decision is semantics.accept on its own d and n (per-row lambdas, inf, trivial rows
+    accepted whatever lambda), and a pass's prepared geometry gives the very outputs computed per call."""
+    from alspec_eval import semantics
+
+    q, k, v, cur_pos = make_inputs(len(POSITIONS), 6, 2, 160, 32, POSITIONS)  # rows 2 and 3 trivial at S = 8
+    plain = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, 0.5, chunk_size=16)
+    ratio = plain.d / plain.n
+    lam = torch.stack([ratio[0] * 1.001, ratio[1] * 0.999, torch.tensor(0.0), torch.tensor(0.0),
+                       torch.tensor(float("inf"))])
+    out = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, lam, chunk_size=16)
+    assert out.accept.tolist() == [True, False, True, True, True]
+    assert torch.equal(out.accept, semantics.accept(out.d, out.n, lam) | out.trivial)
+    for scalar in (0.0, float(ratio[4]) * 0.999, float(ratio[4]) * 1.001, float("inf")):
+        one = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, scalar, chunk_size=16)
+        assert torch.equal(one.accept, semantics.accept(one.d, one.n, scalar) | one.trivial)
+    geometry = triton_decode.prepare(cur_pos, 8, 1, None)
+    shared = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, lam, chunk_size=16, geometry=geometry)
+    for a, b in zip(shared, out):
+        assert torch.equal(a, b)
