@@ -105,6 +105,7 @@ def test_killed_sweep_resumes_to_the_same_cells(tmp_path):
     assert all(isinstance(c["score"], float) and c["metric"] == "exact_match,first-number" for c in fresh.values())
 
 
+@pytest.mark.slow  # lm-eval indexes every task it has (15 s) to name the one meant
 def test_unknown_task_stops_before_loading(tmp_path):
     config = parse_config({"name": "x", "tasks": ["alspec_recal"], "lambdas": [0.1], "output": str(tmp_path),
                            "model_args": {"pretrained": str(tmp_path / "missing")}})
