@@ -13,6 +13,7 @@ import torch
 ttnn = pytest.importorskip("ttnn", reason="ttnn is not importable here; it needs Python 3.10/3.12: scripts/tt_env.sh")
 
 import fake_card  # noqa: E402
+import tt_compare  # noqa: E402
 from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats  # noqa: E402
 from tiny import tiny_model  # noqa: E402
 
@@ -46,21 +47,7 @@ def _decisions(requests) -> list[tuple[int, int]]:
 
 
 def _gap_lambda(model, window: int = WINDOW, text: str = PROMPTS[0] * 3) -> float:
-    """A lambda in the widest gap between measured ratios near the median (sim, window_align=32), so no decision
-    sits within the op's bfloat16 rounding of the squared norms."""
-    from alspec_eval.region import DecodeRegion
-    from helpers import TOKENIZER
-
-    lm = alspec_lm(model, window=window, window_align=32, **{"lambda": 0.0})
-    ids = torch.tensor([TOKENIZER(text)["input_ids"]])
-    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [0]), lm.spec_config) as trace:
-        lm.model(ids)
-    ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
-    middle = ratios[len(ratios) // 4: 3 * len(ratios) // 4]
-    gaps = middle[1:] / middle[:-1]
-    i = int(gaps.argmax())
-    assert gaps[i] > 1.01, "no gap wider than the bfloat16 rounding near the median"
-    return float((middle[i] * middle[i + 1]).sqrt())
+    return tt_compare.gap_lambda(model, window, text)
 
 
 def _run(model, lam: float, window: int = WINDOW, prompts: list[str] = PROMPTS_MIXED, **args):

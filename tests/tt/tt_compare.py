@@ -59,7 +59,7 @@ def requests(prompts: list[str], max_gen_toks: int = GEN_KWARGS["max_gen_toks"])
     return [Instance("generate_until", {}, (p, dict(kwargs)), i, ("gen", i, 1)) for i, p in enumerate(prompts)]
 
 
-def gap_lambda(model, window: int, text: str | None = None, kv_dtype: str = "bfloat16") -> float:
+def gap_lambda(model, window: int, text: str | None = None) -> float:
     """A lambda in the widest gap between measured ratios near the median (sim, window_align=32, teacher-forced over
     ``text``), so that no decision sits within bfloat16 rounding of the threshold."""
     from alspec_eval.region import DecodeRegion
