@@ -155,9 +155,9 @@ def run(model, lam: float, window: int, prompts: list[str], batch: int, kv_dtype
 
 def settled(model, window: int, prompts: list[str], batch: int, kv_dtype: str = "bfloat16",
             max_gen_toks: int = GEN_KWARGS["max_gen_toks"], margin: float = MARGIN, **args: Any):
-    """(lambda, sim's run, sim's calls, sim's committed outputs) with every decision of the run at least ``margin`` (relative) away from lambda,
-    and some accepted and some rejected: sim runs again with lambda in the widest gap of its own ratios d/n near the
-    middle until none lies closer (a decision changed changes what later tokens and layers see). The two backends'
+    """(lambda, sim's run, sim's calls, sim's committed outputs) with every decision of the run at least ``margin``
+    (relative) away from lambda, and some accepted and some rejected: sim runs again with lambda in the widest gap of
+    its own ratios d/n near the middle until none lies closer (a decision changed changes what later tokens and layers see). The two backends'
     ratios differ by bfloat16 rounding (up to about 0.5% here), so equal decisions are then expected, not lucky."""
     lam = gap_lambda(model, window)
     for attempt in range(6):

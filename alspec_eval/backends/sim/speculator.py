@@ -215,7 +215,7 @@ class Speculator:
         applies: scaling, soft-capping, sinks) called on each position's query and its 2S window keys, gathered
         from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype. Positions go in chunks
         (:func:`gather_chunk`), so scoring where every position speculates holds one chunk's window keys at a time."""
-        chunk = gather_chunk(key, plan.index.shape[1])
+        chunk = gather_chunk(key, plan.index.shape[1], query.shape[1])
         parts = [self._approximate_rows(module, plan, slice(lo, lo + chunk), query, key, value, scaling, kwargs)
                  for lo in range(0, len(plan.rows), chunk)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -290,10 +290,11 @@ def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 GATHER_BUDGET = 128 * 2**20  # bytes of gathered window keys and values per chunk, unless one layer's cache is larger
 
 
-def gather_chunk(key: torch.Tensor, window_keys: int) -> int:
-    """Speculated positions per chunk of :meth:`Speculator.approximate`: their gathered keys and values (2S each)
-    take at most max(GATHER_BUDGET, the layer's own keys and values), so the peak stays near the plain model's
-    wherever every position speculates (rolling and long-continuation scoring), in few chunks per layer."""
-    _, kv_heads, _, dim = key.shape
-    per_position = 2 * kv_heads * window_keys * dim * key.element_size()
+def gather_chunk(key: torch.Tensor, window_keys: int, query_heads: int) -> int:
+    """Speculated positions per chunk of :meth:`Speculator.approximate`: their gathered keys and values (2S each,
+    counted per query head, as the model's attention may repeat them for grouped-query heads) take at most
+    max(GATHER_BUDGET, the layer's own keys and values), so the peak stays near the plain model's wherever every
+    position speculates (rolling and long-continuation scoring), in few chunks per layer."""
+    dim = key.shape[3]
+    per_position = 2 * max(query_heads, key.shape[1]) * window_keys * dim * key.element_size()
     return max(1, max(GATHER_BUDGET, 2 * key.numel() * key.element_size()) // per_position)
