@@ -9,6 +9,7 @@ decisions, statistics do not depend on batch composition.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,12 +164,32 @@ def _rate(accepted: int, speculated: int) -> float | None:
     return accepted / speculated if speculated else None
 
 
-def open_loop_acceptance(hist: list[int], lam: float) -> float | None:
-    """Share of decisions that ``lam`` would accept, read off a histogram (the same bins in every schema version):
-    the bins whose every ratio semantics.accept would accept (upper edge <= lam; exact at bin edges). None without decisions."""
+# The thresholds of every open-loop curve, the report's figure and alspec-tune's layer lambdas alike: the histogram's
+# bin edges from 1e-3 up, where reading a curve off the histogram is exact (no bin straddles a threshold).
+OPEN_LOOP_GRID: tuple[float, ...] = tuple(e for e in RATIO_EDGES if e >= 1e-3)
+
+
+@dataclass(frozen=True)
+class OpenLoop:
+    """A d/n histogram read open loop at each threshold ``OPEN_LOOP_GRID[k]``: ``hit[k]``, the share of decisions it
+    would accept, and ``error[k]``, the mean d/n it would let through (each at its bin's upper edge: an upper bound,
+    the error a layer adds). Both 0 without ``decisions``."""
+
+    decisions: int
+    hit: tuple[float, ...]
+    error: tuple[float, ...]
+
+
+def open_loop(hist: Sequence[int]) -> OpenLoop:
+    """The open-loop curve of a histogram (the same bins in every schema version). A bin counts as accepted at t when
+    semantics.accept accepts its upper edge (d = edge, n = 1), so the bin rule is the decode rule: then t accepts
+    every ratio in the bin, and at the grid's thresholds no bin is accepted in part."""
     total = sum(hist)
-    if not total:
-        return None
-    upper = torch.tensor([*RATIO_EDGES, math.inf], dtype=torch.float64)
-    accepted = semantics.accept(upper, torch.ones_like(upper), lam * (1 + 1e-12))
-    return sum(count for count, ok in zip(hist, accepted.tolist()) if ok) / total
+    upper = [*RATIO_EDGES, math.inf]
+    edges = torch.tensor(upper, dtype=torch.float64)
+    hit, error = [], []
+    for t in OPEN_LOOP_GRID:
+        accepted = semantics.accept(edges, torch.ones_like(edges), t).tolist()
+        hit.append(sum(c for c, ok in zip(hist, accepted) if ok) / total if total else 0.0)
+        error.append(sum(c * e for c, e, ok in zip(hist, upper, accepted) if ok) / total if total else 0.0)
+    return OpenLoop(total, tuple(hit), tuple(error))

@@ -12,8 +12,8 @@ import pytest
 
 from alspec_eval.config import ConfigError
 
-from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
-from alspec_eval.tune.search import THRESHOLDS, Measured, Search, best, open_loop_curve, schedule_path, start_step
+from alspec_eval.stats import OPEN_LOOP_GRID, RATIO_EDGES, open_loop
+from alspec_eval.tune.search import Measured, Search, best, schedule_path, start_step
 from alspec_eval.tune.tuner import split_documents
 
 
@@ -25,21 +25,12 @@ def _hist(centre: int, width: int = 6, total: int = 600) -> list[int]:
     return hist
 
 
-CURVES = [open_loop_curve(_hist(c)) for c in (40, 55, 70)]  # an easy, a middle and a hard layer
-
-
-def test_open_loop_curve_is_the_histograms_acceptance():
-    hist = _hist(50)
-    curve = open_loop_curve(hist)
-    for k in (0, 10, 25, 40):
-        assert curve.hit[k] == pytest.approx(open_loop_acceptance(hist, THRESHOLDS[k]))
-    assert list(curve.hit) == sorted(curve.hit) and list(curve.error) == sorted(curve.error)
-    assert curve.hit[-1] == 1.0
+CURVES = [open_loop(_hist(c)) for c in (40, 55, 70)]  # an easy, a middle and a hard layer
 
 
 def test_the_path_raises_one_layer_at_a_time_from_zero_to_the_top():
     path = schedule_path(CURVES)
-    assert path[0] == [0.0, 0.0, 0.0] and path[-1] == [THRESHOLDS[-1]] * 3
+    assert path[0] == [0.0, 0.0, 0.0] and path[-1] == [OPEN_LOOP_GRID[-1]] * 3
     for before, after in zip(path, path[1:]):
         changed = [i for i in range(3) if after[i] != before[i]]
         assert len(changed) == 1 and after[changed[0]] > before[changed[0]]

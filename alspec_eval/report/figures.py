@@ -16,16 +16,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, Sweep
+from alspec_eval.stats import OPEN_LOOP_GRID, open_loop
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
 
     from alspec_eval.report.latency import SweepProjection
-from alspec_eval.stats import RATIO_EDGES, open_loop_acceptance
-
-# Open-loop curves are read at the histogram's bin edges, where they are exact.
-OPEN_LOOP_GRID: tuple[float, ...] = tuple(e for e in RATIO_EDGES if e >= 1e-3)
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -174,11 +171,6 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
     return fig
 
 
-def open_loop_curve(hist: tuple[int, ...]) -> list[float | None]:
-    """Acceptance (share of decisions with d/n <= lambda) at each lambda of OPEN_LOOP_GRID."""
-    return [open_loop_acceptance(list(hist), lam) for lam in OPEN_LOOP_GRID]
-
-
 def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     """Per task, the open-loop acceptance read off each lambda cell's histogram, with its measured hit rate."""
     tasks = sweep.tasks
@@ -191,10 +183,10 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     for ax, task in zip(axes.flat, tasks):
         for cell in sweep.dynamic_cells(task):
             colour = cmap(lams.index(cell.lam) / max(len(lams) - 1, 1))
-            curve = open_loop_curve(cell.total.hist)
-            if curve[0] is None:
+            curve = open_loop(cell.total.hist)
+            if not curve.decisions:
                 continue
-            ax.plot(OPEN_LOOP_GRID, [100 * v for v in curve], color=colour, label=f"from λ={cell.lam:g} run")
+            ax.plot(OPEN_LOOP_GRID, [100 * v for v in curve.hit], color=colour, label=f"from λ={cell.lam:g} run")
             if cell.hit_rate is not None:
                 ax.plot(cell.lam, 100 * cell.hit_rate, "o", color=colour, markeredgecolor="black")
         ax.set_xscale("log")

@@ -1,7 +1,8 @@
 """The search of alspec-tune: the per-layer lambdas that project the largest speedup within a score budget.
 
-1. Open loop. A calibration run's per-layer d/n histograms say, for every layer and threshold t, the share of
-   decisions t would accept (``h``) and the mean d/n it would let through (``e``, the error a layer adds).
+1. Open loop. A calibration run's per-layer d/n histograms say, for every layer and threshold t of the report's grid
+   (``stats.open_loop``), the share of decisions t would accept (``h``) and the mean d/n it would let through
+   (``e``, the error a layer adds).
 2. A path of schedules. From every layer at lambda = 0, greedily raise the one layer whose next threshold buys the
    most hit rate per unit of added error (the steepest step of the layers' h-against-e curves), until every layer
    is at the largest threshold. Along the path each layer's lambda only grows, so the open-loop hit rates, the
@@ -26,44 +27,21 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..stats import RATIO_EDGES
-
-# Thresholds a layer may take: the histogram's bin edges (open-loop predictions are exact there) from 1e-3 up.
-THRESHOLDS: tuple[float, ...] = tuple(t for t in RATIO_EDGES if t >= 1e-3)
+from ..stats import OPEN_LOOP_GRID, OpenLoop
 
 
-@dataclass(frozen=True)
-class Curve:
-    """One layer's open-loop acceptance ``hit[k]`` and added mean d/n ``error[k]`` at ``THRESHOLDS[k]``."""
-
-    hit: tuple[float, ...]
-    error: tuple[float, ...]
-
-
-def open_loop_curve(hist: Sequence[int]) -> Curve:
-    """A layer's curve from its d/n histogram (bin k holds edges[k-1] <= d/n < edges[k]; a bin counts as
-    accepted at t when its upper edge is <= t, its error at its upper edge: an upper bound)."""
-    total = sum(hist)
-    hit, error = [], []
-    for t in THRESHOLDS:
-        accepted = [(count, RATIO_EDGES[k]) for k, count in enumerate(hist[:len(RATIO_EDGES)]) if RATIO_EDGES[k] <= t]
-        hit.append(sum(c for c, _ in accepted) / total if total else 0.0)
-        error.append(sum(c * edge for c, edge in accepted) / total if total else 0.0)
-    return Curve(tuple(hit), tuple(error))
-
-
-def schedule_path(curves: Sequence[Curve]) -> list[list[float]]:
+def schedule_path(curves: Sequence[OpenLoop]) -> list[list[float]]:
     """The greedy path of per-layer lambdas: step 0 has every layer at 0; each step raises one layer to a higher
-    threshold, the step with the most hit rate per unit of added error (ties: the lower layer); the last step has
-    every layer at the largest threshold."""
-    level = [-1] * len(curves)  # index into THRESHOLDS; -1 is lambda = 0
+    threshold of OPEN_LOOP_GRID (where open-loop predictions are exact), the step with the most hit rate per unit of
+    added error (ties: the lower layer); the last step has every layer at the largest threshold."""
+    level = [-1] * len(curves)  # index into OPEN_LOOP_GRID; -1 is lambda = 0
 
     def gain(layer: int) -> tuple[float, int, int] | None:
         """The best next step of a layer: (hit per error, layer, target level), over every higher level."""
         curve, k = curves[layer], level[layer]
         h0, e0 = (curve.hit[k], curve.error[k]) if k >= 0 else (0.0, 0.0)
         best = None
-        for j in range(k + 1, len(THRESHOLDS)):
+        for j in range(k + 1, len(OPEN_LOOP_GRID)):
             dh, de = curve.hit[j] - h0, curve.error[j] - e0
             rate = math.inf if de <= 0 and dh > 0 else (dh / de if de > 0 else 0.0)
             if best is None or rate > best[0]:
@@ -77,7 +55,7 @@ def schedule_path(curves: Sequence[Curve]) -> list[list[float]]:
             return path
         _, layer, target = max(steps, key=lambda g: (g[0], -g[1]))
         level[layer] = target
-        path.append([THRESHOLDS[k] if k >= 0 else 0.0 for k in level])
+        path.append([OPEN_LOOP_GRID[k] if k >= 0 else 0.0 for k in level])
 
 
 @dataclass(frozen=True)
@@ -112,7 +90,7 @@ class Search:
             lo, hi = (mid, hi) if measured.feasible else (lo, mid)
 
 
-def start_step(path: list[list[float]], curves: Sequence[Curve], hit_rate: float) -> int:
+def start_step(path: list[list[float]], curves: Sequence[OpenLoop], hit_rate: float) -> int:
     """The last step whose open-loop mean hit rate stays within ``hit_rate`` (the best uniform lambda's measured
     one): where bisection starts, since the uniform lambda met the budget there."""
     step = 0
@@ -124,10 +102,10 @@ def start_step(path: list[list[float]], curves: Sequence[Curve], hit_rate: float
     return step
 
 
-def _hit_at(curve: Curve, lam: float) -> float:
+def _hit_at(curve: OpenLoop, lam: float) -> float:
     if lam <= 0:
         return 0.0
-    return curve.hit[THRESHOLDS.index(lam)]
+    return curve.hit[OPEN_LOOP_GRID.index(lam)]
 
 
 def best(candidates: Sequence[tuple[str, Measured]]) -> tuple[str, Measured] | None:

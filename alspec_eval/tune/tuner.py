@@ -22,8 +22,9 @@ from ..config import ConfigError
 from ..latency import LatencyModel, project_layers
 from ..rows import BASELINE, Row
 from ..schedule import LambdaSchedule
+from ..stats import OpenLoop, open_loop
 from ..sweep.config import SweepConfig
-from .search import Measured, Search, best, open_loop_curve, schedule_path, start_step
+from .search import Measured, Search, best, schedule_path, start_step
 
 
 @dataclass(frozen=True)
@@ -141,14 +142,14 @@ class Tuner:
         feasible = all(d["diff_low"] >= -self.plan.max_drop for d in details.values())
         return Measured(feasible, sum(speedups) / len(speedups), details)
 
-    def curves(self, folder: Path) -> list:
+    def curves(self, folder: Path) -> list[OpenLoop]:
         """Open-loop curves per layer from the smallest uniform lambda's cells, histograms summed over tasks."""
         from ..report.cells import load_sweep
 
         sweep = load_sweep(folder)
         cells = [sweep.dynamic_cells(task)[0] for task in self.plan.base.tasks]
         hists = [[sum(h) for h in zip(*(c.layers[layer].hist for c in cells))] for layer in range(len(cells[0].layers))]
-        return [open_loop_curve(h) for h in hists]
+        return [open_loop(h) for h in hists]
 
     # ------------------------------------------------------------------ the whole tune
 

@@ -11,8 +11,9 @@ import pytest
 from synthetic_sweep import ACCEPTED, LAMBDAS, SCORES, SPECULATED, TASKS, write_sweep
 
 from alspec_eval.report.build import write_report
-from alspec_eval.report.figures import OPEN_LOOP_GRID, acceptance_heatmap, open_loop_curve, score_vs_hit_rate
+from alspec_eval.report.figures import acceptance_heatmap, score_vs_hit_rate
 from alspec_eval.report.cells import Row, load_sweep
+from alspec_eval.stats import OPEN_LOOP_GRID, open_loop
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +101,11 @@ def test_open_loop_curves_monotone_and_consistent(sweep_dir: Path) -> None:
         cells = sweep.dynamic_cells(task)
         assert [c.lam for c in cells] == LAMBDAS
         for cell in cells:
-            curve = open_loop_curve(cell.total.hist)
+            curve = open_loop(cell.total.hist).hit
             assert all(a <= b for a, b in zip(curve, curve[1:])), (task, cell.lam)
             assert curve[-1] == 1.0
         # lambda = 0.1 is a bin edge: the open-loop value there is exactly the run's own hit rate
         k = min(range(len(OPEN_LOOP_GRID)), key=lambda i: abs(OPEN_LOOP_GRID[i] - 0.1))
         assert OPEN_LOOP_GRID[k] == pytest.approx(0.1)
         cell = sweep.cell(task, Row.dynamic(0.1))
-        assert open_loop_curve(cell.total.hist)[k] == pytest.approx(cell.hit_rate)
+        assert open_loop(cell.total.hist).hit[k] == pytest.approx(cell.hit_rate)
