@@ -1,20 +1,19 @@
-"""Plugs alspec-eval into the stock `lm_eval` command; imported by a `.pth` line at interpreter start.
+"""Plugs alspec-eval into the stock `lm_eval` command: `alspec_eval_lmeval.pth` calls `plug_in()` at interpreter start.
 
-lm-eval 0.4.13 has no plugin discovery (no entry points for models or task folders, no
-environment variable for include paths), so this hook
-- registers `--model alspec` as a lazy `module:Class` placeholder. `lm_eval.models` is
-  imported first: `get_model` fills the registry with the built-in names only while it
-  is empty, so registering into an empty registry would hide `--model hf`;
-- adds the bundled task folder to every `TaskManager`, so the stock `lm_eval --tasks
-  alspec_recall` works without `--include_path` (this project's own calls pass
-  `include_path` themselves);
-- wraps the `lm_eval run` command and lm-eval's results writer (`lm_eval_cli`): one-line
-  errors and argument checks before the model loads, the statistics sidecar beside the
-  results file.
-Each module is patched when it is first imported: lm-eval's task and CLI modules import
-`datasets` and more (0.6 s), too slow for every interpreter start.
+lm-eval 0.4.13 discovers no plugins (no entry points for models or task folders, no environment variable for include
+paths, no hook around its command line). `plug_in` imports nothing of lm-eval's (its import sets environment variables,
+and most interpreters never use it); it patches lm-eval's modules when they are first imported:
+- `lm_eval.models`: registers `--model alspec` as a lazy `module:Class` placeholder, the registry's own channel, right
+  after lm-eval registered its built-in names (`get_model` fills an empty registry with them, so registering into an
+  empty one would hide `--model hf`);
+- `lm_eval.tasks.manager`: every `TaskManager` also scans the bundled task folder, so the stock `lm_eval --tasks
+  alspec_recall` works without `--include_path`. The folder defines `alspec_*` names only (no tag or group of
+  lm-eval's), so a run that names none of them loads the same tasks and writes the same files;
+- `lm_eval._cli.harness`: the command line's parser (`lm_eval_cli.patch_cli`), which changes nothing unless the
+  command is a `run` of `--model alspec`.
+Importing this module patches nothing (the sweep imports `tasks_dir` from it); only `plug_in` does.
 
-It must stay cheap (no torch) and silent when lm-eval is absent.
+It must stay cheap (no torch) and silent when lm-eval is absent or a patch fails.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from collections.abc import Callable
 from types import ModuleType
 
 
-
 def tasks_dir() -> Path:
     """The installed `alspec_eval.tasks` folder (top-level `tasks/` in the source tree)."""
     spec = importlib.util.find_spec("alspec_eval.tasks")
@@ -37,7 +35,8 @@ def tasks_dir() -> Path:
 
 
 def add_task_path(manager_module: ModuleType) -> None:
-    """Make every TaskManager also scan the bundled tasks (user include paths still take precedence)."""
+    """Make every TaskManager also scan the bundled tasks (user include paths still take precedence); its
+    `include_path` attribute stays what the caller passed."""
     cls = manager_module.TaskManager
     init = cls.__init__
     if getattr(init, "_alspec", False):
@@ -46,22 +45,52 @@ def add_task_path(manager_module: ModuleType) -> None:
 
     def __init__(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, N807
         bound = signature.bind(self, *args, **kwargs)
-        user = bound.arguments.get("include_path")
-        user = [] if user is None else list(user) if isinstance(user, (list, tuple)) else [user]
+        given = bound.arguments.get("include_path")
+        user = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
         ours = tasks_dir()
         bound.arguments["include_path"] = [ours, *(p for p in user if Path(p) != ours)]
         init(*bound.args, **bound.kwargs)
+        self.include_path = given
 
     __init__._alspec = True
     cls.__init__ = __init__
+
+
+def register_model(registry: object, name: str = "alspec", target: str = "alspec_eval.adapter:ALSpecLM") -> bool:
+    """Register ``name`` lazily, whichever keyword this lm-eval's ``Registry.register`` takes for the
+    placeholder (``target=`` in 0.4.13, ``lazy=`` in others); False where it takes neither."""
+    if name in registry:
+        return True
+    params = inspect.signature(registry.register).parameters
+    keyword = next((k for k in ("target", "lazy") if k in params), None)
+    if keyword is None:
+        return False
+    registry.register(name, **{keyword: target})
+    return True
+
+
+def register_alspec(models_module: ModuleType) -> None:
+    """Once ``lm_eval.models`` registered lm-eval's own models: ``--model alspec``."""
+    from lm_eval.api.registry import model_registry
+
+    register_model(model_registry)
 
 
 def _patches() -> dict[str, Callable[[ModuleType], None]]:
     """lm-eval module -> what to do to it once it is imported."""
     from . import lm_eval_cli
 
-    return {"lm_eval.tasks.manager": add_task_path, "lm_eval._cli.run": lm_eval_cli.patch_run_command,
-            "lm_eval.loggers.evaluation_tracker": lm_eval_cli.patch_tracker}
+    return {"lm_eval.models": register_alspec, "lm_eval.tasks.manager": add_task_path,
+            "lm_eval._cli.harness": lm_eval_cli.patch_cli}
+
+
+def _apply(patch: Callable[[ModuleType], None], module: ModuleType) -> None:
+    """A failing patch leaves the module as lm-eval made it: `--model alspec` then says it is unknown, and every other
+    use of lm-eval goes on."""
+    try:
+        patch(module)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -83,47 +112,23 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module: ModuleType) -> None:
             exec_module(module)
-            patch(module)
+            _apply(patch, module)
 
         spec.loader.exec_module = exec_and_patch
         return spec
 
 
-def register_model(registry: object, name: str = "alspec", target: str = "alspec_eval.adapter:ALSpecLM") -> bool:
-    """Register ``name`` lazily, whichever keyword this lm-eval's ``Registry.register`` takes for the
-    placeholder (``target=`` in 0.4.13, ``lazy=`` in others); False where it takes neither."""
-    if name in registry:
-        return True
-    params = inspect.signature(registry.register).parameters
-    keyword = next((k for k in ("target", "lazy") if k in params), None)
-    if keyword is None:
-        return False
-    registry.register(name, **{keyword: target})
-    return True
-
-
 def plug_in() -> None:
-    """Everything the hook does; every step is guarded, since a failure here would break every interpreter."""
-    try:
-        import lm_eval.models  # noqa: F401  (registers the built-in names first)
-        from lm_eval.api.registry import model_registry
-    except Exception:  # lm-eval missing or broken: nothing to plug into
-        return
-    try:
-        register_model(model_registry)
-    except Exception:  # an lm-eval whose registry we do not know: `--model alspec` then says it is unknown
-        pass
+    """Patch lm-eval's modules now if imported, else when they are; guarded, since a failure here would break every
+    interpreter."""
     try:
         pending = {}
         for name, patch in _patches().items():
             if name in sys.modules:
-                patch(sys.modules[name])
+                _apply(patch, sys.modules[name])
             else:
                 pending[name] = patch
         if pending:
             sys.meta_path.insert(0, _PatchOnImport(pending))
-    except Exception:
+    except Exception:  # noqa: BLE001
         pass
-
-
-plug_in()

@@ -4,8 +4,9 @@ Library users catch :class:`~alspec_eval.config.ConfigError` (a ``ValueError``) 
 command-line processes print it as one line: the ``alspec-*`` commands through :func:`bad_input` (exit status 2,
 argparse's for a wrong command line), ``lm_eval`` and ``alspec-eval run`` as ``alspec: <message>`` (exit status 1, as
 every other error of lm-eval's). For the stock ``lm_eval`` command
-there is no entry point of ours, so the ``.pth`` hook wraps lm-eval's ``run`` command, which installs it
-(:mod:`alspec_eval.lm_eval_cli`); ``alspec-eval run`` calls it itself. Nothing here runs on ``import alspec_eval``.
+there is no entry point of ours, so the ``.pth`` hook wraps lm-eval's ``run`` command, which installs it for a
+``--model alspec`` run alone (:mod:`alspec_eval.lm_eval_cli`); ``alspec-eval run`` calls it itself. Nothing here runs
+on ``import alspec_eval``.
 """
 
 from __future__ import annotations

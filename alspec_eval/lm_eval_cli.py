@@ -1,10 +1,13 @@
 """The stock ``lm_eval`` command with ``--model alspec``: its arguments checked before the model loads, and the
 statistics sidecar written beside the results file lm-eval writes.
 
-lm-eval 0.4.13 tells a model neither its command line nor where its results go, so the ``.pth`` hook
-(:mod:`alspec_eval._lmeval_hook`) wraps the two places that know: the ``run`` command's ``_execute`` (the parsed
-arguments: one-line errors, ``--use_cache`` refused, ``--output_path`` checked) and ``EvaluationTracker
-.save_results_aggregated`` (the results file: ``alspec_<timestamp>.json`` goes beside ``results_<timestamp>.json``).
+lm-eval 0.4.13 tells a model neither its command line nor where its results go (the statistics reach the results JSON
+through the model's ``get_model_info``, under ``config.alspec``; a file beside it has no channel), so the ``.pth`` hook
+(:mod:`alspec_eval._lmeval_hook`) wraps ``HarnessCLI.parse_args``, which sees the parsed arguments. Only for a ``run``
+whose model is alspec does it put :func:`run_alspec` around lm-eval's ``Run._execute``: the one-line errors,
+``--use_cache`` refused, ``--output_path`` checked, and ``EvaluationTracker.save_results_aggregated`` wrapped in that
+process, so ``alspec_<timestamp>.json`` goes beside ``results_<timestamp>.json``. Any other command line comes back
+as lm-eval parsed it and runs through lm-eval's code alone (not even a frame of ours in its tracebacks).
 """
 
 from __future__ import annotations
@@ -37,14 +40,30 @@ def check_output_path(output: Path) -> None:
             return
 
 
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's settings as lm-eval merges them (``EvaluatorConfig.from_cli``): a ``--config`` YAML's, overridden by
+    the command line's set values; a YAML lm-eval cannot read counts as none (lm-eval says what is wrong with it)."""
+    merged: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        from lm_eval.config.evaluate_config import EvaluatorConfig
+
+        try:
+            merged.update(EvaluatorConfig.load_yaml_config(args.config))
+        except Exception:  # noqa: BLE001
+            pass
+    merged.update({key: value for key, value in vars(args).items() if value or value == 0})
+    return merged
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """What the parsed ``lm_eval run`` arguments can tell before an alspec model loads."""
-    if getattr(args, "model", None) != "alspec":
+    given = settings(args)
+    if given.get("model") != "alspec":
         return
-    if getattr(args, "use_cache", None):
+    if given.get("use_cache"):
         raise ConfigError(USE_CACHE_REFUSED)
-    if getattr(args, "output_path", None):
-        check_output_path(Path(args.output_path))
+    if given.get("output_path"):
+        check_output_path(Path(given["output_path"]))
 
 
 def sidecar_for(results_file: Path) -> Path:
@@ -93,28 +112,40 @@ def write_sidecar(tracker: Any, results: dict[str, Any]) -> Path | None:
     return sidecar
 
 
-def _wrap(cls: type, name: str, make: Callable[[Callable], Callable], static: bool = False) -> None:
-    """Replace ``cls.name`` with ``make(original)`` once (a second call finds it wrapped)."""
+def _wrap(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Replace the method ``cls.name`` with ``make(original)`` once (a second call finds it wrapped)."""
     original = getattr(cls, name)
     if getattr(original, "_alspec", False):
         return
     wrapped = functools.wraps(original)(make(original))
     wrapped._alspec = True
-    setattr(cls, name, staticmethod(wrapped) if static else wrapped)
+    setattr(cls, name, wrapped)
 
 
-def patch_run_command(module: ModuleType) -> None:
-    """Wrap ``lm_eval._cli.run.Run._execute``: alspec errors as one line, arguments checked before the model."""
-    def make(execute: Callable) -> Callable:
-        def _execute(args: argparse.Namespace) -> None:
-            from . import cli_errors
+def run_alspec(execute: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> None:
+    """lm-eval's ``Run._execute`` for an alspec run: errors in one line, arguments checked before the model loads,
+    the sidecar beside the results."""
+    from lm_eval.loggers import evaluation_tracker
 
-            cli_errors.install()
-            check_arguments(args)
-            execute(args)
-        return _execute
+    from . import cli_errors
 
-    _wrap(module.Run, "_execute", make, static=True)
+    cli_errors.install()
+    check_arguments(args)
+    patch_tracker(evaluation_tracker)
+    execute(args)
+
+
+def patch_cli(module: ModuleType) -> None:
+    """Wrap ``lm_eval._cli.harness.HarnessCLI.parse_args``: an alspec ``run`` executes through :func:`run_alspec`."""
+    def make(parse_args: Callable) -> Callable:
+        def parse(self: Any) -> argparse.Namespace:
+            args = parse_args(self)
+            if getattr(args, "command", None) == "run" and settings(args).get("model") == "alspec":
+                args.func = functools.partial(run_alspec, args.func)
+            return args
+        return parse
+
+    _wrap(module.HarnessCLI, "parse_args", make)
 
 
 def patch_tracker(module: ModuleType) -> None:

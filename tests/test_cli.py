@@ -22,6 +22,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_registration_is_lazy_and_keeps_builtin_models():
     out = _python(
         "import sys\n"
+        "assert 'lm_eval' not in sys.modules, 'the startup hook imported lm-eval (its import sets os.environ)'\n"
         "from lm_eval.api.registry import get_model\n"
         "assert 'torch' not in sys.modules, 'the startup hook imported torch'\n"
         "assert get_model('hf').__name__ == 'HFLM'\n"
