@@ -60,11 +60,11 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
                        report / f"alspec_vs_selfspec_{_slug(task)}.png")
                   for task in sweep.tasks if projections and any(
                       (c := sweep.cell(task, r)) is not None and c.tau is not None for r in sweep.rows
-                      if r.kind == "selfspec")]
+                      if r.drafts_tokens)]
     if comparison:
         figures["Attention-level against token-level speculation"] = comparison
     profiles = [save(schedule_profile(sweep, row), report / f"schedule_{row.name}.png")
-                for row in sweep.rows if row.kind == "tuned"]
+                for row in sweep.rows if row.schedule is not None]
     if profiles:
         figures["Tuned per-layer schedules"] = profiles
     paper_md = report / "paper.md"

@@ -5,6 +5,7 @@ The files as frozen records with a lookup by (task, row); :mod:`.frames` turns t
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -61,15 +62,16 @@ class Cell:
     draft: dict[str, Any] | None = None  # selfspec with generations: gamma, steps, drafted, accepted, tau, hist
     schedule: dict[str, Any] | None = None  # a tuned row's per-layer lambdas: schedule, path, sha256
 
-    @property
+    @functools.cached_property
     def row(self) -> Row:
+        """The row the cell file records (read once: every property below asks it)."""
         return Row.from_record(self.policy, self.lam, self.gamma, self.schedule)
 
     @property
     def hit_rate(self) -> float | None:
         """Share of non-trivial decisions that used the approximation; None for the exact baseline and for
         token-level self-speculation (its attention is exact)."""
-        return None if self.policy in ("exact", "selfspec") else self.total.hit_rate
+        return None if self.row.exact_attention else self.total.hit_rate
 
     @property
     def tau(self) -> float | None:
@@ -78,8 +80,8 @@ class Cell:
         return None if self.draft is None else self.draft["tau"]
 
     def layer_hit_rates(self) -> list[float]:
-        """Per-layer share of attention replaced by A~ (0 where nothing was speculated or exact policy)."""
-        if self.policy == "exact":
+        """Per-layer share of attention replaced by A~ (0 where nothing was speculated or attention is exact)."""
+        if self.row.exact_attention:
             return [0.0] * len(self.layers)
         return [layer.hit_rate or 0.0 for layer in self.layers]
 
@@ -115,7 +117,7 @@ class Sweep:
     @property
     def lambdas(self) -> list[float]:
         """Declared and measured lambdas, sorted."""
-        found = {c.lam for c in self.cells if c.policy == "dynamic" and c.lam is not None}
+        found = {c.row.lam for c in self.cells if c.row.lam is not None}
         return sorted(found | {_as_lambda(x) for x in self.meta.get("lambdas") or []})
 
     @property
@@ -126,11 +128,12 @@ class Sweep:
 
     @property
     def rows(self) -> list[Row]:
-        """Every row the sweep declares or has a cell for (a sweep run with ``static: false`` has no static row)."""
-        has = {c.row for c in self.cells}
-        static = [STATIC] if STATIC in has or self.meta.get("static_p", 0.8) is not None else []
-        tuned = sorted({c.row for c in self.cells if c.row.kind == "tuned"}, key=lambda r: r.name)
-        return [BASELINE, *map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas), *tuned]
+        """Every row the sweep declares or has a cell for, in Table 1's order (kinds in rows.KINDS order; a sweep run
+        with ``static: false`` declares no static row; rows only found in cells, such as tuned ones, by name)."""
+        static = [STATIC] if self.meta.get("static_p", 0.8) is not None else []
+        declared = [BASELINE, *map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas)]
+        found = sorted({c.row for c in self.cells} - set(declared), key=lambda r: r.name)
+        return sorted([*declared, *found], key=lambda r: r.order)
 
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))

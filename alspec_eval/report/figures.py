@@ -15,7 +15,8 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, Sweep
+from alspec_eval.report.cells import BASELINE, Row, Sweep
+from alspec_eval.report.styles import style
 from alspec_eval.stats import OPEN_LOOP_GRID, open_loop
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ def schedule_profile(sweep: Sweep, row: Row) -> Figure:
 
 def score_vs_hit_rate(sweep: Sweep) -> Figure:
     """One panel per task (so tasks whose sink points coincide stay apart): the lambda cells as a line, the baseline
-    dashed, sink and static as markers."""
+    dashed, the kinds whose style has a hit-rate legend (sink, static) as markers."""
     tasks = sweep.tasks
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
@@ -153,11 +154,11 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
         base = sweep.cell(task, BASELINE)
         if base is not None and base.score is not None:
             ax.axhline(base.score, color=colour, linestyle="--", linewidth=1, label="baseline (exact)")
-        for row, marker, label in ((SINK, "X", "sink (λ = ∞)"), (STATIC, "s", "static layers")):
-            cell = sweep.cell(task, row)
-            if cell is not None and cell.hit_rate is not None and cell.score is not None:
-                ax.plot(100 * cell.hit_rate, cell.score, marker, color=colour, markersize=8, markeredgecolor="black",
-                        linestyle="", label=label)
+        for row in sweep.rows:
+            cell, look = sweep.cell(task, row), style(row)
+            if look.hit_rate_legend and cell is not None and cell.hit_rate is not None and cell.score is not None:
+                ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour, markersize=8,
+                        markeredgecolor="black", linestyle="", label=look.hit_rate_legend)
         ax.set_xlim(0, 105)
         ax.set_xlabel("speculation hit rate (%)")
         ax.set_ylabel("score")
@@ -217,9 +218,8 @@ def speedup_vs_score(sweep: Sweep, projection: "SweepProjection") -> Figure:
             cell, entry = sweep.cell(task, row), projection.entries.get((row, task))
             if cell is None or entry is None or cell.score is None:
                 continue
-            marker = {"baseline": "D", "dynamic": "o", "sink": "X", "static": "s", "selfspec": "^", "tuned": "*"}[row.kind]
-            colour = {"baseline": "black", "selfspec": "tab:orange", "tuned": "tab:red"}.get(row.kind, "tab:blue")
-            ax.plot(entry.speedup, cell.score, marker, color=colour, markersize=7)
+            look = style(row)
+            ax.plot(entry.speedup, cell.score, look.marker, color=look.colour, markersize=7)
             labels.append((ax, entry.speedup, cell.score, row.label, {"fontsize": 7}))
         ax.set_title(task, fontsize=10)
         ax.set_xlabel("projected speedup (×)")

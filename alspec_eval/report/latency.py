@@ -16,6 +16,7 @@ from typing import Sequence
 from alspec_eval.latency import (DEFAULT_PRESET, LatencyModel, Projection, SelfSpecProjection, full_tp,
                                  project_layers, project_selfspec)
 from alspec_eval.report.cells import BASELINE, Row, Sweep
+from alspec_eval.report.styles import row_columns
 from alspec_eval.report.table import MISSING, markdown_table
 
 __all__ = ["DEFAULT_PRESET", "SweepProjection", "project_sweep", "projection_markdown", "projection_note",
@@ -45,7 +46,7 @@ def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
             cell = sweep.cell(task, row)
             if cell is None:
                 continue
-            if cell.policy == "selfspec":  # a task that only scores (no generations) has no tau: nothing to project
+            if row.drafts_tokens:  # a task that only scores (no generations) has no tau: nothing to project
                 if cell.tau is not None:
                     ss = selfspec[(row, task)] = project_selfspec(spec, cell.tau, row.gamma, int(sweep.meta["window"]))
                     entries[(row, task)] = ss.as_projection(spec.estimates)
@@ -98,7 +99,8 @@ def write_projection_csv(projections: Sequence[SweepProjection], path: Path) -> 
                 for task in p.tasks:
                     e = p.entries.get((row, task))
                     if e is not None:
-                        out.writerow([p.spec.name, row.label, row.kind, f"{row.lam:g}" if row.kind == "dynamic" else "",
-                                      task, f"{e.hit_rate:.6g}", f"{e.token_latency_us:.6g}", f"{e.tokens_per_s:.6g}",
+                        described = row_columns(row)
+                        out.writerow([p.spec.name, row.label, described["policy"], described["lambda"], task,
+                                      f"{e.hit_rate:.6g}", f"{e.token_latency_us:.6g}", f"{e.tokens_per_s:.6g}",
                                       f"{e.speedup:.6g}", ";".join(e.estimates)])
     return path

@@ -7,34 +7,36 @@ from pathlib import Path
 
 import pandas as pd
 
-from alspec_eval.report.cells import Sweep
+from alspec_eval.report.cells import BASELINE, Row, Sweep
+from alspec_eval.report.styles import row_columns
 
 MISSING = "–"
 
 
-def format_cell(row: pd.Series | None) -> str:
+def format_cell(cell: pd.Series | None, row: Row) -> str:
     """"0.807 (-0.004 [-0.02, +0.01]) / 94.8%": score as lm-eval reports it, the paired difference to the baseline
-    with its 95% interval where the cell has per-document scores, and the hit rate; the baseline has no hit rate."""
-    if row is None:
+    with its 95% interval where the cell has per-document scores, and the hit rate; the baseline (the reference) shows
+    its score only, a row that drafts tokens its tau instead of a hit rate."""
+    if cell is None:
         return MISSING
-    score = MISSING if pd.isna(row["score"]) else f"{row['score']:.3f}"
-    if row["policy"] == "exact":
+    score = MISSING if pd.isna(cell["score"]) else f"{cell['score']:.3f}"
+    if row == BASELINE:
         return score
-    if not pd.isna(row["diff"]):
-        score += f" ({row['diff']:+.3f} [{row['diff_low']:+.2f}, {row['diff_high']:+.2f}])"
-    if row["policy"] == "selfspec":
-        return f"{score} / τ = {MISSING if pd.isna(row['tau']) else format(row['tau'], '.2f')}"
-    hit = MISSING if pd.isna(row["hit_rate"]) else f"{100 * row['hit_rate']:.1f}%"
+    if not pd.isna(cell["diff"]):
+        score += f" ({cell['diff']:+.3f} [{cell['diff_low']:+.2f}, {cell['diff_high']:+.2f}])"
+    if row.drafts_tokens:
+        return f"{score} / τ = {MISSING if pd.isna(cell['tau']) else format(cell['tau'], '.2f')}"
+    hit = MISSING if pd.isna(cell["hit_rate"]) else f"{100 * cell['hit_rate']:.1f}%"
     return f"{score} / {hit}"
 
 
 def table1_rows(sweep: Sweep, cells: pd.DataFrame | None = None) -> list[list[str]]:
     """Header plus one formatted line per row of Table 1 (every declared row; a cell not run shows a dash)."""
     cells = frames_of(sweep) if cells is None else cells
-    by_key = {(r.task, r.row): r for r in cells.itertuples(index=False)}
-    text = {key: format_cell(pd.Series(r._asdict())) for key, r in by_key.items()}
+    by_key = {(r.task, r.row): pd.Series(r._asdict()) for r in cells.itertuples(index=False)}
     header = ["", *sweep.tasks]
-    return [header, *([row.label, *(text.get((t, row.label), MISSING) for t in sweep.tasks)] for row in sweep.rows)]
+    return [header, *([row.label, *(format_cell(by_key.get((t, row.label)), row) for t in sweep.tasks)]
+                      for row in sweep.rows)]
 
 
 def frames_of(sweep: Sweep) -> pd.DataFrame:
@@ -72,11 +74,9 @@ def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None
     wide = wide.reindex(order)
     wide.columns = [f"{task} {columns[col]}" for col, task in wide.columns]
     wide = wide[[f"{t} {columns[c]}" for t in sweep.tasks for c in columns if f"{t} {columns[c]}" in wide.columns]]
-    kinds = {row.label: (row.kind, f"{row.lam:g}" if row.kind == "dynamic" else "",
-                         str(row.gamma) if row.kind == "selfspec" else "") for row in sweep.rows}
-    wide.insert(0, "policy", [kinds[r][0] for r in wide.index])
-    wide.insert(1, "lambda", [kinds[r][1] for r in wide.index])
-    wide.insert(2, "gamma", [kinds[r][2] for r in wide.index])
+    described = {row.label: row_columns(row) for row in sweep.rows}
+    for i, column in enumerate(("policy", "lambda", "gamma")):
+        wide.insert(i, column, [described[r][column] for r in wide.index])
     wide.index.name = "row"
     wide.to_csv(path, float_format="%.17g")
     return path

@@ -1,4 +1,5 @@
-"""A synthetic sweep folder for the report tests: 2 tasks, baseline, 3 lambdas, sink, static, a 4-layer model.
+"""A synthetic sweep folder for the report tests: 2 tasks, baseline, 3 lambdas, sink, static, a 4-layer model, and
+on request one row of each further kind of rows.KINDS.
 
 Statistics are consistent: each layer has explicit d/n ratios, the histogram bins them with the
 schema-v1 rule and a lambda cell accepts exactly the ratios <= lambda.
@@ -8,9 +9,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from alspec_eval.rows import Row
+from alspec_eval.schedule import LambdaSchedule
 from alspec_eval.stats import RATIO_EDGES
 
 TASKS = ["alspec_gsm8k_cot", "alspec_recall"]
@@ -93,7 +98,37 @@ def cell_json(task: str, name: str, policy: str, lam: Any, layers: list[dict[str
     return cell
 
 
-def write_sweep(outdir: Path, documents: bool = False) -> Path:
+def example_row(kind: str) -> Row:
+    """One row of ``kind``, with a gamma or a schedule where the kind takes one (a new kind that takes something
+    else fails here until it is given)."""
+    if kind == "selfspec":
+        return Row.selfspec(2)
+    if kind == "tuned":
+        return Row.tuned(LambdaSchedule.of([0.05, 0.1, 0.2, math.inf]))
+    return Row(kind)
+
+
+def row_cell(task: str, row: Row) -> dict[str, Any]:
+    """The cell of a further row as its run records it (``Row.record``): rows with exact attention decide nothing
+    and score as the baseline (a drafting row with draft statistics: 10 steps, one token accepted each), the others
+    decide as the lambda 0.1 cell."""
+    if row.exact_attention:
+        layers = [layer_entry(i, 0, 0, [0] * (len(RATIO_EDGES) + 1)) for i in range(NUM_LAYERS)]
+    else:
+        layers = [layer_entry(i, SPECULATED, a, hist_of(ratios_for(a, 0.1))) for i, a in enumerate(ACCEPTED[task][0.1])]
+    record = row.record()
+    cell = cell_json(task, row.name, record["policy"], record["lambda"], layers,
+                     SCORES[task]["baseline" if row.exact_attention else 0.1])
+    cell.update(record)
+    if row.drafts_tokens:
+        hist = [0, 10] + [0] * (row.gamma - 1)
+        cell["alspec"]["selfspec"] = {"gamma": row.gamma, "steps": 10, "drafted": 10 * row.gamma, "accepted": 10,
+                                      "tau": 2.0, "hist": hist}
+    return cell
+
+
+def write_sweep(outdir: Path, documents: bool = False, extra_kinds: Sequence[str] = ()) -> Path:
+    """The sweep folder, plus one row of each of ``extra_kinds`` (kinds beyond the paper's four)."""
     (outdir / "sweep.json").parent.mkdir(parents=True, exist_ok=True)
     (outdir / "sweep.json").write_text(json.dumps({"name": "synthetic", "model": "tiny-4-layer", "window": 64,
                                                    "lambdas": LAMBDAS, "tasks": TASKS, "static_p": 0.8}))
@@ -111,6 +146,8 @@ def write_sweep(outdir: Path, documents: bool = False) -> Path:
         cells["static"] = cell_json(task, "static", "static", None,
                                     [layer_entry(i, SPECULATED, SPECULATED if i in STATIC_LAYERS else 0, wide if i in STATIC_LAYERS else empty)
                                      for i in range(NUM_LAYERS)], SCORES[task]["static"], STATIC_LAYERS)
+        for row in map(example_row, extra_kinds):
+            cells[row.name] = row_cell(task, row)
         for name, data in cells.items():
             if documents:
                 total = data["alspec"]["total"]
