@@ -4,9 +4,9 @@ Every HFLM option keeps working; the speculation options are read off the same m
 shape of lm-eval's ``hf_steered``: HFLM does the work. The three request methods are wrapped, not rewritten: each
 runs HFLM's own, task by task through the request ledger (:mod:`.ledger`), which knows which request a model input
 belongs to and sums the row records per request (logged with the sample) and per task. The two model calls
-(``_model_call``, ``_model_generate``) are overridden only to run HFLM's call inside one speculation session
-(``speculator.speculating(region, config)``, docs/design.md, Semantics 6) whose trace becomes a row record, or to
-answer from a sweep's shared prefill or self-speculation.
+(``_model_call``, ``_model_generate``) hand each batch to the evaluation's answer source (:mod:`.answers`: HFLM's
+call inside one speculation session, self-speculation, or a sweep's shared prefill; :meth:`ALSpecLM.answering`
+chooses it) and file its row records. The backend (:mod:`.backends`) checks and installs itself by name.
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from .answers import Answers, answers_for
 from .atomic_json import write_json_atomic, write_jsonl_atomic
-from .backends.sim.hooks import check_fused_kernel
+from .backends import load_backend
 from .compat import check_lm_eval
 from .config import LOAD_TIME_SETTINGS, ConfigError, SpeculationConfig, unknown_model_arg, unloadable_model
 from .distributed import gather_statistics
-from .ledger import (RequestLedger, RowKey, RowRecord, SampleKey, model_input, row_keys, sample_rows, samples_path,
+from .ledger import (RequestLedger, RowKey, SampleKey, model_input, row_keys, sample_rows, samples_path,
                      teacher_forced_passes)
 from .lm_eval_cli import USE_CACHE_REFUSED
 from .provenance import versions
-from .region import DecodeRegion
 from .rows import Row
-from .selfspec import check_greedy, check_model as check_selfspec_model, selfspec_generate
+from .selfspec import check_model as check_selfspec_model
 from .shared_prefill import SharedPrefill
 from .smollm2 import SMOLLM2_ALIAS, smollm2_path
 from .stats import AcceptanceStats, run_statistics
@@ -63,11 +63,7 @@ class ALSpecLM(HFLM):
     def __init__(self, pretrained: str | transformers.PreTrainedModel, **kwargs: Any) -> None:
         check_lm_eval()
         self.spec_config, hf_kwargs = SpeculationConfig.from_model_args(kwargs, _HFLM_ARGS)
-        self._tt_runtime = None
-        if self.spec_config.backend == "tt":
-            from .backends.tt import prepare
-
-            self._tt_runtime = prepare(self.spec_config)  # no ttnn or no device: stop before the weights load
+        self._backend = load_backend(self.spec_config)  # its environment checked before anything loads
         batch = str(hf_kwargs.get("batch_size", 1))
         self._fixed_batch = int(batch) if batch.isdigit() else None  # "auto": lm-eval decides later
         if pretrained == SMOLLM2_ALIAS:
@@ -78,37 +74,23 @@ class ALSpecLM(HFLM):
             if not isinstance(pretrained, str):
                 raise
             raise ConfigError(unloadable_model(pretrained, err)) from None
-        if self.spec_config.policy == "selfspec":  # a model object skips _create_model
+        if self.spec_config.drafts_tokens:  # a model object skips _create_model
             check_selfspec_model(self.model.config)
-        if self._tt_runtime is not None:
-            from .backends.tt import install as install_tt
-
-            self.speculator = install_tt(self.model, self.spec_config, self._tt_runtime)
-        else:
-            from .backends.sim import install
-
-            self.speculator = install(self.model, self.spec_config.kernel)
+        self.speculator = self._backend.install(self.model)
         self.spec_config.check_layers(self.speculator.num_layers)  # a model object skips _create_model
         self.ledger = RequestLedger(self.speculator.num_layers, self.spec_config.trace_tokens)
         self.task_stats: dict[str, AcceptanceStats] = {}  # every rank's, summed (data parallel)
         self.sample_stats: dict[SampleKey, dict[str, Any]] = {}  # every rank's
-        self.fork: SharedPrefill | None = None
+        self._answers: Answers = self._answers_for(self.spec_config)
         self._probing = False
 
     def _create_model(self, pretrained: str, *args: Any, **kwargs: Any) -> None:
         """Check what the config alone can tell before the weights load."""
         text_config = self._config.get_text_config()
         self.spec_config.check_layers(text_config.num_hidden_layers)
-        if self.spec_config.policy == "selfspec":
+        if self.spec_config.drafts_tokens:
             check_selfspec_model(self._config)
-        if self.spec_config.kernel in ("torch", "triton"):
-            check_fused_kernel(f"kernel={self.spec_config.kernel}", self._config)
-        if self.spec_config.backend == "tt":
-            check_fused_kernel("the TT op (backend=tt)", self._config)
-        if self._tt_runtime is not None:
-            from .backends.tt import check_model
-
-            check_model(self._tt_runtime, self._config, self._fixed_batch)
+        self._backend.check_model(self._config, self._fixed_batch)
         model_class = transformers.AutoModelForCausalLM._model_mapping.get(type(self._config), None)
         if model_class is not None and not model_class._supports_attention_backend:
             raise ConfigError(
@@ -194,15 +176,8 @@ class ALSpecLM(HFLM):
         if self._probing:
             return super()._model_call(inps, attn_mask, labels)
         keys = [self.ledger.match(row) for row in inps.tolist()]
-        starts = [self.ledger.starts[k] for k in keys]
-        if self.fork is not None:
-            logits, records = self.fork.forward(inps, keys, starts)
-        else:
-            region = DecodeRegion.build([0] * len(keys), starts, [len(k) for k in keys], device=inps.device)
-            with self.speculator.speculating(region, self.spec_config) as trace:
-                logits = super()._model_call(inps, attn_mask, labels)
-            records = [RowRecord.teacher_forced(trace, b, start, len(key))
-                       for b, (key, start) in enumerate(zip(keys, starts, strict=True))]
+        logits, records = self._answers.forward(inps, keys, [self.ledger.starts[k] for k in keys],
+                                                lambda: super(ALSpecLM, self)._model_call(inps, attn_mask, labels))
         self.ledger.records.update(zip(keys, records, strict=True))
         return logits
 
@@ -220,41 +195,10 @@ class ALSpecLM(HFLM):
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
                         **generation_kwargs: Any) -> torch.Tensor:
         keys = row_keys(context, generation_kwargs.get("attention_mask"))
-        rule = self._stop_rule(stop)
-        if self.fork is not None:
-            if any(v.kind == "selfspec" for v in self.fork.variants):
-                check_greedy(generation_kwargs)
-            out, records = self.fork.generate(context, max_length, stop, rule, generation_kwargs,
+        out, records = self._answers.generate(context, max_length, stop, self._stop_rule(stop), generation_kwargs,
                                               super()._model_generate)
-        elif self.spec_config.policy == "selfspec":
-            out, records = self._selfspec_generate(context, keys, max_length, rule, generation_kwargs)
-        else:
-            mask = generation_kwargs.get("attention_mask")
-            region = DecodeRegion.from_left_padded(torch.ones_like(context) if mask is None else mask,
-                                                   self.spec_config.speculate_prefill)
-            with self.speculator.speculating(region, self.spec_config) as trace:
-                out = super()._model_generate(context, max_length, stop, **generation_kwargs)
-            prompt_len = context.shape[1]
-            records = [RowRecord.generated(trace, region, b, out[b, prompt_len:].tolist(), prompt_len, rule.kept)
-                       for b in range(len(context))]
         self.ledger.records.update(zip(keys, records, strict=True))
         return out
-
-    def _selfspec_generate(self, context: torch.Tensor, keys: list[RowKey], max_length: int, rule: StopRule,
-                           generation_kwargs: dict[str, Any]) -> tuple[torch.Tensor, list[RowRecord]]:
-        """policy=selfspec: each row decoded alone by greedy self-speculation, laid out as HF's generate would."""
-        check_greedy(generation_kwargs)
-        rows, records = [], []
-        for key in keys:
-            tokens, draft = selfspec_generate(self.model, self.speculator, self.spec_config, list(key),
-                                              max_length - context.shape[1], self.spec_config.gamma, rule.stopped_at)
-            rows.append(tokens)
-            records.append(RowRecord.drafted(self.speculator.num_layers, draft))
-        out = context.new_full((len(context), context.shape[1] + max(map(len, rows))), self.tokenizer.pad_token_id)
-        out[:, :context.shape[1]] = context
-        for b, tokens in enumerate(rows):
-            out[b, context.shape[1]:context.shape[1] + len(tokens)] = context.new_tensor(tokens)
-        return out, records
 
     def _stop_rule(self, stop: Sequence[str]) -> StopRule:
         eos = self.model.generation_config.eos_token_id
@@ -269,29 +213,43 @@ class ALSpecLM(HFLM):
             raise ConfigError(USE_CACHE_REFUSED)
         super().set_cache_hook(cache_hook)
 
+    def _answers_for(self, config: SpeculationConfig) -> Answers:
+        return answers_for(config, self.speculator, self.model, self.tokenizer.pad_token_id)
+
     def reconfigure(self, **changes: Any) -> None:
         """Change speculation settings between evaluations (sweeps load the model once); every later call
-        speculates with them. Settings fixed when the model loads (backend, kernel, tt_*) cannot change."""
+        speculates with them. Settings fixed when the model loads (backend, kernel, tt) cannot change."""
         fixed = sorted(set(changes) & set(LOAD_TIME_SETTINGS))
         if fixed:
             raise ConfigError(f"{', '.join(fixed)} cannot change after the model is loaded; load another ALSpecLM")
-        config = dataclasses.replace(self.spec_config, **changes)
+        self._use(dataclasses.replace(self.spec_config, **changes))
+
+    def _use(self, config: SpeculationConfig, answers: Answers | None = None) -> None:
         config.check_layers(self.speculator.num_layers)
-        self.spec_config = config
+        self.spec_config, self._answers = config, answers or self._answers_for(config)
         self.ledger.trace_tokens = config.trace_tokens
 
     @contextmanager
-    def shared_prefill(self, variants: list[Row]) -> Iterator[SharedPrefill]:
-        """Run the variants of a sweep on one exact prefill; set ``replay`` to choose which one answers."""
-        if self.spec_config.speculate_prefill or self.spec_config.policy != "dynamic":
-            raise ConfigError("a shared prefill needs policy=dynamic and speculate_prefill=false "
-                              "(with a speculated prompt the KV cache differs per lambda)")
-        self.fork = SharedPrefill(list(variants), self.model, self.speculator, self.spec_config,
-                                  self.tokenizer.pad_token_id)
+    def answering(self, row: Row, static_layers: tuple[int, ...] = (),
+                  shared: SharedPrefill | None = None) -> Iterator[SpeculationConfig]:
+        """Evaluate as ``row`` inside this block: its own config (the model's, with the row's settings; what its
+        results record) and its answer source (``shared``'s replay of the row, else the model itself)."""
+        previous = self.spec_config, self._answers
+        config = row.config(self.spec_config, tuple(static_layers))
+        self._use(config, shared.answers(row) if shared is not None else None)
         try:
-            yield self.fork
+            yield config
         finally:
-            self.fork = None
+            self.spec_config, self._answers = previous
+            self.ledger.trace_tokens = self.spec_config.trace_tokens
+
+    @contextmanager
+    def shared_prefill(self, variants: list[Row]) -> Iterator[SharedPrefill]:
+        """The rows of a sweep on one exact prefill; each answers through ``answering(row, shared=...)``."""
+        if self.spec_config.speculate_prefill:
+            raise ConfigError("a shared prefill needs speculate_prefill=false (with a speculated prompt the KV cache "
+                              "differs per lambda)")
+        yield SharedPrefill(list(variants), self.model, self.speculator, self.spec_config, self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ results
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from .backends import BACKENDS
 from .errors import ConfigError
 from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 
@@ -16,7 +17,6 @@ __all__ = ["ConfigError", "LambdaSchedule", "SpeculationConfig", "parse_layers"]
 Policy = Literal["dynamic", "sink", "static", "exact", "selfspec"]
 POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact", "selfspec")
 DEFAULT_GAMMA = 4  # draft tokens per verification step under policy=selfspec
-BACKENDS: tuple[str, ...] = ("sim", "tt")
 KERNELS: tuple[str, ...] = ("auto", "model", "torch", "triton")  # backends/sim/__init__.py says what each computes
 KERNEL_ALIASES = {"sdpa": "model"}  # the name kernel=model had before it also covered eager attention
 TILE = 32  # a Tenstorrent tile; window_align=32 mirrors the TT op (the rules themselves: semantics.py)
@@ -24,16 +24,22 @@ WINDOW_ALIGNS: tuple[int, ...] = (1, TILE)
 TT_MODES: tuple[str, ...] = ("device", "host")
 TT_KV_DTYPES: tuple[str, ...] = ("bfloat8_b", "bfloat16")
 TT_KERNELS: tuple[str, ...] = ("ttnn", "ttlang")
+# A plan's thresholds (plan.py): besides a lambda >= 0 (accept iff d <= lambda n), three values say what else a
+# (row, layer) does. semantics.accept rejects NaN and -inf by itself, so a kernel needs no case for them.
+OFF = math.nan  # exact attention, nothing recorded (baseline; policy=exact and selfspec's verifier; sliding layers)
+REJECT = -math.inf  # exact attention, recorded as rejected (policy=static's exact layers: decided, not measured)
+ALWAYS = math.inf  # A~ always (sink; policy=static's approximated layers)
 # Settings fixed when the model loads (its hooks, kernel and device); the others may change from call to call.
-LOAD_TIME_SETTINGS: tuple[str, ...] = ("backend", "kernel", "tt_mode", "tt_device_id", "tt_kv_dtype", "tt_kernel")
+LOAD_TIME_SETTINGS: tuple[str, ...] = ("backend", "kernel", "tt")
+TT_ARGS = {"tt_mode": "mode", "tt_device_id": "device_id", "tt_kv_dtype": "kv_dtype", "tt_kernel": "kernel"}
 
 
 MODEL_ARGS: dict[str, str] = {
     "lambda": "lam", "lam": "lam", "window": "window", "policy": "policy", "static_layers": "static_layers",
     "backend": "backend", "window_align": "window_align", "speculate_prefill": "speculate_prefill",
     "trace_tokens": "trace_tokens", "kernel": "kernel", "stats_path": "stats_path",
-    "tt_mode": "tt_mode", "tt_device_id": "tt_device_id", "tt_kv_dtype": "tt_kv_dtype",
-    "tt_kernel": "tt_kernel", "gamma": "gamma", "lambda_schedule": "lambda_schedule",
+    **{arg: arg for arg in TT_ARGS},  # backend=tt's own: TTSettings
+    "gamma": "gamma", "lambda_schedule": "lambda_schedule",
 }
 
 
@@ -98,6 +104,34 @@ def _as_bool(name: str, value: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class TTSettings:
+    """backend=tt's own settings (model_args tt_mode, tt_device_id, tt_kv_dtype, tt_kernel), fixed when the model
+    loads; backend=sim ignores them."""
+
+    mode: str = "device"
+    device_id: int = 0
+    kv_dtype: str = "bfloat8_b"
+    kernel: str = "ttnn"
+
+    def __post_init__(self) -> None:
+        if self.mode not in TT_MODES:
+            raise ConfigError(f"tt_mode={self.mode!r} is unknown; use device (a Tenstorrent card) or host (ttnn's golden functions, no card)")
+        if self.kv_dtype not in TT_KV_DTYPES:
+            raise ConfigError(f"tt_kv_dtype={self.kv_dtype!r} is unknown; use one of {', '.join(TT_KV_DTYPES)}")
+        if self.kernel not in TT_KERNELS:
+            raise ConfigError(f"tt_kernel={self.kernel!r} is unknown; use ttnn (ttnn's SDPA decode op) or ttlang (the TT-Lang speculative flash decode kernel)")
+        device_id = self.device_id
+        if isinstance(device_id, str) and device_id.isdigit():
+            object.__setattr__(self, "device_id", int(device_id))
+        elif isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+            raise ConfigError(f"tt_device_id={device_id!r} is invalid; use a device index >= 0, e.g. tt_device_id=0")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Under their model_args names."""
+        return {arg: getattr(self, name) for arg, name in TT_ARGS.items()}
+
+
+@dataclass(frozen=True)
 class SpeculationConfig:
     """What to speculate and how to verify it (docs/design.md, Semantics 1-7).
 
@@ -115,10 +149,7 @@ class SpeculationConfig:
     trace_tokens: bool = False
     kernel: str = "auto"
     stats_path: str | None = None
-    tt_mode: str = "device"
-    tt_device_id: int = 0
-    tt_kv_dtype: str = "bfloat8_b"
-    tt_kernel: str = "ttnn"
+    tt: TTSettings = TTSettings()
     gamma: int | None = None  # policy=selfspec only; DEFAULT_GAMMA when not given
     lambda_schedule: LambdaSchedule | str | None = None  # per-layer lambdas (a path, read here); schedule.py
 
@@ -143,14 +174,6 @@ class SpeculationConfig:
             raise ConfigError(f"kernel={self.kernel!r} is unknown; use one of {', '.join(KERNELS)}")
         if self.backend == "tt":  # the TT op's windows are tile-aligned by definition
             object.__setattr__(self, "window_align", 32)
-        if self.tt_mode not in TT_MODES:
-            raise ConfigError(f"tt_mode={self.tt_mode!r} is unknown; use device (a Tenstorrent card) or host (ttnn's golden functions, no card)")
-        if self.tt_kv_dtype not in TT_KV_DTYPES:
-            raise ConfigError(f"tt_kv_dtype={self.tt_kv_dtype!r} is unknown; use one of {', '.join(TT_KV_DTYPES)}")
-        if self.tt_kernel not in TT_KERNELS:
-            raise ConfigError(f"tt_kernel={self.tt_kernel!r} is unknown; use ttnn (ttnn's SDPA decode op) or ttlang (the TT-Lang speculative flash decode kernel)")
-        if isinstance(self.tt_device_id, bool) or not isinstance(self.tt_device_id, int) or self.tt_device_id < 0:
-            raise ConfigError(f"tt_device_id={self.tt_device_id!r} is invalid; use a device index >= 0, e.g. tt_device_id=0")
         if self.window_align not in WINDOW_ALIGNS:
             raise ConfigError(f"window_align={self.window_align!r} is invalid; use 1 (exact windows) or 32 (the TT kernel's tile-aligned window)")
         if self.backend == "tt" and tt_window_problem(self.window):
@@ -201,6 +224,36 @@ class SpeculationConfig:
         """The threshold of ``layer``: the schedule's, else ``lam``."""
         return self.lam if self.lambda_schedule is None else self.lambda_schedule.layer_lambda(layer)
 
+    def thresholds(self, num_layers: int) -> list[float]:
+        """The policy compiled into one row of a decision plan: its threshold at every layer (OFF, REJECT, ALWAYS
+        or a lambda). Every path reads the plan, never the policy's name."""
+        if self.policy in ("exact", "selfspec"):  # selfspec's own passes verify exactly; its drafts: sink_draft()
+            return [OFF] * num_layers
+        if self.policy == "sink":
+            return [ALWAYS] * num_layers
+        if self.policy == "static":
+            return [ALWAYS if i in self.static_layers else REJECT for i in range(num_layers)]
+        return [self.layer_lambda(i) for i in range(num_layers)]
+
+    @property
+    def drafts_tokens(self) -> bool:
+        """Token-level self-speculation: generations are drafted and verified token by token (selfspec.py)."""
+        return self.policy == "selfspec"
+
+    def sink_draft(self) -> "SpeculationConfig":
+        """What self-speculation drafts with: the sink A~ of the same window."""
+        return replace(self, policy="sink", gamma=None)
+
+    @property
+    def recorded_lambda(self) -> float | str | None:
+        """The lambda a result records: the one that decides (dynamic), "inf" for sink, None where none decides
+        (exact, static, selfspec, a schedule)."""
+        if self.policy == "sink":
+            return "inf"
+        if self.policy != "dynamic" or self.lambda_schedule is not None:
+            return None
+        return self.lam if math.isfinite(self.lam) else "inf"
+
     @classmethod
     def from_model_args(cls, args: dict[str, Any], known: set[str] = frozenset()) -> tuple["SpeculationConfig", dict[str, Any]]:
         """Split lm-eval model_args into the speculation config and the rest (for HFLM).
@@ -208,7 +261,10 @@ class SpeculationConfig:
         ``known`` names the other accepted arguments; an unknown one that looks like a misspelt
         speculation argument is an error (it would otherwise reach from_pretrained and be ignored).
         """
-        ours = {MODEL_ARGS[k]: v for k, v in args.items() if k in MODEL_ARGS}
+        ours = {MODEL_ARGS[k]: v for k, v in args.items() if k in MODEL_ARGS and k not in TT_ARGS}
+        tt = {TT_ARGS[k]: v for k, v in args.items() if k in TT_ARGS}
+        if tt:
+            ours["tt"] = TTSettings(**tt)
         rest = {k: v for k, v in args.items() if k not in MODEL_ARGS}
         for key in rest:
             close = difflib.get_close_matches(key, MODEL_ARGS, n=1, cutoff=0.75)
@@ -229,9 +285,13 @@ class SpeculationConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (lambda under its paper name)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("lam", "lambda_schedule")}
-        out = {"lambda": self.lam if math.isfinite(self.lam) else "inf", **out}
+        out: dict[str, Any] = {"lambda": self.recorded_lambda}
+        for key, value in asdict(self).items():
+            if key == "tt":
+                out.update(self.tt.to_dict())
+            elif key not in ("lam", "lambda_schedule"):
+                out[key] = value
         out["static_layers"] = list(self.static_layers)
         if self.lambda_schedule is not None:  # the schedule sets every threshold
-            out["lambda"], out["lambda_schedule"] = None, self.lambda_schedule.to_dict()
+            out["lambda_schedule"] = self.lambda_schedule.to_dict()
         return out

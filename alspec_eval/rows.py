@@ -5,10 +5,10 @@ runs with and what its cell file records; no name is ever parsed back into a row
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .config import SpeculationConfig
 from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 
 # The paper's row order, then token-level self-speculation, then a tuned per-layer schedule (alspec-tune).
@@ -94,28 +94,28 @@ class Row:
         """Whether the row can run on a sweep's shared exact prefill (static calibrates on the others first)."""
         return self.kind != "static"
 
-    def thresholds(self, num_layers: int) -> list[float]:
-        """The row's lambda at each layer in a shared batch: inf for pure sink; unused where attention is exact."""
-        if self.kind == "tuned":
-            return self.schedule.lambdas(num_layers)
-        return [{"dynamic": self.lam, "sink": math.inf}.get(self.kind, 0.0)] * num_layers
-
     @property
     def exact_attention(self) -> bool:
         """Rows whose attention is always exact (baseline; self-speculation's verifier)."""
         return self.kind in ("baseline", "selfspec")
 
+    @property
+    def drafts_tokens(self) -> bool:
+        """Token-level self-speculation: a draft-acceptance rate (tau), no attention hit rate."""
+        return self.kind == "selfspec"
+
     def settings(self, static_layers: tuple[int, ...] = ()) -> dict[str, Any]:
-        """The speculation settings the row runs with (changes to a ``SpeculationConfig``). A static row without
-        layers runs exact: no layer reached the calibration's hit rate, so the exact model is that policy."""
+        """The speculation settings the row runs with (changes to a ``SpeculationConfig``), all of them, so a row's
+        config never keeps another row's. A static row without layers runs exact: no layer reached the
+        calibration's hit rate, so the exact model is that policy."""
         policy = "exact" if self.kind == "static" and not static_layers else self.policy
-        out: dict[str, Any] = {"policy": policy, "static_layers": tuple(static_layers), "gamma": self.gamma,
-                               "lambda_schedule": self.schedule}
-        if self.kind == "dynamic":
-            out["lam"] = self.lam
-        if self.kind == "tuned":
-            out["lam"] = DEFAULT_LAMBDA  # the schedule sets every layer's
-        return out
+        return {"policy": policy, "static_layers": tuple(static_layers), "gamma": self.gamma,
+                "lambda_schedule": self.schedule, "lam": self.lam if self.kind == "dynamic" else DEFAULT_LAMBDA}
+
+    def config(self, base: SpeculationConfig, static_layers: tuple[int, ...] = ()) -> SpeculationConfig:
+        """The row's own config: ``base``'s window, kernel and backend with the row's settings; its
+        ``thresholds`` are the row's line of a decision plan."""
+        return replace(base, **self.settings(static_layers))
 
     def record(self, static_layers: list[int] | None = None) -> dict[str, Any]:
         """What the row's cell file records about how it was made."""

@@ -13,16 +13,15 @@ Rows decode one at a time (no padding), so a row's tokens and statistics do not 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
 from .config import ConfigError, SpeculationConfig
-from .backends.sim.hooks import sliding_layers
+from .hooks import sliding_layers
 from .region import DecodeRegion
-from .backends.sim.speculator import Speculator
+from .speculator import Speculator
 from .stats import DraftStats
 
 
@@ -74,7 +73,7 @@ def selfspec_generate(model: PreTrainedModel, speculator: Speculator, config: Sp
                    logits_to_keep=1).logits
     token = int(logits[0, -1].argmax())
     out, stats = [token], DraftStats.zeros(gamma)
-    sink = dataclasses.replace(config, policy="sink", gamma=None)
+    sink = config.sink_draft()
     end = stop_length(out)
     while end is None and len(out) < max_new:
         drafts = _draft(model, speculator, sink, cache, token, min(gamma, max_new - len(out) - 1))

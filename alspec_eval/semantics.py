@@ -54,17 +54,18 @@ def distances(approx: torch.Tensor, exact: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def accept(d: torch.Tensor, n: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
-    """Accept iff d <= lambda n. lambda may be per query; lambda = inf accepts all (also n = 0)."""
+    """Accept iff d <= lambda n. lambda may be per query; lambda = inf accepts all (also n = 0); a plan's NaN
+    (off) and -inf (exact, rejected) never accept."""
     if isinstance(lam, (int, float)):  # one threshold: no tensor to build (decode steps call this per layer)
-        return torch.ones_like(d, dtype=torch.bool) if math.isinf(lam) else d <= lam * n
+        return torch.ones_like(d, dtype=torch.bool) if lam == math.inf else d <= lam * n
     lam = lam.to(dtype=torch.float32, device=d.device)
-    return (d <= lam * n) | torch.isinf(lam)
+    return (d <= lam * n) | (lam == math.inf)
 
 
 def accept_squared(d2: torch.Tensor, n2: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
     """The TT op's form of :func:`accept` on its own squared values: d^2 <= lambda^2 n^2 (no square root on
     the device). Equal to ``accept`` except where rounding of the squares moves a tie."""
     if isinstance(lam, (int, float)):
-        return torch.ones_like(d2, dtype=torch.bool) if math.isinf(lam) else d2 <= lam * lam * n2
+        return torch.ones_like(d2, dtype=torch.bool) if lam == math.inf else (d2 <= lam * lam * n2) & (lam >= 0)
     lam = lam.to(dtype=torch.float32, device=d2.device)
-    return (d2 <= lam * lam * n2) | torch.isinf(lam)
+    return ((d2 <= lam * lam * n2) & (lam >= 0)) | (lam == math.inf)

@@ -26,7 +26,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 
 from alspec_eval.adapter import ALSpecLM
-from alspec_eval.backends.sim.hooks import remove
+from alspec_eval.hooks import remove
 from alspec_eval.smollm2 import smollm2_path
 
 

@@ -41,7 +41,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     from alspec_eval.config import SpeculationConfig
-    from alspec_eval.backends.sim.hooks import speculation
+    from alspec_eval.hooks import speculation
     from alspec_eval.latency import DEFAULT_PRESET, preset, project_layers, project_selfspec
     from alspec_eval.smollm2 import smollm2_path
     from alspec_eval.region import DecodeRegion

@@ -38,17 +38,16 @@ def main() -> None:
     start = time.perf_counter()
     separate = []
     for variant in variants:
-        lm.reconfigure(**variant.settings())
-        separate.append(lm.generate_until(requests(texts, args.new_tokens), disable_tqdm=True))
+        with lm.answering(variant):
+            separate.append(lm.generate_until(requests(texts, args.new_tokens), disable_tqdm=True))
     separate_s = time.perf_counter() - start
 
-    lm.reconfigure(policy="dynamic")
     start = time.perf_counter()
     shared = []
     with lm.shared_prefill(variants) as fork:
-        for index in range(len(variants)):
-            fork.replay = index
-            shared.append(lm.generate_until(requests(texts, args.new_tokens), disable_tqdm=True))
+        for variant in variants:
+            with lm.answering(variant, shared=fork):
+                shared.append(lm.generate_until(requests(texts, args.new_tokens), disable_tqdm=True))
     shared_s = time.perf_counter() - start
 
     same = sum(a == b for a, b in zip(shared, separate, strict=True))

@@ -44,7 +44,8 @@ def test_good_args_parse():
          "trace_tokens": "true"}, {"pretrained"})
     assert math.isinf(config.lam) and config.window == 64 and config.static_layers == (0, 3, 4, 5)
     assert config.trace_tokens is True and rest == {"pretrained": "x"}
-    assert config.to_dict()["lambda"] == "inf"
+    assert config.to_dict()["lambda"] is None  # static decides per layer, not by lambda: nothing to record
+    assert SpeculationConfig(lam=math.inf).to_dict()["lambda"] == "inf"
     assert SpeculationConfig(kernel="sdpa").kernel == "model"  # the older name of "no fused kernel"
 
 

@@ -16,7 +16,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from alspec_eval.config import ConfigError
 from alspec_eval.region import DecodeRegion
-from alspec_eval.backends.sim.speculator import Speculator
+from alspec_eval.speculator import Speculator
 from families import FAMILIES, Family, build, table_markdown
 from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, stepwise_logprob
 

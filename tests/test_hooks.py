@@ -11,7 +11,7 @@ import torch
 
 from alspec_eval import _lmeval_hook, compat
 from alspec_eval.config import ConfigError, SpeculationConfig
-from alspec_eval.backends.sim.hooks import ATTR, install, remove, speculation
+from alspec_eval.hooks import ATTR, install, remove, speculation
 from alspec_eval.region import DecodeRegion
 from tiny import tiny_model
 

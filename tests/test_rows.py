@@ -7,7 +7,10 @@ import math
 import pytest
 
 from alspec_eval.config import SpeculationConfig
-from alspec_eval.rows import BASELINE, SINK, STATIC, Row, sweep_rows
+from alspec_eval.plan import EXACT_REJECTED, IDLE, MEASURED, Plan
+from alspec_eval.rows import BASELINE, KINDS, SINK, STATIC, Row, sweep_rows
+
+from row_kinds import examples
 
 
 @pytest.mark.parametrize(("row", "name", "label"), [
@@ -23,7 +26,6 @@ def test_names_labels_and_records_round_trip(row, name, label):
 def test_settings_are_what_each_row_runs_with():
     assert Row.dynamic(0.2).settings() == {"policy": "dynamic", "lam": 0.2, "static_layers": (), "gamma": None,
                                            "lambda_schedule": None}
-    assert SINK.thresholds(2) == [math.inf] * 2 and Row.dynamic(0.2).thresholds(2) == [0.2, 0.2]
     assert BASELINE.exact_attention and Row.selfspec(2).exact_attention and not SINK.exact_attention
     assert STATIC.settings((2, 3))["policy"] == "static" and STATIC.settings(())["policy"] == "exact"
     assert STATIC.record([2, 3]) == {"policy": "static", "lambda": None, "static_layers": [2, 3]}
@@ -37,3 +39,45 @@ def test_rows_are_checked_and_ordered():
     rows = sweep_rows([0.05, 0.1], gammas=[2])
     assert [r.name for r in rows] == ["baseline", "lambda_0.05", "lambda_0.1", "sink", "selfspec_g2"]
     assert [r.order for r in rows] == [0, 1, 1, 2, 4]
+
+
+def test_every_kind_has_an_example():
+    assert sorted(e.row.kind for e in examples(0.1)) == sorted(KINDS)
+
+
+# What each kind's line of a decision plan must be, at the example's lambda 0.1 on 4 layers, written from
+# docs/design.md (NaN: exact, not recorded; -inf: exact, rejected; inf: A~ always; else accept iff d <= lambda n).
+NAN, INF = math.nan, math.inf
+EXPECTED_LINES = {"baseline": [NAN] * 4, "dynamic": [0.1] * 4, "sink": [INF] * 4, "static": [-INF, INF, -INF, -INF],
+                  "selfspec": [NAN] * 4, "tuned": [0.05, 0.4, 0.1, 0.2]}
+
+
+@pytest.mark.parametrize("example", examples(0.1, layers=4), ids=lambda e: e.id)
+def test_every_kind_compiles_to_its_plan_line(example):
+    """Every kind's config, and the same row run from model_args, compile to the line the design gives."""
+    line = example.row.config(SpeculationConfig(window=8), example.static_layers).thresholds(4)
+    from_args, _ = SpeculationConfig.from_model_args({**example.model_args, "window": 8})
+    expected = EXPECTED_LINES[example.row.kind]
+    for got in (line, from_args.thresholds(4)):
+        assert [("nan" if math.isnan(x) else round(x, 6)) for x in got] == [
+            ("nan" if math.isnan(x) else x) for x in expected]
+
+
+def test_a_plan_says_per_layer_what_to_do_and_hands_kernels_a_float_where_it_can():
+    plan = Plan.of_rows([[NAN, -INF, 0.1, INF], [NAN, -INF, 0.2, INF], [NAN, NAN, NAN, NAN]])
+    assert plan.layer_kinds == [IDLE, EXACT_REJECTED, MEASURED, MEASURED]
+    assert plan.active_rows.tolist() == [True, True, False]
+    assert plan.layer(3) == INF and isinstance(plan.layer(3), float)
+    lam = plan.layer(2)
+    assert not isinstance(lam, float) and lam[:2].tolist() == pytest.approx([0.1, 0.2]) and math.isnan(lam[2])
+    assert plan.without([3]).layer_kinds == [IDLE, EXACT_REJECTED, MEASURED, IDLE]
+    mixed = Plan.of_rows([[-INF], [0.5]])
+    assert mixed.layer_kinds == [MEASURED]  # some row measures: A~ is computed, the -inf row is rejected
+
+
+def test_recorded_lambda_is_the_rows_own():
+    """A cell records its own row's settings: no sink or baseline cell records a sweep's first lambda."""
+    base = SpeculationConfig(lam=0.5, window=8)
+    recorded = {e.row.kind: e.row.config(base, e.static_layers).to_dict()["lambda"] for e in examples(0.1)}
+    assert recorded == {"baseline": None, "dynamic": 0.1, "sink": "inf", "static": None, "selfspec": None,
+                        "tuned": None}

@@ -107,11 +107,11 @@ def test_a_schedule_row_shares_the_prefill_and_equals_its_own_run(tmp_path):
     lm = alspec_lm(model, batch_size=2)
     shared = {}
     with lm.shared_prefill(rows) as fork:
-        for index, row in enumerate(rows):
-            fork.replay = index
-            gen, ll = gen_requests(), ll_requests()
-            shared[row] = (lm.generate_until(gen), sample_stats(gen), [x for x, _ in lm.loglikelihood(ll)],
-                           sample_stats(ll))
+        for row in rows:
+            with lm.answering(row, shared=fork):
+                gen, ll = gen_requests(), ll_requests()
+                shared[row] = (lm.generate_until(gen), sample_stats(gen), [x for x, _ in lm.loglikelihood(ll)],
+                               sample_stats(ll))
     alone = _run(model, lambda_schedule=schedule)
     assert shared[rows[2]][:2] == alone[:2]
     assert shared[rows[2]][2] == pytest.approx([x for x, _ in alone[2]], abs=1e-4) and shared[rows[2]][3] == alone[3]

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from alspec_eval.adapter import ALSpecLM
 from alspec_eval.config import ConfigError, SpeculationConfig
-from alspec_eval.backends.sim.hooks import speculation
+from alspec_eval.hooks import speculation
 from alspec_eval.region import DecodeRegion
 from alspec_eval.selfspec import selfspec_generate
 from lm_eval.api.instance import Instance

@@ -58,11 +58,11 @@ def test_shared_prefill_equals_separate_runs():
     shared_lm = alspec_lm(model, batch_size=2)
     shared = {}
     with shared_lm.shared_prefill(variants) as fork:
-        for index, variant in enumerate(variants):
-            fork.replay = index
-            gen, ll = gen_requests(), ll_requests()
-            shared[variant.name] = (shared_lm.generate_until(gen), sample_stats(gen),
-                                    shared_lm.loglikelihood(ll), sample_stats(ll))
+        for variant in variants:
+            with shared_lm.answering(variant, shared=fork):
+                gen, ll = gen_requests(), ll_requests()
+                shared[variant.name] = (shared_lm.generate_until(gen), sample_stats(gen),
+                                        shared_lm.loglikelihood(ll), sample_stats(ll))
     for variant in variants:
         policy = {"baseline": {"policy": "exact"}, "sink": {"policy": "sink"},
                   "selfspec_g2": {"policy": "selfspec", "gamma": 2}}.get(variant.name, {"lambda": variant.lam})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
@@ -51,9 +50,8 @@ def build_lm(config: SweepConfig):  # noqa: ANN201 (ALSpecLM; imported late: it 
         from ..selfspec import check_model
 
         check_model(AutoConfig.from_pretrained(args["pretrained"], trust_remote_code=args.get("trust_remote_code") in (True, "true", "True")))
-    lam = {"lambda": config.lambdas[0]} if config.lambdas else {}
-    return ALSpecLM(**args, window=config.window, window_align=config.window_align,
-                    device=config.device, batch_size=config.batch_size, **lam)
+    return ALSpecLM(**args, window=config.window, window_align=config.window_align, device=config.device,
+                    batch_size=config.batch_size)
 
 
 def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -> str | None:
@@ -65,11 +63,10 @@ def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -
     return next((k for k in metrics if "," in k and "_stderr" not in k), None)  # lm-eval keys are "metric,filter"
 
 
-def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str, Any],
-                  settings: dict[str, Any]) -> dict[str, Any] | None:
-    """One lm-eval evaluation of ``task``; ``extra`` is what the cell file records about the row, ``settings`` the
-    speculation settings it runs with (in a shared prefill the model's own config is the group's, not the row's).
-    None on a data-parallel rank other than the main one."""
+def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str, Any]) -> dict[str, Any] | None:
+    """One lm-eval evaluation of ``task`` as ``row`` (inside ``lm.answering(row)``: the model's config is the row's
+    own, and the cell records it); ``extra`` is what the cell file records about the row. None on a data-parallel
+    rank other than the main one."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -90,7 +87,6 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
     total = sum(lm.task_stats.values(), AcceptanceStats.zeros(lm.speculator.num_layers))
     document = lm.statistics()
     del document["tasks"]
-    document["config"] = dataclasses.replace(lm.spec_config, **settings).to_dict()
     document.update(total.to_dict(lm.speculator.skipped_layers))
     decisions = _per_document(lm.sample_stats)
     samples = [
@@ -226,9 +222,9 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
     progress = tqdm(total=len(config.tasks) * len(rows), initial=len(config.tasks) * len(rows) - len(missing),
                     desc=f"sweep {config.name}", unit="cell")
 
-    def write(task: str, row: Row, extra: dict[str, Any], settings: dict[str, Any]) -> None:
+    def write(task: str, row: Row, extra: dict[str, Any]) -> None:
         progress.set_postfix_str(f"{task}: {row.name}, {lm.decode_tokens} tokens so far")
-        result = evaluate_cell(lm, config, task, row, extra, settings)
+        result = evaluate_cell(lm, config, task, row, extra)
         path = cell_path(out, task, row)
         if result is not None:
             write_json_atomic(path, result)
@@ -242,21 +238,18 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
         todo = [row for row in rows if (task, row) in missing]
         group = [row for row in todo if row.shares_prefill]
         if group and config.shared_prefill:
-            shared = [row for row in rows if row.shares_prefill]
-            lm.reconfigure(policy="dynamic", static_layers=(), gamma=None, lambda_schedule=None)
-            with lm.shared_prefill(shared) as fork:
+            with lm.shared_prefill([row for row in rows if row.shares_prefill]) as shared:
                 for row in group:
-                    fork.replay = shared.index(row)
-                    write(task, row, row.record(), row.settings())
+                    with lm.answering(row, shared=shared):
+                        write(task, row, row.record())
         else:
             for row in group:
-                lm.reconfigure(**row.settings())
-                write(task, row, row.record(), row.settings())
+                with lm.answering(row):
+                    write(task, row, row.record())
         if STATIC in todo:
             layers = static_layers(out, task, config)
-            settings = STATIC.settings(tuple(layers))
-            lm.reconfigure(**settings)
-            write(task, STATIC, {**STATIC.record(layers),
-                                 "calibration": {"p": config.static.p, "lambda": config.static.lam}}, settings)
+            with lm.answering(STATIC, tuple(layers)):
+                write(task, STATIC, {**STATIC.record(layers),
+                                     "calibration": {"p": config.static.p, "lambda": config.static.lam}})
     progress.close()
     return out

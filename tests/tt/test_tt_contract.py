@@ -18,7 +18,7 @@ from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats  # noqa: E402
 from tiny import tiny_model  # noqa: E402
 
 from alspec_eval.backends.tt import contract, runtime as tt_runtime  # noqa: E402
-from alspec_eval.config import ConfigError, SpeculationConfig  # noqa: E402
+from alspec_eval.config import ConfigError, SpeculationConfig, TTSettings  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models and runs lm-eval requests
 WINDOW = 32
@@ -206,7 +206,7 @@ def test_window_not_a_power_of_two(model, card):
     with pytest.raises(ConfigError, match="window=96 is not a power of 2"):
         SpeculationConfig(backend="tt", window=96)
     # Were the config check skipped, the card would refuse the op's k_chunk_size.
-    config = SpeculationConfig(backend="tt", tt_mode="device", window=64)
+    config = SpeculationConfig(backend="tt", tt=TTSettings(mode="device"), window=64)
     object.__setattr__(config, "window", 96)
     rt = tt_runtime.TTRuntime(ttnn, mode="device")
     q = rt.upload(torch.randn(1, 1, 4, 64), ttnn.bfloat16)

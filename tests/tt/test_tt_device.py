@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.skipif(_devices() == 0, reason="needs a Tenstorrent de
               pytest.mark.filterwarnings("ignore")]
 
 from alspec_eval.backends.tt import TTRuntime, TTSpeculator, round_bfloat8_b  # noqa: E402
-from alspec_eval.config import SpeculationConfig  # noqa: E402
+from alspec_eval.config import SpeculationConfig, TTSettings  # noqa: E402
 
 
 def test_host_bfloat8_b_rounding_is_the_devices():
@@ -40,7 +40,7 @@ def test_device_decode_matches_host_mode(kv_dtype):
     pad = torch.tensor([0, 7])
     outs = {}
     for mode in ("host", "device"):
-        config = SpeculationConfig(backend="tt", tt_mode=mode, tt_kv_dtype=kv_dtype, window=32)
+        config = SpeculationConfig(backend="tt", tt=TTSettings(mode=mode, kv_dtype=kv_dtype), window=32)
         speculator = TTSpeculator(1, {}, None, runtime=TTRuntime(ttnn, mode=mode, kv_dtype=kv_dtype))
         out = speculator.decode(0, q[:, :, 0], k, v, pad, 149 - pad, config.lam, 0.125, config)
         outs[mode] = (out.exact, out.spec)

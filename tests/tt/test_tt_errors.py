@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from alspec_eval.adapter import ALSpecLM
-from alspec_eval.config import ConfigError, SpeculationConfig
+from alspec_eval.config import ConfigError, SpeculationConfig, TTSettings
 
 
 def _fail_if_loaded(*_: object, **__: object) -> None:
@@ -35,16 +35,18 @@ def test_no_device_stops_before_the_model_loads(monkeypatch):
 
 def test_tt_config():
     assert SpeculationConfig(backend="tt", window=64).window_align == 32  # the TT op's window definition
-    assert SpeculationConfig().tt_kv_dtype == "bfloat8_b"
+    assert SpeculationConfig().tt.kv_dtype == "bfloat8_b"
     with pytest.raises(ConfigError, match="window=48"):
         SpeculationConfig(backend="tt", window=48)
     for bad, match in [({"tt_mode": "card"}, "tt_mode='card'"), ({"tt_kv_dtype": "float32"}, "tt_kv_dtype='float32'"),
                        ({"tt_device_id": -1}, "tt_device_id=-1")]:
         with pytest.raises(ConfigError, match=match):
-            SpeculationConfig(backend="tt", window=32, **bad)
+            SpeculationConfig.from_model_args({"backend": "tt", "window": 32, **bad})
     config, rest = SpeculationConfig.from_model_args({"backend": "tt", "window": 32, "tt_mode": "host",
                                                       "tt_kv_dtype": "bfloat16", "tt_device_id": 1})
-    assert (config.tt_mode, config.tt_kv_dtype, config.tt_device_id, rest) == ("host", "bfloat16", 1, {})
+    assert (config.tt, rest) == (TTSettings(mode="host", kv_dtype="bfloat16", device_id=1), {})
+    assert {k: config.to_dict()[k] for k in ("tt_mode", "tt_kv_dtype", "tt_device_id")} == {
+        "tt_mode": "host", "tt_kv_dtype": "bfloat16", "tt_device_id": 1}  # recorded under the model_args names
 
 
 @pytest.mark.parametrize("installed, mode, match", [
@@ -61,8 +63,8 @@ def test_ttlang_kernel_missing_stops_before_the_model_loads(monkeypatch, install
 
 
 def test_tt_kernel_config():
-    assert SpeculationConfig().tt_kernel == "ttnn"
+    assert SpeculationConfig().tt.kernel == "ttnn"
     with pytest.raises(ConfigError, match="tt_kernel='triton'.*ttnn.*ttlang"):
-        SpeculationConfig(backend="tt", window=32, tt_kernel="triton")
+        SpeculationConfig.from_model_args({"backend": "tt", "window": 32, "tt_kernel": "triton"})
     config, rest = SpeculationConfig.from_model_args({"backend": "tt", "window": 32, "tt_kernel": "ttlang"})
-    assert (config.tt_kernel, rest) == ("ttlang", {})
+    assert (config.tt.kernel, rest) == ("ttlang", {})

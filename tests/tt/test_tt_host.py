@@ -14,7 +14,7 @@ from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats  # noqa: E402
 from tiny import tiny_model  # noqa: E402
 
 from alspec_eval.backends.tt import TTRuntime, TTSpeculator, round_bfloat8_b  # noqa: E402
-from alspec_eval.config import SpeculationConfig  # noqa: E402
+from alspec_eval.config import SpeculationConfig, TTSettings  # noqa: E402
 from alspec_eval.kernels import speculative_flash_decode  # noqa: E402
 from alspec_eval.stats import RATIO_EDGES  # noqa: E402
 
@@ -58,7 +58,7 @@ def test_host_bfloat16_equals_sim(model):
 
 
 def _decode(kv_dtype: str, q, k, v, pad, lam: float = 0.1):
-    config = SpeculationConfig(backend="tt", tt_mode="host", tt_kv_dtype=kv_dtype, window=WINDOW, lam=lam)
+    config = SpeculationConfig(backend="tt", tt=TTSettings(mode="host", kv_dtype=kv_dtype), window=WINDOW, lam=lam)
     speculator = TTSpeculator(1, {}, None, runtime=TTRuntime(ttnn, mode="host", kv_dtype=kv_dtype))
     out = speculator.decode(0, q[:, :, 0], k, v, pad, k.shape[2] - 1 - pad, lam, q.shape[-1] ** -0.5, config)
     return out.exact[:, None], out.spec[:, None]

@@ -10,13 +10,16 @@ the plain model); ``torch`` or ``triton``, the speculative flash decode, A~ bein
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from . import hooks
+from ... import hooks
+from ... import hooks
 from ...kernels import DecodeKernel, select_kernel
-from .speculator import Speculator
+from ...speculator import Speculator
+from .. import Backend
 
 
 def decode_kernel(name: str, device: torch.device, plain_softmax: bool = True) -> DecodeKernel | None:
@@ -34,3 +37,14 @@ def install(model: PreTrainedModel, kernel: str = "auto") -> Speculator:
         hooks.check_fused_kernel(f"kernel={kernel}", model.config, model)
     plain = not hooks.formula_terms(model.config, model)
     return hooks.install(model, decode_kernel=decode_kernel(kernel, model.device, plain))
+
+
+class SimBackend(Backend):
+    """backend=sim: nothing to check before loading but the fused kernels' formula."""
+
+    def check_model(self, model_config: Any, batch_size: int | None) -> None:
+        if self.config.kernel in ("torch", "triton"):
+            hooks.check_fused_kernel(f"kernel={self.config.kernel}", model_config)
+
+    def install(self, model: PreTrainedModel) -> Speculator:
+        return install(model, self.config.kernel)

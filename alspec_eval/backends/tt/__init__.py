@@ -18,13 +18,15 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from ..sim import hooks
+from ... import hooks
+from .. import Backend
 from ...config import ConfigError, SpeculationConfig
 from . import contract
 from .runtime import TTRuntime, round_bfloat8_b
 from .speculator import TTSpeculator
 
-__all__ = ["TTRuntime", "TTSpeculator", "check_environment", "check_model", "install", "prepare", "round_bfloat8_b"]
+__all__ = ["TTBackend", "TTRuntime", "TTSpeculator", "check_environment", "check_model", "install", "prepare",
+           "round_bfloat8_b"]
 
 INSTALL_HINT = ("ttnn wheels exist for Python 3.10 and 3.12 only: run `bash scripts/tt_env.sh` (creates .venv-tt "
                 "with Python 3.12) or `pip install ttnn` into a Python 3.12 environment")
@@ -47,11 +49,11 @@ def check_ttlang(config: SpeculationConfig) -> bool:
     if kind is None:
         raise ConfigError(f"backend=tt with tt_kernel=ttlang needs TT-Lang (the `ttl` package), which is not "
                           f"installed; {TTLANG_HINT}; or use tt_kernel=ttnn")
-    if config.tt_mode == "host" and kind == COMPILER:
+    if config.tt.mode == "host" and kind == COMPILER:
         raise ConfigError("tt_kernel=ttlang with tt_mode=host runs the kernel on the simulator (tt-lang-sim), but the "
                           "installed TT-Lang is the compiler (tt-lang); use tt_mode=device on a Tenstorrent card, or "
                           "an environment with `pip install tt-lang-sim`")
-    if config.tt_mode == "device" and kind == SIM:
+    if config.tt.mode == "device" and kind == SIM:
         raise ConfigError("tt_kernel=ttlang with tt_mode=device needs the TT-Lang compiler (tt-lang) and a Tenstorrent "
                           "card, but only the simulator (tt-lang-sim) is installed; use tt_mode=host to run the kernel "
                           "on the simulator")
@@ -61,18 +63,18 @@ def check_ttlang(config: SpeculationConfig) -> bool:
 def check_environment(config: SpeculationConfig) -> None:
     """Fail before the model loads when ttnn, TT-Lang (tt_kernel=ttlang) or, with tt_mode=device, the Tenstorrent
     device is missing."""
-    if config.tt_kernel == "ttlang" and check_ttlang(config):
+    if config.tt.kernel == "ttlang" and check_ttlang(config):
         return
     ttnn = import_ttnn()
-    if config.tt_mode == "host":
+    if config.tt.mode == "host":
         return
     try:
         available = ttnn.GetNumAvailableDevices()
     except RuntimeError:  # ttnn raises TT_FATAL "No chips detected in the cluster" rather than returning 0
         available = 0
-    if config.tt_device_id >= available:
+    if config.tt.device_id >= available:
         found = "no Tenstorrent device was found" if available == 0 else f"only {available} Tenstorrent device(s) were found"
-        raise ConfigError(f"backend=tt with tt_mode=device and tt_device_id={config.tt_device_id}: {found}; "
+        raise ConfigError(f"backend=tt with tt_mode=device and tt_device_id={config.tt.device_id}: {found}; "
                           "run on a machine with a Tenstorrent card, or use tt_mode=host (ttnn's golden functions "
                           "on the host) or backend=sim")
 
@@ -80,14 +82,14 @@ def check_environment(config: SpeculationConfig) -> None:
 def prepare(config: SpeculationConfig) -> TTRuntime:
     """Everything before the weights load: the environment, then the device (opened, so its grid is known)."""
     check_environment(config)
-    if config.tt_kernel == "ttlang":
+    if config.tt.kernel == "ttlang":
         from ...kernels.ttlang.decode import load_ttnn
 
         ttnn = load_ttnn()  # on tt-lang-sim: the simulator's ttnn
     else:
         ttnn = import_ttnn()
-    return TTRuntime(ttnn, mode=config.tt_mode, device_id=config.tt_device_id, kv_dtype=config.tt_kv_dtype,
-                     kernel=config.tt_kernel)
+    return TTRuntime(ttnn, mode=config.tt.mode, device_id=config.tt.device_id, kv_dtype=config.tt.kv_dtype,
+                     kernel=config.tt.kernel)
 
 
 def check_model(runtime: TTRuntime, model_config: Any, batch_size: int | None) -> None:
@@ -105,3 +107,18 @@ def install(model: PreTrainedModel, config: SpeculationConfig, runtime: TTRuntim
     check_model(runtime, model.config, None)
     hooks.check_fused_kernel("the TT op (backend=tt)", model.config, model)
     return hooks.install(model, TTSpeculator, runtime=runtime)
+
+
+class TTBackend(Backend):
+    """backend=tt: ttnn (and the device, with tt_mode=device) checked and opened before the model loads."""
+
+    def __init__(self, config: SpeculationConfig) -> None:
+        super().__init__(config)
+        self.runtime = prepare(config)  # no ttnn or no device: stop before the weights load
+
+    def check_model(self, model_config: Any, batch_size: int | None) -> None:
+        hooks.check_fused_kernel("the TT op (backend=tt)", model_config)
+        check_model(self.runtime, model_config, batch_size)
+
+    def install(self, model: PreTrainedModel) -> TTSpeculator:
+        return install(model, self.config, self.runtime)

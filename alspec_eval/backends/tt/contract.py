@@ -33,6 +33,7 @@ from ... import semantics
 from ...config import ConfigError, tt_window_problem
 
 OP_NAME = "speculative_scaled_dot_product_attention_decode"
+DEFAULT_LAMBDA = 0.2  # the op's default lambda_ (docs/tt_op_contract.md)
 OP_KEYWORDS = frozenset({"lambda_", "is_causal", "attn_mask", "cur_pos", "cur_pos_tensor", "scale", "memory_config",
                          "program_config", "compute_kernel_config", "priority_tensor", "other_priority_tensor",
                          "ccl_enabled", "multi_device_global_semaphore", "queue_id"})

@@ -9,6 +9,7 @@ keys) and d, n from the host in float32. Teacher-forced rows (several queries pe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,7 +18,7 @@ import torch
 from ... import semantics
 from ...config import SpeculationConfig
 from ...kernels import SpecDecodeOutput
-from ..sim.speculator import Speculator
+from ...speculator import Speculator
 from . import contract
 from .runtime import TTRuntime
 
@@ -62,14 +63,13 @@ class TTSpeculator(Speculator):
         """A decode step's A, A~, d, n and decision for every batch row; query (B, Hq, 1, D), key/value (B, Hkv, L, D)."""
         pad = self.session.region.pad.to(key.device)
         pos = key.shape[2] - 1 - pad  # logical position of the current token
-        lam = self.thresholds(None, layer)
-        lam = lam.to(key.device) if isinstance(lam, torch.Tensor) else lam
+        lam = self.thresholds(None, layer, key.device)
         return self.decode(layer, query[:, :, 0], key, value, pad, pos, lam, scaling, self.session.config)
 
     def decode(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
                pos: torch.Tensor, lam: float | torch.Tensor, scale: float, config: SpeculationConfig) -> SpecDecodeOutput:
-        """A decode step for query ``q`` (B, Hq, D) under ``config`` (its window; its lambda at ``layer`` is the op's
-        ``lambda_``; the decision takes ``lam``, each row's)."""
+        """A decode step for query ``q`` (B, Hq, D) with ``config``'s window; the decision takes ``lam``, the plan's
+        threshold of each row at ``layer``, which is also the op's ``lambda_`` where it is one finite lambda."""
         rt, window = self.runtime, config.window
         batch, heads, dim = q.shape
         trivial = semantics.is_trivial(pos, window)
@@ -95,7 +95,9 @@ class TTSpeculator(Speculator):
                                          query_heads=heads, window=window))
             d, n = semantics.distances(approx, exact)
             return SpecDecodeOutput(exact, approx, d, n, semantics.accept_squared(d * d, n * n, lam) | trivial, trivial)
-        op_lambda = config.layer_lambda(layer)
+        # The op's own decision (its priority tensor) is not read: the host decides each row on d^2 and n^2. Where the
+        # layer has no single finite lambda (sink's inf, rows of a sweep), the op gets its default.
+        op_lambda = lam if isinstance(lam, float) and 0 <= lam < math.inf else contract.DEFAULT_LAMBDA
         if not trivial.any():
             full, spec, d2, n2 = rt.speculative(q_dev, k_dev, v_dev, lam=op_lambda, cur_pos=pos.tolist(), scale=scale,
                                                 query_heads=heads, window=window)

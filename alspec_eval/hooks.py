@@ -21,7 +21,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ...config import ConfigError
+from .config import ConfigError
 from .speculator import ATTR, Speculator, alspec_attention
 
 _HOOKS = "_alspec_hooks"  # on the model: (forward pre-hook handle, base attention implementation)

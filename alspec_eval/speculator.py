@@ -2,9 +2,13 @@
 
 One hooked attention call runs the model's own attention (so exact positions are bit-identical to
 the plain model) and then, for the positions of the active decode region, the steps of the paper's
-Algorithm 1, each a method: plan the pass, approximate, verify, commit, record. A fused decode
+Algorithm 1, each a method: locate the pass's positions, approximate, verify, commit, record. What each
+(row, layer) decides comes from the region's plan (plan.py), never from a policy's name. A fused decode
 kernel (kernel=torch|triton, the TT op) computes A, A~, d, n and the decision in one call; its numbers
 are the ones recorded.
+
+Backends (alspec_eval.backends) bring their decode kernel or subclass :class:`Speculator`; this module and
+:mod:`alspec_eval.hooks` are the same for all.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ... import semantics
-from ...config import SpeculationConfig
-from ...kernels import DecodeKernel, SpecDecodeOutput
-from ...region import DecodeRegion, Trace
-from ...stats import ACCEPTED, REJECTED, TRIVIAL
+from . import semantics
+from .config import SpeculationConfig
+from .plan import EXACT_REJECTED, IDLE, Plan
+from .kernels import DecodeKernel, SpecDecodeOutput
+from .region import DecodeRegion, Trace
+from .stats import ACCEPTED, REJECTED, TRIVIAL
 
 ATTR = "alspec_speculator"  # the attribute of each attention module that holds its speculator
 
@@ -52,13 +57,16 @@ class _Pass:
 
 @dataclass
 class Session:
-    """One call's speculation: its config and decode region, the passes run so far, and its trace (filled on exit).
+    """One call's speculation: its config (window and alignment), its decode region and plan (the region's, else the
+    config's for every row, with the speculator's skipped layers off), the passes run so far, and its trace (filled
+    on exit).
 
     ``first_speculated``: the region's smallest spec_start; passes that end before it are idle.
     """
 
     config: SpeculationConfig
     region: DecodeRegion
+    plan: Plan
     passes: list[_Pass | None] = field(default_factory=list)
     trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
 
@@ -87,14 +95,15 @@ class Speculator:
         """Speculate with ``config`` inside ``region`` for the forward passes run in this block; the trace fills on
         exit. Sessions nest (self-speculation drafts in a sink session inside its exact one): the innermost runs."""
         config.check_layers(self.num_layers)
-        session = Session(config, region)
+        plan = region.plan or Plan.uniform(config.thresholds(self.num_layers), len(region.pad))
+        session = Session(config, region, plan.without(sorted(self.skipped_layers)))
         self._sessions.append(session)
         try:
             yield session.trace
         finally:
             self._sessions.pop()
             passes = [p for p in session.passes if p is not None]
-            session.trace.codes, session.trace.ratios = self._assemble(len(region.pad), passes)
+            session.trace.codes, session.trace.ratios = self._assemble(session.plan, passes)
             session.trace.offset = passes[0].offset if passes else 0
 
     @property
@@ -108,9 +117,8 @@ class Speculator:
             self._sessions[-1].passes.append(None)
 
     def speculates(self, layer: int) -> bool:
-        # policy=selfspec's own passes are exact; its drafts run in a nested sink session (alspec_eval.selfspec)
-        return (self.session is not None and self.session.config.policy not in ("exact", "selfspec")
-                and layer not in self.skipped_layers)
+        """Whether ``layer`` decides anything in this call (the plan is on the host: no read-back)."""
+        return self.session is not None and self.session.plan.layer_kinds[layer] != IDLE
 
     # ------------------------------------------------------------------ the attention call
 
@@ -120,37 +128,36 @@ class Speculator:
         layer = module.layer_idx
         if not self.speculates(layer):
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        plan = self.plan(query, key)
-        if plan.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
+        step = self.locate(query, key)
+        if step.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        config = self.session.config
-        exact_layer = config.policy == "static" and layer not in config.static_layers
+        exact_layer = self.session.plan.layer_kinds[layer] == EXACT_REJECTED  # nothing to measure: A, rejected
         if query.shape[2] == 1 and self.has_fused_decode():
-            fused = self.fused_decode(layer, plan, query, key, value, scaling)
+            fused = self.fused_decode(layer, step, query, key, value, scaling)
             if exact_layer:
-                plan.decisions[layer] = None
+                step.decisions[layer] = None
                 return fused.exact[:, None], None
             # every batch row at once: A~ where the kernel accepted a speculated row (no gather per layer)
-            plan.dense = True
-            plan.decisions[layer] = (fused.accept, fused.d, fused.n)
-            use = (fused.accept & plan.speculated)[:, None, None]
+            step.dense = True
+            step.decisions[layer] = (fused.accept, fused.d, fused.n)
+            use = (fused.accept & step.speculated)[:, None, None]
             return torch.where(use, fused.spec, fused.exact)[:, None], None
         exact, weights = self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         if exact_layer:
-            plan.decisions[layer] = None
+            step.decisions[layer] = None
             return exact, weights
-        rows, cols = plan.rows, plan.cols
+        rows, cols = step.rows, step.cols
         if not len(rows):
-            plan.decisions[layer] = (torch.empty(0, dtype=torch.bool), torch.empty(0), torch.empty(0))
+            step.decisions[layer] = (torch.empty(0, dtype=torch.bool), torch.empty(0), torch.empty(0))
             return exact, weights
-        approx = self.approximate(module, plan, query, key, value, scaling, kwargs)
+        approx = self.approximate(module, step, query, key, value, scaling, kwargs)
         current = exact[rows, cols]
         accept, d, n = self.verify(approx, current, self.thresholds(rows, layer))
-        plan.decisions[layer] = (accept, d, n)
+        step.decisions[layer] = (accept, d, n)
         exact[rows, cols] = self.commit(current, approx, accept)
         return exact, weights
 
-    def plan(self, query: torch.Tensor, key: torch.Tensor) -> _Pass:
+    def locate(self, query: torch.Tensor, key: torch.Tensor) -> _Pass:
         """Which positions of this pass speculate, and their window keys (computed once, at its first layer)."""
         session = self.session
         if session.passes[-1] is not None:
@@ -164,8 +171,7 @@ class Speculator:
         pad = region.pad.to(query.device)
         pos = phys - pad[:, None]  # (B, Tq) position within the sequence
         in_region = (phys >= region.spec_start.to(query.device)[:, None]) & (phys < region.row_end.to(query.device)[:, None])
-        if region.exact is not None:
-            in_region &= ~region.exact.to(query.device)[:, None]
+        in_region &= session.plan.active_rows.to(query.device)[:, None]  # rows off at every layer: as the model
         trivial = in_region & semantics.is_trivial(pos, cfg.window)
         rows, cols = (in_region & ~trivial).nonzero(as_tuple=True)
         positions, valid = semantics.window_positions(pos[rows, cols], cfg.window, cfg.window_align)
@@ -175,59 +181,52 @@ class Speculator:
         session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, speculated)
         return session.passes[-1]
 
-    def thresholds(self, rows: torch.Tensor | None, layer: int) -> float | torch.Tensor:
-        """The lambda of each batch row in ``rows`` (None: every row) at ``layer``: the region's per-row (or per-row,
-        per-layer) lambda of a sweep's shared batch, else the config's (its schedule's at this layer); sink and
-        static speculate unconditionally (lambda = inf)."""
-        config, region = self.session.config, self.session.region
-        if config.policy != "dynamic":
-            return float("inf")
-        if region.lam is None:
-            return config.layer_lambda(layer)
-        lam = region.lam if region.lam.dim() == 1 else region.lam[:, layer]
-        return lam if rows is None else lam.to(rows.device)[rows]
+    def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
+        """The plan's threshold at ``layer`` of each batch row in ``rows`` (None: every row, on ``device``): one float
+        where all rows share it."""
+        lam = self.session.plan.layer(layer, rows.device if rows is not None else device)
+        return lam if rows is None or not isinstance(lam, torch.Tensor) else lam[rows]
 
     def has_fused_decode(self) -> bool:
         """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call."""
         return self.decode_kernel is not None
 
-    def fused_decode(self, layer: int, plan: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    def fused_decode(self, layer: int, step: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
         cfg = self.session.config
-        if plan.kernel_inputs is None:  # once per pass: every layer has the same positions
+        if step.kernel_inputs is None:  # once per pass: every layer has the same positions
             pad = self.session.region.pad.to(query.device)
             cur_pos = torch.full_like(pad, key.shape[2] - 1)
-            plan.kernel_inputs = {"cur_pos": cur_pos, "start": pad}
+            step.kernel_inputs = {"cur_pos": cur_pos, "start": pad}
             prepare = getattr(self.decode_kernel, "prepare", None)
             if prepare is not None:
-                plan.kernel_inputs["geometry"] = prepare(cur_pos, cfg.window, cfg.window_align, pad)
-        lam = self.thresholds(None, layer)
-        lam = lam.to(query.device) if isinstance(lam, torch.Tensor) else lam
-        inputs = plan.kernel_inputs
+                step.kernel_inputs["geometry"] = prepare(cur_pos, cfg.window, cfg.window_align, pad)
+        lam = self.thresholds(None, layer, query.device)
+        inputs = step.kernel_inputs
         return self.decode_kernel(query[:, :, 0], key, value, inputs["cur_pos"], cfg.window, lam,
                                   window_align=cfg.window_align, scale=scaling, start=inputs["start"],
                                   **({"geometry": inputs["geometry"]} if "geometry" in inputs else {}))
 
-    def approximate(self, module: torch.nn.Module, plan: _Pass, query: torch.Tensor, key: torch.Tensor,
+    def approximate(self, module: torch.nn.Module, step: _Pass, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
         """A~ (R, Hq, D) of the speculated positions: the model's own attention function (with every term its family
         applies: scaling, soft-capping, sinks) called on each position's query and its 2S window keys, gathered
         from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype. Positions go in chunks
         (:func:`gather_chunk`), so scoring where every position speculates holds one chunk's window keys at a time."""
-        chunk = gather_chunk(key, plan.index.shape[1], query.shape[1])
-        parts = [self._approximate_rows(module, plan, slice(lo, lo + chunk), query, key, value, scaling, kwargs)
-                 for lo in range(0, len(plan.rows), chunk)]
+        chunk = gather_chunk(key, step.index.shape[1], query.shape[1])
+        parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs)
+                 for lo in range(0, len(step.rows), chunk)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _approximate_rows(self, module: torch.nn.Module, plan: _Pass, part: slice, query: torch.Tensor,
+    def _approximate_rows(self, module: torch.nn.Module, step: _Pass, part: slice, query: torch.Tensor,
                           key: torch.Tensor, value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
-        """A~ of the speculated positions ``part`` (a slice of ``plan.rows``)."""
-        rows, index = plan.rows[part], plan.index[part]
-        q = query[rows, :, plan.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query per speculated position
+        """A~ of the speculated positions ``part`` (a slice of ``step.rows``)."""
+        rows, index = step.rows[part], step.index[part]
+        q = query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query per speculated position
         k = key[rows[:, None], :, index].transpose(1, 2)  # (r, Hkv, 2S, D)
         v = value[rows[:, None], :, index].transpose(1, 2)
-        mask = None if plan.mask is None else plan.mask[part]
+        mask = None if step.mask is None else step.mask[part]
         if mask is not None and self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
         out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **kwargs)
@@ -246,9 +245,11 @@ class Speculator:
 
     # ------------------------------------------------------------------ the record
 
-    def _assemble(self, batch: int, passes: list[_Pass]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _assemble(self, plan: Plan, passes: list[_Pass]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-pass sparse decisions as dense (batch, positions, layers) codes and ratios, put together where the
-        decisions are and copied to the host once (no read-back per layer: on a GPU each would stall the stream)."""
+        decisions are and copied to the host once (no read-back per layer: on a GPU each would stall the stream).
+        A (row, layer) the plan has off records nothing, whatever its batch mates decided."""
+        batch = plan.rows
         device = next((p.trivial.device for p in passes if p.trivial is not None), torch.device("cpu"))
         codes, ratios = [], []
         for p in passes:
@@ -276,7 +277,9 @@ class Speculator:
             r[rows, cols, at] = (d / n).float()
         if not codes:
             return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
-        return torch.cat(codes, 1).cpu(), torch.cat(ratios, 1).cpu()
+        codes, ratios = torch.cat(codes, 1).cpu(), torch.cat(ratios, 1).cpu()
+        off = plan.lam.isnan()[:, None, :]
+        return codes.masked_fill(off, 0), ratios.masked_fill(off, float("nan"))
 
 
 def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
