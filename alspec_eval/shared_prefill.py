@@ -69,9 +69,9 @@ class SharedPrefill:
         """Generations of ``variant`` and their records; the first pass generates every variant."""
         keys = row_keys(context, generation_kwargs.get("attention_mask"))
         if any((key, 0) not in self.rows for key in keys):
-            for key, variant, stored in self._generate_all(context, max_length, stop, rule, dict(generation_kwargs),
+            for key, v, stored in self._generate_all(context, max_length, stop, rule, dict(generation_kwargs),
                                                            hf_generate):
-                self.rows[key, variant] = stored
+                self.rows[key, v] = stored
         entries = [self.rows[key, variant] for key in keys]
         width = max(len(e.generated) for e in entries)
         out = context.new_full((len(context), context.shape[1] + width), self.pad_token_id)

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from alspec_eval.config import ConfigError
-from alspec_eval.rows import sweep_rows
+from alspec_eval.rows import Row
 from alspec_eval.sweep.config import load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, read_cells, sample_stats
+from row_kinds import examples
 from tiny import save_tiny, tiny_model
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -51,10 +52,12 @@ def test_missing_config_file():
 
 
 @pytest.mark.slow
-def test_shared_prefill_equals_separate_runs():
+def test_shared_prefill_equals_separate_runs(tmp_path):
+    """Every kind of row that shares the prefill (row_kinds.py) answers as a run of its own model_args would."""
     model = tiny_model()
     lam = median_ratio(alspec_lm(model), PROMPTS[0])
-    variants = sweep_rows([lam, 2 * lam], gammas=[2])
+    kinds = [e for e in examples(lam, folder=tmp_path) if e.row.shares_prefill]
+    variants = [e.row for e in kinds] + [Row.dynamic(2 * lam)]
     shared_lm = alspec_lm(model, batch_size=2)
     shared = {}
     with shared_lm.shared_prefill(variants) as fork:
@@ -63,18 +66,18 @@ def test_shared_prefill_equals_separate_runs():
                 gen, ll = gen_requests(), ll_requests()
                 shared[variant.name] = (shared_lm.generate_until(gen), sample_stats(gen),
                                         shared_lm.loglikelihood(ll), sample_stats(ll))
-    for variant in variants:
-        policy = {"baseline": {"policy": "exact"}, "sink": {"policy": "sink"},
-                  "selfspec_g2": {"policy": "selfspec", "gamma": 2}}.get(variant.name, {"lambda": variant.lam})
-        lm = alspec_lm(model, batch_size=2, **policy)
+    for variant, args in [(e.row, e.model_args) for e in kinds] + [(variants[-1], {"lambda": 2 * lam})]:
+        lm = alspec_lm(model, batch_size=2, **args)
         gen, ll = gen_requests(), ll_requests()
         texts, gen_stats, lls, ll_stats = shared[variant.name]
         assert lm.generate_until(gen) == texts, variant
         assert sample_stats(gen) == gen_stats, variant
         assert [x for x, _ in lm.loglikelihood(ll)] == pytest.approx([x for x, _ in lls], abs=1e-4), variant
         assert sample_stats(ll) == ll_stats, variant
-    accepted = [sum(s["accepted"] for s in shared[v.name][1]) for v in variants]
-    assert accepted[0] == 0 and 0 < accepted[1] < accepted[2] < accepted[3] and accepted[4] == 0
+    accepted = {v.kind if v.kind != "dynamic" else v.lam: sum(s["accepted"] for s in shared[v.name][1])
+                for v in variants}
+    assert accepted["baseline"] == 0 and 0 < accepted[lam] < accepted[2 * lam] < accepted["sink"]
+    assert accepted["selfspec"] == 0 and 0 < accepted["tuned"] < accepted["sink"]
     assert shared["selfspec_g2"][0] == shared["baseline"][0]  # lossless
     assert all(s["selfspec"]["steps"] > 0 for s in shared["selfspec_g2"][1])
 
