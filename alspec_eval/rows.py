@@ -100,6 +100,11 @@ class Row:
         return self.kind in ("baseline", "selfspec")
 
     @property
+    def by_lambda(self) -> bool:
+        """Rows that decide by a lambda, one or a schedule's per layer (their token traces are worth drawing)."""
+        return self.kind in ("dynamic", "tuned")
+
+    @property
     def drafts_tokens(self) -> bool:
         """Token-level self-speculation: a draft-acceptance rate (tau), no attention hit rate."""
         return self.kind == "selfspec"

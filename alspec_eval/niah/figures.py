@@ -165,7 +165,8 @@ def write_niah_figures(outdir: Path, tokenizer: Any = None) -> list[Path]:
     for name, cell in cells.items():
         if cell["sample_log"] and "max_length" in cell["sample_log"][0]["doc"]:
             written.append(save(length_depth_grid(cell), figures / f"{cell['task']}_{name}_grid.png"))
-        if tokenizer is not None and cell["policy"] == "dynamic":
+        row = Row.from_record(cell["policy"], cell.get("lambda"), cell.get("gamma"), cell.get("lambda_schedule"))
+        if tokenizer is not None and row.by_lambda:
             layers = cell["alspec"]["num_layers"]
             written.append(save(token_traces(cell, tokenizer, layers), figures / f"{cell['task']}_{name}_tokens.png"))
     return written
