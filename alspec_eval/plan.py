@@ -9,6 +9,7 @@ A threshold is a lambda >= 0 (accept iff d <= lambda n), or one of config.py's `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -55,27 +56,38 @@ class Plan:
         return self.lam.shape[0]
 
     @cached_property
+    def _lines(self) -> list[list[float]]:
+        """The thresholds as Python floats: what the host decides from them costs one copy, not one per layer."""
+        return self.lam.tolist()
+
+    @cached_property
+    def _active(self) -> list[bool]:
+        return [not all(math.isnan(x) for x in line) for line in self._lines]
+
+    @cached_property
     def active_rows(self) -> torch.Tensor:
         """(rows,) bool: rows with any layer not off (the others never speculate nor record)."""
-        return ~self.lam.isnan().all(1)
+        return torch.tensor(self._active, dtype=torch.bool)
 
     @cached_property
     def layer_kinds(self) -> list[str]:
         """Per layer: IDLE (off in every row), EXACT_REJECTED (exact in every row, some recorded rejected: nothing to
         measure) or MEASURED (some row computes A~ and decides)."""
-        off, rejected = self.lam.isnan(), self.lam == float("-inf")
-        return [IDLE if bool(off[:, i].all()) else EXACT_REJECTED if bool((off | rejected)[:, i].all()) else MEASURED
-                for i in range(self.lam.shape[1])]
+        columns = list(zip(*self._lines)) or [()] * self.lam.shape[1]
+        return [IDLE if all(math.isnan(x) for x in col) else
+                EXACT_REJECTED if all(math.isnan(x) or x == -math.inf for x in col) else MEASURED for col in columns]
 
     @cached_property
     def _uniform(self) -> list[float | None]:
         """Per layer, the threshold all active rows share (rows off everywhere never speculate), else None."""
-        lam = self.lam[self.active_rows]
-        if not len(lam):
+        lines = [line for line, active in zip(self._lines, self._active) if active]
+        if not lines:
             return [None] * self.lam.shape[1]
-        first = lam[:1]
-        same = ((lam == first) | (lam.isnan() & first.isnan())).all(0)
-        return [float(first[0, i]) if bool(same[i]) else None for i in range(lam.shape[1])]
+
+        def same(a: float, b: float) -> bool:
+            return a == b or (math.isnan(a) and math.isnan(b))
+
+        return [col[0] if all(same(x, col[0]) for x in col) else None for col in zip(*lines)]
 
     def layer(self, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
         """Each row's threshold at ``layer``: a float where every active row has the same (no tensor to build or
