@@ -42,9 +42,9 @@ def _cell(out: Path, name: str) -> dict:
 @pytest.mark.slow
 def test_every_cell_records_its_own_settings(swept):
     config, _, out = swept
-    expected = {"baseline": ("exact", 0.5), "lambda_0.5": ("dynamic", 0.5), "lambda_1": ("dynamic", 1.0),
-                "sink": ("sink", 0.5)}
-    for name, (policy, lam) in expected.items():  # shared-prefill variants: the group's model config is not theirs
+    expected = {"baseline": ("exact", None), "lambda_0.5": ("dynamic", 0.5), "lambda_1": ("dynamic", 1.0),
+                "sink": ("sink", "inf")}
+    for name, (policy, lam) in expected.items():  # shared-prefill variants: each its own, not the sweep's first lambda
         recorded = _cell(out, name)["alspec"]["config"]
         assert (recorded["policy"], recorded["lambda"], recorded["gamma"]) == (policy, lam, None), name
         assert recorded["window"] == 16 and recorded["backend"] == "sim" and recorded["kernel"] == "auto"
@@ -54,6 +54,7 @@ def test_every_cell_records_its_own_settings(swept):
     static = _cell(out, "static")
     assert static["alspec"]["config"]["static_layers"] == static["static_layers"]
     assert static["alspec"]["config"]["policy"] == ("static" if static["static_layers"] else "exact")
+    assert static["alspec"]["config"]["lambda"] is None and selfspec["alspec"]["config"]["lambda"] is None
     for name in [*expected, "selfspec_g2", "static"]:
         cell = _cell(out, name)
         assert cell["provenance"]["versions"]["lm_eval"] and cell["provenance"]["versions"]["alspec-eval"]
