@@ -16,7 +16,6 @@ from functools import cached_property
 
 import torch
 
-from .config import OFF  # noqa: F401  (re-exported: the encoding lives in config.py, torch-free)
 
 # What a layer does in a plan, the same for all its rows where the host must know it without a read-back.
 IDLE, EXACT_REJECTED, MEASURED = "idle", "exact, rejected", "measured"
