@@ -78,7 +78,7 @@ class SelfSpeculated(Speculated):
             tokens, draft = selfspec_generate(self.model, self.speculator, self.config, list(key),
                                               max_length - context.shape[1], self.config.gamma, rule.stopped_at)
             rows.append(tokens)
-            records.append(RowRecord.drafted(self.speculator.num_layers, draft))
+            records.append(RowRecord.drafted(self.speculator.num_layers, draft, rule.kept(tokens)))
         out = context.new_full((len(context), context.shape[1] + max(map(len, rows))), self.pad_token_id)
         out[:, :context.shape[1]] = context
         for b, tokens in enumerate(rows):

@@ -47,9 +47,10 @@ class RowRecord:
                    trace.accepted_layers(row, prompt_len - 1, end))
 
     @classmethod
-    def drafted(cls, num_layers: int, draft: DraftStats) -> RowRecord:
-        """A self-speculative row: attention is exact, the draft statistics are all there is."""
-        return cls(dataclasses.replace(AcceptanceStats.zeros(num_layers), draft=draft))
+    def drafted(cls, num_layers: int, draft: DraftStats, kept: int) -> RowRecord:
+        """A self-speculative row of ``kept`` tokens: attention is exact (no layer accepts A~), the draft statistics
+        are all there is."""
+        return cls(dataclasses.replace(AcceptanceStats.zeros(num_layers), draft=draft), [0] * kept)
 
 
 def model_input(context_enc: list[int], continuation_enc: list[int], max_length: int) -> RowKey:

@@ -67,7 +67,12 @@ class Trace:
         return AcceptanceStats.from_trace(self.codes[row, lo:hi], self.ratios[row, lo:hi])
 
     def accepted_layers(self, row: int, start: int, end: int) -> list[int]:
-        """Number of accepted layers at each position in [start, end): the per-token trace."""
-        lo, hi = start - self.offset, max(end - self.offset, 0)
-        padding = [0] * max(-lo, 0)  # positions before the trace (an exact prefill) accepted nothing
-        return padding + (self.codes[row, max(lo, 0):hi] == ACCEPTED).sum(-1).tolist()
+        """Number of accepted layers at each position in [start, end): the per-token trace. Positions the trace
+        does not cover (an exact prefill, a plan that never speculates) accepted nothing."""
+        counts = [0] * max(end - start, 0)
+        if self.codes.dim() == 3:
+            lo, hi = max(start - self.offset, 0), max(min(end - self.offset, self.codes.shape[1]), 0)
+            traced = (self.codes[row, lo:hi] == ACCEPTED).sum(-1).tolist()
+            first = lo + self.offset - start
+            counts[first:first + len(traced)] = traced
+        return counts

@@ -122,7 +122,7 @@ class SharedPrefill:
                 tokens, draft = selfspec_generate(model, self.speculator, variant.config(self.config),
                                                   list(key[-1:] if own is not None else key),
                                                   max_length - context.shape[1], variant.gamma, rule.stopped_at, own)
-                rows.append((key, v, _Stored(RowRecord.drafted(self.speculator.num_layers, draft),
+                rows.append((key, v, _Stored(RowRecord.drafted(self.speculator.num_layers, draft, rule.kept(tokens)),
                                              generated=context.new_tensor(tokens))))
         attention = [v for v, variant in enumerate(self.variants) if not variant.drafts_tokens]
         if not attention:

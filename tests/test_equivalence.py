@@ -13,9 +13,16 @@ from alspec_eval.region import DecodeRegion
 from alspec_eval.stats import ACCEPTED, REJECTED
 from helpers import (PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, sample_stats,
                      stepwise_logprob)
+from row_kinds import Example, examples
 from tiny import ARCHS, tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
+KINDS = [e.id for e in examples(0.1)]
+
+
+def _example(kind: str, lam: float, model: torch.nn.Module, folder) -> Example:
+    """row_kinds.py's row of this kind for this model, at ``lam``."""
+    return next(e for e in examples(lam, model.config.num_hidden_layers, folder) if e.id == kind)
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
@@ -81,16 +88,20 @@ def test_window_covering_context_is_exact_and_trivial(model):
         assert total["speculated"] == 0 and total["trivial"] > 0 and total["hit_rate"] is None
 
 
-def test_teacher_forcing_equals_token_by_token_decoding(model, chunks):
-    spec = alspec_lm(model, window=4)
+@pytest.mark.parametrize("kind", KINDS)
+def test_teacher_forcing_equals_token_by_token_decoding(model, chunks, kind, tmp_path):
+    """Every kind of row (row_kinds.py), run from its own model_args: scoring a continuation in one pass gives the
+    log-probability and the per-layer decisions of decoding it token by token with a KV cache, and each layer
+    decides as its plan line says (off: nothing recorded; always: all accepted; reject: none; a lambda: mixed)."""
+    probe = alspec_lm(model, window=4)
     context, continuation = "It was the best of times, it was the", " worst of times, it was the age of wisdom"
-    lam = median_ratio(spec, context + continuation)
-    spec = alspec_lm(model, window=4, **{"lambda": lam})
+    lam = median_ratio(probe, context + continuation)
+    example = _example(kind, lam, model, tmp_path)
+    spec = alspec_lm(model, window=4, **example.model_args)
     requests = ll_requests(task="tf")
     requests[0].arguments = (context, continuation)
     (teacher, _), *_ = spec.loglikelihood(requests[:1])
     layers = spec.task_stats["tf"]
-    assert 0 < int(layers.accepted.sum()) < int(layers.speculated.sum()), "lambda should give mixed decisions"
 
     ctx_ids, cont_ids = spec._encode_pair(context, continuation)
     stepwise, trace = stepwise_logprob(spec, ctx_ids, cont_ids)
@@ -99,14 +110,42 @@ def test_teacher_forcing_equals_token_by_token_decoding(model, chunks):
     assert torch.equal(stats.accepted, layers.accepted)
     assert torch.equal(stats.speculated, layers.speculated)
 
+    plan = spec.spec_config.thresholds(model.config.num_hidden_layers)
+    for lam_i, accepted, speculated in zip(plan, layers.accepted.tolist(), layers.speculated.tolist(), strict=True):
+        if math.isnan(lam_i):
+            assert speculated == 0
+        elif lam_i == math.inf:
+            assert 0 < accepted == speculated
+        elif lam_i == -math.inf:
+            assert accepted == 0 < speculated
+    if any(math.isfinite(t) for t in plan):
+        assert 0 < int(layers.accepted.sum()) < int(layers.speculated.sum()), "lambda should give mixed decisions"
 
-@pytest.mark.parametrize("trace_tokens", [False, True])
-def test_batch_size_and_left_padding_do_not_change_decisions(model, trace_tokens):
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_exactly_the_kinds_that_never_accept_at_lambda_zero_equal_hf(model, kind, tmp_path):
+    """At lambda 0 a row answers as `--model hf` iff its plan never takes A~ (baseline, selfspec, a lambda or a
+    schedule of zeros); sink and static, which take A~ whatever lambda, answer differently."""
+    example = _example(kind, 0.0, model, tmp_path)
+    baseline, spec = hf_lm(model, batch_size=2), alspec_lm(model, batch_size=2, **example.model_args)
+    exact = not any(t > 0 for t in spec.spec_config.thresholds(model.config.num_hidden_layers))
+    assert exact == (kind not in ("sink", "static"))
+    lls, expected = spec.loglikelihood(ll_requests()), baseline.loglikelihood(ll_requests())
+    if exact:
+        assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())
+        assert lls == expected
+    else:
+        assert lls != expected
+
+
+@pytest.mark.parametrize(("kind", "trace_tokens"), [(kind, True) for kind in KINDS] + [("dynamic", False)])
+def test_batch_size_and_left_padding_do_not_change_decisions(model, kind, trace_tokens, tmp_path):
     probe = alspec_lm(model)
     lam = median_ratio(probe, PROMPT_FOR_LAMBDA)
+    args = _example(kind, lam, model, tmp_path).model_args
     runs = {}
     for batch_size in (1, 4):
-        spec = alspec_lm(model, batch_size=batch_size, trace_tokens=trace_tokens, **{"lambda": lam})
+        spec = alspec_lm(model, batch_size=batch_size, trace_tokens=trace_tokens, **args)
         gen, ll = gen_requests(), ll_requests()
         runs[batch_size] = (spec.generate_until(gen), sample_stats(gen), spec.loglikelihood(ll), sample_stats(ll))
     assert runs[1][0] == runs[4][0]
@@ -114,7 +153,8 @@ def test_batch_size_and_left_padding_do_not_change_decisions(model, trace_tokens
     assert [ll for ll, _ in runs[1][2]] == pytest.approx([ll for ll, _ in runs[4][2]], abs=1e-4)
     assert runs[1][3] == runs[4][3]
     accepted = sum(s["accepted"] for s in runs[1][1])
-    assert 0 < accepted < sum(s["speculated"] for s in runs[1][1])
+    if kind in ("dynamic", "tuned"):
+        assert 0 < accepted < sum(s["speculated"] for s in runs[1][1])
     if trace_tokens:
         for sample, text in zip(runs[1][1], runs[1][0], strict=True):
             assert len(sample["accepted_layers_per_token"]) >= len(TOKENIZER(text)["input_ids"])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from lm_eval.api.instance import Instance
 
 from alspec_eval.ledger import RequestLedger, RowRecord, model_input, sample_rows, teacher_forced_passes
-from alspec_eval.stats import AcceptanceStats
+from alspec_eval.region import Trace
+from alspec_eval.stats import ACCEPTED, REJECTED, AcceptanceStats
 
 
 def test_rows_are_found_whatever_the_pad_token():
@@ -49,3 +51,17 @@ def test_samples_are_kept_per_document_request_and_repeat():
     assert all(s["accepted"] == 3 and s["speculated"] == 4 for s in rows)
     assert ledger.task_stats["t"].accepted[0] == 3 * len(doubled)
     assert requests[0].arguments[-1]["alspec"]["accepted"] == 3  # the samples log's entry, once per request
+
+
+def test_per_token_trace_covers_every_kept_token_even_where_nothing_was_traced():
+    """accepted_layers over [start, end): traced positions count their accepted layers; positions before the trace,
+    after it, or of a trace that never ran (a plan that never speculates) accepted nothing."""
+    codes = torch.tensor([[[ACCEPTED, REJECTED], [ACCEPTED, ACCEPTED], [0, 0]]])  # positions 10, 11, 12
+    trace = Trace(codes, torch.zeros(codes.shape), offset=10)
+    assert trace.accepted_layers(0, 10, 13) == [1, 2, 0]
+    assert trace.accepted_layers(0, 8, 12) == [0, 0, 1, 2]
+    assert trace.accepted_layers(0, 11, 15) == [2, 0, 0, 0]
+    assert trace.accepted_layers(0, 4, 7) == [0, 0, 0]  # all before the trace (not sliced from its end)
+    assert trace.accepted_layers(0, 14, 16) == [0, 0]
+    assert trace.accepted_layers(0, 12, 12) == []
+    assert Trace(torch.empty(0), torch.empty(0)).accepted_layers(0, 5, 8) == [0, 0, 0]
