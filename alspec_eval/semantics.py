@@ -47,6 +47,51 @@ def window_positions(pos: torch.Tensor, window: int, window_align: int) -> tuple
     return positions, positions <= pos[:, None]
 
 
+def page_bounds(query: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor) -> torch.Tensor:
+    """Quest's upper bound of q.k over each page's keys, sum_i max(q_i min_i, q_i max_i), as q+ . max + q- . min
+    (two products, no (pages, channels) buffer); per KV head, the largest over its group of query heads.
+    query (R, Hq, D); page_min, page_max (R, Hkv, pages, D); returns (R, Hkv, pages)."""
+    r, heads, dim = query.shape
+    q = query.float().view(r, page_max.shape[1], heads // page_max.shape[1], dim)  # HF's repeat_kv: head h uses h // g
+    bounds = q.clamp(min=0) @ page_max.float().transpose(-1, -2) + q.clamp(max=0) @ page_min.float().transpose(-1, -2)
+    return bounds.amax(2)
+
+
+def quest_positions(bounds: torch.Tensor, pos: torch.Tensor, window: int, page: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 2S key positions of Quest's A~ per KV head, (R, Hkv, 2S), and which are valid: page 0 and the current
+    token's page always, then the 2S/P - 2 full pages between them with the largest bounds (ties: the earlier page),
+    keys past ``pos`` excluded. ``bounds`` (R, Hkv, pages) of pages [jP, (j+1)P), logical positions."""
+    others = 2 * window // page - 2
+    current = pos // page
+    index = torch.arange(max(bounds.shape[-1], others), device=pos.device)
+    candidate = (index >= 1) & (index < current[:, None])  # full pages strictly between the two kept ones
+    if bounds.shape[-1] < others:  # fewer pages in the cache than the budget: the rest are never candidates
+        bounds = torch.nn.functional.pad(bounds, (0, others - bounds.shape[-1]))
+    ranked = bounds.float().masked_fill(~candidate[:, None, :], -math.inf)
+    chosen = ranked.sort(dim=-1, descending=True, stable=True).indices[..., :others]  # (R, Hkv, others)
+    chosen_valid = candidate[:, None, :].expand_as(ranked).gather(-1, chosen)
+    always = torch.stack([torch.zeros_like(current), current], -1)[:, None, :].expand(-1, bounds.shape[1], -1)
+    pages = torch.cat([always, chosen], -1)  # (R, Hkv, 2S/P)
+    positions = (pages[..., None] * page + torch.arange(page, device=pos.device)).flatten(-2)
+    page_valid = torch.cat([torch.ones_like(always, dtype=torch.bool), chosen_valid], -1)
+    valid = page_valid.repeat_interleave(page, -1) & (positions <= pos[:, None, None])
+    return positions, valid
+
+
+def key_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q.k of every key, per KV head the largest over its group of query heads: query (R, Hq, D), keys
+    (R, Hkv, L, D); returns (R, Hkv, L) in float32."""
+    r, heads, dim = query.shape
+    q = query.float().view(r, keys.shape[1], heads // keys.shape[1], dim)
+    return (q @ keys.float().transpose(-1, -2)).amax(2)
+
+
+def topk_positions(scores: torch.Tensor, window: int) -> torch.Tensor:
+    """The 2S keys with the largest scores per KV head, (R, Hkv, 2S) (ties: the earlier key); keys that must not be
+    chosen (past the current token, left padding) score -inf. A non-trivial context has more than 2S keys."""
+    return scores.sort(dim=-1, descending=True, stable=True).indices[..., :2 * window]
+
+
 def distances(approx: torch.Tensor, exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """d = ||A~ - A||_2 and n = ||A||_2 per query over all heads and head_dim, in float32."""
     e = exact.float().flatten(1)

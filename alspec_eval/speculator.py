@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import semantics
+from .approximations import KeySelection, key_selection
 from .config import SpeculationConfig
 from .plan import EXACT_REJECTED, IDLE, Plan
 from .kernels import DecodeKernel, SpecDecodeOutput
@@ -38,8 +39,9 @@ Decision = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
 class _Pass:
     """The decode-region geometry of one forward pass, shared by all its layers, and their decisions.
 
-    rows, cols: the speculated (batch row, query index) positions; ``index``: each one's 2S window
-    positions in the KV cache and ``mask`` the ones past the current token (None when all are valid).
+    rows, cols: the speculated (batch row, query index) positions, ``pos`` their logical positions and ``pad`` their
+    rows' left padding; ``index``: each one's 2S sink window positions in the KV cache and ``mask`` the ones past the
+    current token (None when all are valid).
     """
 
     q_len: int
@@ -49,6 +51,8 @@ class _Pass:
     cols: torch.Tensor | None = None
     index: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    pos: torch.Tensor | None = None
+    pad: torch.Tensor | None = None
     speculated: torch.Tensor | None = None  # (B,) bool of a decode step (q_len 1): the rows in ``rows``
     kernel_inputs: dict | None = None  # a fused decode step's positions (and kernel geometry), shared by its layers
     decisions: dict[int, Decision] = field(default_factory=dict)
@@ -67,6 +71,7 @@ class Session:
     config: SpeculationConfig
     region: DecodeRegion
     plan: Plan
+    selection: KeySelection | None = None  # A~'s keys chosen per KV head (approximations.py); None: the sink windows
     passes: list[_Pass | None] = field(default_factory=list)
     trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
 
@@ -96,7 +101,7 @@ class Speculator:
         exit. Sessions nest (self-speculation drafts in a sink session inside its exact one): the innermost runs."""
         config.check_layers(self.num_layers)
         plan = region.plan or Plan.uniform(config.thresholds(self.num_layers), len(region.pad))
-        session = Session(config, region, plan.without(sorted(self.skipped_layers)))
+        session = Session(config, region, plan.without(sorted(self.skipped_layers)), key_selection(config))
         self._sessions.append(session)
         try:
             yield session.trace
@@ -174,11 +179,14 @@ class Speculator:
         in_region &= session.plan.active_rows.to(query.device)[:, None]  # rows off at every layer: as the model
         trivial = in_region & semantics.is_trivial(pos, cfg.window)
         rows, cols = (in_region & ~trivial).nonzero(as_tuple=True)
-        positions, valid = semantics.window_positions(pos[rows, cols], cfg.window, cfg.window_align)
-        index = (positions + pad[rows, None]).clamp_max(k_len - 1)
-        mask = None if bool(valid.all()) else valid[:, None, None, :]
+        pos, pad = pos[rows, cols], pad[rows]
+        index = mask = None
+        if session.selection is None:  # the sink windows: the same for every layer and head
+            positions, valid = semantics.window_positions(pos, cfg.window, cfg.window_align)
+            index = (positions + pad[:, None]).clamp_max(k_len - 1)
+            mask = None if bool(valid.all()) else valid[:, None, None, :]
         speculated = (in_region & ~trivial)[:, 0] if q_len == 1 else None
-        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, speculated)
+        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, pos, pad, speculated)
         return session.passes[-1]
 
     def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
@@ -188,8 +196,9 @@ class Speculator:
         return lam if rows is None or not isinstance(lam, torch.Tensor) else lam[rows]
 
     def has_fused_decode(self) -> bool:
-        """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call."""
-        return self.decode_kernel is not None
+        """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call (the kernels
+        compute the sink A~ only)."""
+        return self.decode_kernel is not None and self.session.selection is None
 
     def fused_decode(self, layer: int, step: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
@@ -214,19 +223,36 @@ class Speculator:
         applies: scaling, soft-capping, sinks) called on each position's query and its 2S window keys, gathered
         from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype. Positions go in chunks
         (:func:`gather_chunk`), so scoring where every position speculates holds one chunk's window keys at a time."""
-        chunk = gather_chunk(key, step.index.shape[1], query.shape[1])
-        parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs)
+        selection = self.session.selection
+        window_keys = 2 * self.session.config.window
+        if selection is None:
+            chunk, shared = gather_chunk(key, window_keys, query.shape[1]), None
+        else:
+            shared = selection.prepare(key, self.session.region.pad.to(key.device))
+            chunk = gather_chunk(key, window_keys, query.shape[1], selection.position_bytes(key, query.shape[1]))
+        parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs, shared)
                  for lo in range(0, len(step.rows), chunk)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _approximate_rows(self, module: torch.nn.Module, step: _Pass, part: slice, query: torch.Tensor,
-                          key: torch.Tensor, value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
-        """A~ of the speculated positions ``part`` (a slice of ``step.rows``)."""
-        rows, index = step.rows[part], step.index[part]
+                          key: torch.Tensor, value: torch.Tensor, scaling: float, kwargs: dict,
+                          shared: object = None) -> torch.Tensor:
+        """A~ of the speculated positions ``part`` (a slice of ``step.rows``): their 2S keys, the sink windows or the
+        session's selection per KV head (``shared``: what the selection computed for this layer)."""
+        rows = step.rows[part]
         q = query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query per speculated position
-        k = key[rows[:, None], :, index].transpose(1, 2)  # (r, Hkv, 2S, D)
-        v = value[rows[:, None], :, index].transpose(1, 2)
-        mask = None if step.mask is None else step.mask[part]
+        selection = self.session.selection
+        if selection is None:
+            index = step.index[part]
+            k = key[rows[:, None], :, index].transpose(1, 2)  # (r, Hkv, 2S, D)
+            v = value[rows[:, None], :, index].transpose(1, 2)
+            mask = None if step.mask is None else step.mask[part]
+        else:
+            index, valid = selection.select(q[:, :, 0], key, rows, step.pos[part], step.pad[part], shared)
+            heads = torch.arange(key.shape[1], device=key.device)[None, :, None]
+            k, v = key[rows[:, None, None], heads, index], value[rows[:, None, None], heads, index]  # (r, Hkv, 2S, D)
+            group = query.shape[1] // key.shape[1]  # a KV head's mask for each of its query heads
+            mask = None if valid is None else valid[:, :, None, :].repeat_interleave(group, 1)
         if mask is not None and self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
         out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **kwargs)
@@ -293,11 +319,12 @@ def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 GATHER_BUDGET = 128 * 2**20  # bytes of gathered window keys and values per chunk, unless one layer's cache is larger
 
 
-def gather_chunk(key: torch.Tensor, window_keys: int, query_heads: int) -> int:
+def gather_chunk(key: torch.Tensor, window_keys: int, query_heads: int, selection_bytes: int = 0) -> int:
     """Speculated positions per chunk of :meth:`Speculator.approximate`: their gathered keys and values (2S each,
     counted per query head, as the model's attention may repeat them for grouped-query heads) take at most
     max(GATHER_BUDGET, the layer's own keys and values), so the peak stays near the plain model's wherever every
-    position speculates (rolling and long-continuation scoring), in few chunks per layer."""
+    position speculates (rolling and long-continuation scoring), in few chunks per layer. ``selection_bytes``: what
+    choosing one position's keys holds besides (approximations.py)."""
     dim = key.shape[3]
-    per_position = 2 * max(query_heads, key.shape[1]) * window_keys * dim * key.element_size()
+    per_position = 2 * max(query_heads, key.shape[1]) * window_keys * dim * key.element_size() + selection_bytes
     return max(1, max(GATHER_BUDGET, 2 * key.numel() * key.element_size()) // per_position)

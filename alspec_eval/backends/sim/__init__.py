@@ -16,7 +16,6 @@ import torch
 from transformers import PreTrainedModel
 
 from ... import hooks
-from ... import hooks
 from ...kernels import DecodeKernel, select_kernel
 from ...speculator import Speculator
 from .. import Backend

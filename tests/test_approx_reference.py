@@ -1,0 +1,309 @@
+"""The approximations (sink, quest, topk) against an independent reference (approx_oracle.py): first the reference
+against its own rules, then the d/n ratios the speculator records at lambda 0 against the reference evaluated on
+the plain model's own query/key/value (captured through a registered attention function), with and without left
+padding."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+import approx_oracle as oracle
+from alspec_eval.region import DecodeRegion
+from helpers import PROMPTS, TOKENIZER, alspec_lm
+from tiny import tiny_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
+
+WINDOW = 8
+PAGE = 4
+START = 40
+FAMILIES = ["llama", "qwen2"]
+TEXT = (PROMPTS[0] + ", " + PROMPTS[1])[:100]
+
+
+def _random_case(seed: int, hq: int = 4, hkv: int = 2, length: int = 60, d: int = 16):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(hq, d, generator=gen)
+    K = torch.randn(hkv, length, d, generator=gen)
+    V = torch.randn(hkv, length, d, generator=gen)
+    return q, K, V
+
+
+# ---------------------------------------------------------------- the reference against its own rules
+
+
+@pytest.mark.parametrize("approx", oracle.APPROXES)
+def test_trivial_positions_keep_everything(approx):
+    q, K, V = _random_case(0)
+    for pos in range(2 * WINDOW):
+        assert oracle.kept_keys(q, K, pos, WINDOW, approx, page=PAGE) == [list(range(pos + 1))] * 2
+        assert oracle.ratio(q, K, V, pos, WINDOW, approx, 0.25, page=PAGE) == 0.0
+    assert oracle.kept_keys(q, K, 2 * WINDOW, WINDOW, approx, page=PAGE) != [list(range(2 * WINDOW + 1))] * 2
+
+
+def test_sink_keeps_the_first_and_last_window():
+    q, K, _ = _random_case(1)
+    for pos in range(2 * WINDOW, 60):
+        expected = list(range(WINDOW)) + list(range(pos - WINDOW + 1, pos + 1))
+        assert oracle.kept_keys(q, K, pos, WINDOW, "sink") == [expected, expected]
+
+
+def test_invalid_quest_pages_raise():
+    q, K, _ = _random_case(2)
+    for page in (0, -4, 3, 5, 16, 32):  # 2S % P != 0, or P > S, or no page at all
+        with pytest.raises(ValueError):
+            oracle.kept_keys(q, K, 30, WINDOW, "quest", page=page)
+    for page in (1, 2, 4, 8):
+        oracle.kept_keys(q, K, 30, WINDOW, "quest", page=page)
+    with pytest.raises(ValueError):
+        oracle.kept_keys(q, K, 30, WINDOW, "nope")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_quest_bound_is_an_upper_bound(seed):
+    q, K, _ = _random_case(seed, hq=6, hkv=2)  # g = 3
+    g = 3
+    for pos in (20, 37, 59):
+        bounds = oracle.quest_page_bounds(q, K, pos, PAGE)
+        assert sorted(j for kvh, j in bounds if kvh == 0) == list(range(1, pos // PAGE))
+        for (kvh, j), bound in bounds.items():
+            keys = K[kvh, j * PAGE:(j + 1) * PAGE].double()
+            for h in range(kvh * g, (kvh + 1) * g):
+                assert bound >= float((keys @ q[h].double()).max()) - 1e-9
+            # the bound of the group is the largest head's bound: some head's per-channel bound attains it
+            best = max(float(torch.maximum(q[h].double() * keys.min(0).values, q[h].double() * keys.max(0).values)
+                             .sum()) for h in range(kvh * g, (kvh + 1) * g))
+            assert bound == pytest.approx(best, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("page", [1, 2, 4, 8])
+def test_quest_keeps_sink_page_current_page_and_the_best_bounds(page):
+    q, K, _ = _random_case(5)
+    m = 2 * WINDOW // page - 2
+    for pos in range(2 * WINDOW, 60):
+        kept = oracle.kept_keys(q, K, pos, WINDOW, "quest", page=page)
+        bounds = oracle.quest_page_bounds(q, K, pos, page)
+        cur = pos // page
+        for kvh, keys in enumerate(kept):
+            assert len(keys) <= 2 * WINDOW and keys == sorted(set(keys)) and max(keys) == pos
+            assert set(range(page)) | set(range(cur * page, pos + 1)) <= set(keys)
+            chosen = {t // page for t in keys} - {0, cur}
+            assert len(chosen) == min(m, cur - 1)
+            for j in chosen:  # whole pages only
+                assert set(range(j * page, (j + 1) * page)) <= set(keys)
+            others = set(range(1, cur)) - chosen
+            if chosen and others:
+                assert min(bounds[kvh, j] for j in chosen) >= max(bounds[kvh, j] for j in others)
+
+
+def test_quest_ties_take_the_smaller_page():
+    q, K, _ = _random_case(6)
+    K = torch.zeros_like(K)  # every bound 0
+    pos = 50
+    kept = oracle.kept_keys(q, K, pos, WINDOW, "quest", page=PAGE)
+    m = 2 * WINDOW // PAGE - 2  # 2 pages: 1 and 2
+    assert kept == [list(range((m + 1) * PAGE)) + list(range(pos // PAGE * PAGE, pos + 1))] * 2
+    # a page whose keys align with every query head wins for that KV head only
+    K[1, 9 * PAGE + 2] = 5 * q[2:4].sum(0)
+    kept = oracle.kept_keys(q, K, pos, WINDOW, "quest", page=PAGE)
+    assert set(range(9 * PAGE, 10 * PAGE)) <= set(kept[1]) and not set(range(9 * PAGE, 10 * PAGE)) & set(kept[0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_topk_keeps_the_largest_scores(seed):
+    q, K, _ = _random_case(seed, hq=4, hkv=2)
+    for pos in (16, 31, 59):
+        kept = oracle.kept_keys(q, K, pos, WINDOW, "topk")
+        for kvh in range(2):
+            scores = (K[kvh, :pos + 1].double() @ q[2 * kvh:2 * kvh + 2].double().T).max(-1).values
+            order = torch.sort(-scores, stable=True).indices  # descending, smaller index first on ties
+            assert kept[kvh] == sorted(order[:2 * WINDOW].tolist())
+            inside = scores[kept[kvh]]
+            outside = scores[[t for t in range(pos + 1) if t not in kept[kvh]]]
+            assert len(kept[kvh]) == 2 * WINDOW and inside.min() >= outside.max()
+
+
+def test_topk_ties_take_the_smaller_position():
+    q, K, _ = _random_case(7)
+    K = torch.ones_like(K)
+    assert oracle.kept_keys(q, K, 40, WINDOW, "topk") == [list(range(2 * WINDOW))] * 2
+
+
+@pytest.mark.parametrize("approx", oracle.APPROXES)
+def test_keys_past_pos_are_never_read(approx):
+    q, K, V = _random_case(8, length=45)
+    gen = torch.Generator().manual_seed(9)
+    garbage_k = 1e3 * torch.randn(2, 30, 16, generator=gen)
+    garbage_v = 1e3 * torch.randn(2, 30, 16, generator=gen)
+    for pos in (17, 30, 33, 44):  # 33: inside a page
+        short_k, short_v = K[:, :pos + 1], V[:, :pos + 1]
+        long_k, long_v = torch.cat([short_k, garbage_k], 1), torch.cat([short_v, garbage_v], 1)
+        assert oracle.kept_keys(q, long_k, pos, WINDOW, approx, page=PAGE) == \
+            oracle.kept_keys(q, short_k, pos, WINDOW, approx, page=PAGE)
+        assert oracle.ratio(q, long_k, long_v, pos, WINDOW, approx, 0.25, page=PAGE) == \
+            oracle.ratio(q, short_k, short_v, pos, WINDOW, approx, 0.25, page=PAGE)
+
+
+@pytest.mark.parametrize("approx", oracle.APPROXES)
+def test_outputs_equal_masked_sdpa(approx):
+    """A and A~ against torch's attention with a boolean mask over the kept keys (repeat_kv for GQA)."""
+    q, K, V = _random_case(10)
+    scaling = 16 ** -0.5
+    Kr, Vr = K.double().repeat_interleave(2, 0), V.double().repeat_interleave(2, 0)
+    for pos in (10, 20, 41, 59):
+        kept = oracle.kept_keys(q, K, pos, WINDOW, approx, page=PAGE)
+        mask = torch.zeros(4, 1, K.shape[1], dtype=torch.bool)
+        for h in range(4):
+            mask[h, 0, kept[h // 2]] = True
+        causal = torch.zeros(4, 1, K.shape[1], dtype=torch.bool)
+        causal[..., :pos + 1] = True
+        expected = F.scaled_dot_product_attention(q.double()[:, None], Kr, Vr, attn_mask=mask, scale=scaling)[:, 0]
+        exact = F.scaled_dot_product_attention(q.double()[:, None], Kr, Vr, attn_mask=causal, scale=scaling)[:, 0]
+        ours = oracle.approx_output(q, K, V, pos, WINDOW, approx, scaling, page=PAGE)
+        torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(oracle.exact_output(q, K, V, pos, scaling), exact, rtol=1e-10, atol=1e-12)
+        assert oracle.ratio(q, K, V, pos, WINDOW, approx, scaling, page=PAGE) == pytest.approx(
+            float((expected - exact).norm() / exact.norm()), rel=1e-9, abs=1e-12)
+
+
+# ---------------------------------------------------------------- the speculator against the reference
+
+CAPTURE = "alspec_reference_capture"
+_CALLS: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, float]] = []
+
+
+def _capture(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    _CALLS.append((module.layer_idx, query.detach().clone(), key.detach().clone(), value.detach().clone(),
+                   module.scaling if scaling is None else scaling))
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+AttentionInterface.register(CAPTURE, _capture)
+AttentionMaskInterface.register(CAPTURE, sdpa_mask)
+
+
+def _plain_layers(model, ids, attention_mask=None):
+    """Per layer, the (query, key, value, scaling) the plain model's attention receives: (B, H, T, D) each."""
+    plain = copy.deepcopy(model)
+    plain.set_attn_implementation(CAPTURE)
+    assert plain.config._attn_implementation == CAPTURE
+    _CALLS.clear()
+    with torch.no_grad():
+        plain(ids, attention_mask=attention_mask)
+    calls = list(_CALLS)
+    _CALLS.clear()
+    assert [c[0] for c in calls] == list(range(model.config.num_hidden_layers))
+    return [c[1:] for c in calls]
+
+
+def _speculator_ratios(model, approx, ids, region, attention_mask=None):
+    args = {"window": WINDOW, "approx": approx, "lambda": 0.0}
+    if approx == "quest":
+        args["page"] = PAGE
+    spec = alspec_lm(model, **args)
+    with torch.no_grad(), spec.speculator.speculating(region, spec.spec_config) as trace:
+        spec.model(ids, attention_mask=attention_mask)
+    assert trace.offset == 0
+    return trace.ratios
+
+
+def _oracle_ratios(layers, row, pad, approx, start, end):
+    """Reference ratios (positions start..end-1 logical, layers) of batch row ``row`` whose real tokens begin at
+    physical index ``pad``: the reference sees only the row's unpadded sequence."""
+    out = torch.full((end - start, len(layers)), math.nan, dtype=torch.float64)
+    for layer, (query, key, value, scaling) in enumerate(layers):
+        K, V = key[row, :, pad:], value[row, :, pad:]
+        for pos in range(start, end):
+            q = query[row, :, pad + pos]
+            out[pos - start, layer] = oracle.ratio(q, K, V, pos, WINDOW, approx, scaling, page=PAGE)
+    return out
+
+
+def _pad_heavy(model):
+    """The model with a large embedding for the pad token (id 0), so that padded keys differ from real ones."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(11)
+        model.get_input_embeddings().weight[0] = 30.0 * torch.randn(model.config.hidden_size, generator=gen)
+    return model
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    model = tiny_model(request.param)
+    ids = torch.tensor([TOKENIZER(TEXT)["input_ids"]])
+    assert ids.shape[1] == 100
+    return request.param, model, ids, _plain_layers(model, ids)
+
+
+_ORACLE_CACHE: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def _cached_oracle(name, layers, approx, end):
+    if (name, approx) not in _ORACLE_CACHE:
+        _ORACLE_CACHE[name, approx] = _oracle_ratios(layers, 0, 0, approx, START, end)
+    return _ORACLE_CACHE[name, approx]
+
+
+def _assert_ratios_equal(ours, expected, what):
+    expected = expected.to(ours.dtype)
+    bad = ~torch.isclose(ours, expected, rtol=1e-4, atol=1e-5)
+    if bad.any():
+        where = [(int(p), int(layer), float(ours[p, layer]), float(expected[p, layer]))
+                 for p, layer in bad.nonzero()[:10]]
+        pytest.fail(f"{what}: {int(bad.sum())} ratios differ from the reference; (position offset, layer, "
+                    f"speculator, reference): {where}")
+
+
+@pytest.mark.parametrize("approx", oracle.APPROXES)
+def test_speculator_ratios_equal_the_reference(family, approx):
+    name, model, ids, layers = family
+    length = ids.shape[1]
+    ratios = _speculator_ratios(model, approx, ids, DecodeRegion.build([0], [START]))
+    assert ratios.shape == (1, length, model.config.num_hidden_layers)
+    assert torch.isnan(ratios[0, :START]).all()
+    expected = _cached_oracle(name, layers, approx, length)
+    _assert_ratios_equal(ratios[0, START:], expected, f"{approx} on {name} (positions from {START})")
+    assert (expected > 0).all()  # START >= 2S: every traced position speculates
+    if approx != "sink":
+        sink = _cached_oracle(name, layers, "sink", length)
+        assert not torch.allclose(expected, sink, rtol=1e-3, atol=1e-4), f"{approx} cannot be told from sink"
+
+
+@pytest.mark.parametrize("approx", oracle.APPROXES)
+def test_left_padding_is_never_selected(family, approx):
+    name, model, ids, _ = family
+    model = _pad_heavy(model)
+    pad = 12
+    short = ids[0, :ids.shape[1] - pad]
+    batch = torch.stack([ids[0], torch.cat([torch.zeros(pad, dtype=torch.long), short])])
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    layers = _plain_layers(model, batch, mask)
+    region = DecodeRegion.build(pad=[0, pad], spec_start=[START, START + pad])
+    ratios = _speculator_ratios(model, approx, batch, region, mask)
+    assert torch.isnan(ratios[1, :START + pad]).all()
+    logical_end = short.shape[0]
+    expected = _oracle_ratios(layers, 1, pad, approx, START, logical_end)
+    _assert_ratios_equal(ratios[1, START + pad:], expected, f"{approx} on {name}, left padded row")
+    _assert_ratios_equal(ratios[0, START:], _oracle_ratios(layers, 0, 0, approx, START, ids.shape[1]),
+                         f"{approx} on {name}, unpadded row of the padded batch")
+    # The comparison bites: were the padding selectable (the row taken as a sequence from physical index 0), the
+    # reference would keep padded keys and give other ratios.
+    selectable = _oracle_ratios(layers, 1, 0, approx, START + pad, batch.shape[1])
+    assert not torch.allclose(selectable, expected, rtol=1e-3, atol=1e-4)
+    if approx == "topk":
+        picked = 0
+        for query, key, _, _ in layers:
+            for phys in range(START + pad, batch.shape[1]):
+                kept = oracle.kept_keys(query[1, :, phys], key[1], phys, WINDOW, "topk")
+                picked += sum(t < pad for keys in kept for t in keys)
+        assert picked > 0, "no padded key would score into topk's budget: the test would not catch it"
