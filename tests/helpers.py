@@ -56,11 +56,16 @@ def median_ratio(lm: ALSpecLM, text: str) -> float:
     no decision sits on the threshold, where float noise between equivalent computations could flip it."""
     ids = torch.tensor([TOKENIZER(text)["input_ids"]])
     region = DecodeRegion.build([0], [ids.shape[1] // 3])
-    with torch.no_grad(), lm.speculator.speculating(region, type(lm.spec_config)(lam=0.0, window=lm.spec_config.window)) as trace:
+    with torch.no_grad(), lm.speculator.speculating(region, _measuring(lm.spec_config)) as trace:
         lm.model(ids)
     ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
     middle = len(ratios) // 2
     return float(ratios[middle - 1] + ratios[middle]) / 2
+
+
+def _measuring(config):
+    """lambda 0 (every position measured, exact commits) with the config's window and approximation."""
+    return type(config)(lam=0.0, window=config.window, approx=config.approx, page=config.page)
 
 
 def stepwise_logprob(lm: ALSpecLM, context: list[int], continuation: list[int]):

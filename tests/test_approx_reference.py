@@ -79,8 +79,9 @@ def test_quest_bound_is_an_upper_bound(seed):
             for h in range(kvh * g, (kvh + 1) * g):
                 assert bound >= float((keys @ q[h].double()).max()) - 1e-9
             # the bound of the group is the largest head's bound: some head's per-channel bound attains it
-            best = max(float(torch.maximum(q[h].double() * keys.min(0).values, q[h].double() * keys.max(0).values)
-                             .sum()) for h in range(kvh * g, (kvh + 1) * g))
+            mn, mx = keys.amin(0), keys.amax(0)
+            best = max(float(torch.maximum(q[h].double() * mn, q[h].double() * mx).sum())
+                       for h in range(kvh * g, (kvh + 1) * g))
             assert bound == pytest.approx(best, rel=1e-12, abs=1e-12)
 
 
@@ -190,27 +191,27 @@ AttentionInterface.register(CAPTURE, _capture)
 AttentionMaskInterface.register(CAPTURE, sdpa_mask)
 
 
-def _plain_layers(model, ids, attention_mask=None):
+def _plain_layers(model, ids, **kwargs):
     """Per layer, the (query, key, value, scaling) the plain model's attention receives: (B, H, T, D) each."""
     plain = copy.deepcopy(model)
     plain.set_attn_implementation(CAPTURE)
     assert plain.config._attn_implementation == CAPTURE
     _CALLS.clear()
     with torch.no_grad():
-        plain(ids, attention_mask=attention_mask)
+        plain(ids, **kwargs)
     calls = list(_CALLS)
     _CALLS.clear()
     assert [c[0] for c in calls] == list(range(model.config.num_hidden_layers))
     return [c[1:] for c in calls]
 
 
-def _speculator_ratios(model, approx, ids, region, attention_mask=None):
+def _speculator_ratios(model, approx, ids, region, **kwargs):
     args = {"window": WINDOW, "approx": approx, "lambda": 0.0}
     if approx == "quest":
         args["page"] = PAGE
     spec = alspec_lm(model, **args)
     with torch.no_grad(), spec.speculator.speculating(region, spec.spec_config) as trace:
-        spec.model(ids, attention_mask=attention_mask)
+        spec.model(ids, **kwargs)
     assert trace.offset == 0
     return trace.ratios
 
@@ -228,7 +229,8 @@ def _oracle_ratios(layers, row, pad, approx, start, end):
 
 
 def _pad_heavy(model):
-    """The model with a large embedding for the pad token (id 0), so that padded keys differ from real ones."""
+    """The model with a large random embedding for the pad token (id 0). RMSNorm undoes the scale, but the odd
+    direction gives padded keys that topk would pick (test_left_padding_is_never_selected checks that it would)."""
     model = copy.deepcopy(model)
     with torch.no_grad():
         gen = torch.Generator().manual_seed(11)
@@ -278,20 +280,33 @@ def test_speculator_ratios_equal_the_reference(family, approx):
         assert not torch.allclose(expected, sink, rtol=1e-3, atol=1e-4), f"{approx} cannot be told from sink"
 
 
+@pytest.mark.parametrize("positions", ["physical", "logical"])
 @pytest.mark.parametrize("approx", oracle.APPROXES)
-def test_left_padding_is_never_selected(family, approx):
-    name, model, ids, _ = family
+def test_left_padding_is_never_selected(family, approx, positions):
+    """A left padded row (pad tokens with a large embedding) records the reference's ratios of its unpadded
+    sequence. "physical": no position_ids (HF's RoPE positions count the padding), compared with the reference on
+    the padded run's own query/key/value of the row's real tokens; "logical": position_ids that start at 0 on the
+    first real token, compared with the reference on the unpadded sequence run alone."""
+    name, model, ids, solo_layers = family
     model = _pad_heavy(model)
     pad = 12
     short = ids[0, :ids.shape[1] - pad]
     batch = torch.stack([ids[0], torch.cat([torch.zeros(pad, dtype=torch.long), short])])
     mask = torch.ones_like(batch)
     mask[1, :pad] = 0
-    layers = _plain_layers(model, batch, mask)
+    kwargs = {"attention_mask": mask}
+    if positions == "logical":
+        kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    layers = _plain_layers(model, batch, **kwargs)
     region = DecodeRegion.build(pad=[0, pad], spec_start=[START, START + pad])
-    ratios = _speculator_ratios(model, approx, batch, region, mask)
+    ratios = _speculator_ratios(model, approx, batch, region, **kwargs)
     assert torch.isnan(ratios[1, :START + pad]).all()
     logical_end = short.shape[0]
+    if positions == "logical":
+        expected = _cached_oracle(name, solo_layers, approx, ids.shape[1])[:logical_end - START]
+        _assert_ratios_equal(ratios[1, START + pad:], expected, f"{approx} on {name}, left padded row, "
+                             "logical position_ids, against the unpadded sequence alone")
+        return
     expected = _oracle_ratios(layers, 1, pad, approx, START, logical_end)
     _assert_ratios_equal(ratios[1, START + pad:], expected, f"{approx} on {name}, left padded row")
     _assert_ratios_equal(ratios[0, START:], _oracle_ratios(layers, 0, 0, approx, START, ids.shape[1]),

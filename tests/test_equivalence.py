@@ -18,6 +18,13 @@ from tiny import ARCHS, tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 KINDS = [e.id for e in examples(0.1)]
+APPROXIMATIONS = ["sink", "quest", "topk"]
+
+
+def approx_args(approx: str, window: int) -> dict:
+    """model_args of an approximation; Quest with pages of S/2 tokens (two pages chosen by bound besides the first
+    and the current one)."""
+    return {"approx": approx, **({"page": window // 2} if approx == "quest" else {})}
 
 
 def _example(kind: str, lam: float, model: torch.nn.Module, folder) -> Example:
@@ -39,9 +46,10 @@ def chunks(request, monkeypatch):
     return request.param
 
 
-def test_lambda_zero_is_the_baseline(model):
+@pytest.mark.parametrize("approx", APPROXIMATIONS)
+def test_lambda_zero_is_the_baseline(model, approx):
     baseline = hf_lm(model, batch_size=2)
-    spec = alspec_lm(model, batch_size=2, **{"lambda": 0.0})
+    spec = alspec_lm(model, batch_size=2, **approx_args(approx, 8), **{"lambda": 0.0})
     assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())
     assert spec.loglikelihood(ll_requests()) == baseline.loglikelihood(ll_requests())
     total = spec.statistics()["tasks"]["gen"]["total"]
@@ -78,9 +86,10 @@ def test_sink_policy_equals_reference_sink_attention(model, chunks, align):
     assert (decided == ACCEPTED).any() and not (decided == REJECTED).any()
 
 
-def test_window_covering_context_is_exact_and_trivial(model):
+@pytest.mark.parametrize("approx", APPROXIMATIONS)
+def test_window_covering_context_is_exact_and_trivial(model, approx):
     baseline = hf_lm(model)
-    spec = alspec_lm(model, policy="sink", window=512)
+    spec = alspec_lm(model, policy="sink", window=512, **approx_args(approx, 512))
     assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())
     assert spec.loglikelihood(ll_requests()) == baseline.loglikelihood(ll_requests())
     for task in ("gen", "ll"):
@@ -88,16 +97,18 @@ def test_window_covering_context_is_exact_and_trivial(model):
         assert total["speculated"] == 0 and total["trivial"] > 0 and total["hit_rate"] is None
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_teacher_forcing_equals_token_by_token_decoding(model, chunks, kind, tmp_path):
+@pytest.mark.parametrize(("kind", "approx"), [(kind, "sink") for kind in KINDS] +
+                         [(kind, approx) for kind in ("dynamic", "sink") for approx in APPROXIMATIONS[1:]])
+def test_teacher_forcing_equals_token_by_token_decoding(model, chunks, kind, approx, tmp_path):
     """Every kind of row (row_kinds.py), run from its own model_args: scoring a continuation in one pass gives the
     log-probability and the per-layer decisions of decoding it token by token with a KV cache, and each layer
-    decides as its plan line says (off: nothing recorded; always: all accepted; reject: none; a lambda: mixed)."""
-    probe = alspec_lm(model, window=4)
+    decides as its plan line says (off: nothing recorded; always: all accepted; reject: none; a lambda: mixed).
+    Every approximation of A~ too (its keys chosen per KV head from the cache as it stood at each token)."""
+    probe = alspec_lm(model, window=4, **approx_args(approx, 4))
     context, continuation = "It was the best of times, it was the", " worst of times, it was the age of wisdom"
     lam = median_ratio(probe, context + continuation)
     example = _example(kind, lam, model, tmp_path)
-    spec = alspec_lm(model, window=4, **example.model_args)
+    spec = alspec_lm(model, window=4, **example.model_args, **approx_args(approx, 4))
     requests = ll_requests(task="tf")
     requests[0].arguments = (context, continuation)
     (teacher, _), *_ = spec.loglikelihood(requests[:1])
@@ -138,11 +149,13 @@ def test_exactly_the_kinds_that_never_accept_at_lambda_zero_equal_hf(model, kind
         assert lls != expected
 
 
-@pytest.mark.parametrize(("kind", "trace_tokens"), [(kind, True) for kind in KINDS] + [("dynamic", False)])
-def test_batch_size_and_left_padding_do_not_change_decisions(model, kind, trace_tokens, tmp_path):
-    probe = alspec_lm(model)
+@pytest.mark.parametrize(("kind", "trace_tokens", "approx"),
+                         [(kind, True, "sink") for kind in KINDS] + [("dynamic", False, "sink")] +
+                         [(kind, True, approx) for kind in ("dynamic", "selfspec") for approx in APPROXIMATIONS[1:]])
+def test_batch_size_and_left_padding_do_not_change_decisions(model, kind, trace_tokens, approx, tmp_path):
+    probe = alspec_lm(model, **approx_args(approx, 8))
     lam = median_ratio(probe, PROMPT_FOR_LAMBDA)
-    args = _example(kind, lam, model, tmp_path).model_args
+    args = {**_example(kind, lam, model, tmp_path).model_args, **approx_args(approx, 8)}
     runs = {}
     for batch_size in (1, 4):
         spec = alspec_lm(model, batch_size=batch_size, trace_tokens=trace_tokens, **args)
