@@ -28,7 +28,27 @@ BAD = [
     ({"lamda": 0.1}, "did you mean 'lambda'"),
     ({"windows": 64}, "did you mean 'window'"),
     ({"polciy": "sink"}, "did you mean 'policy'"),
+    ({"approx": "snapkv"}, "approx='snapkv'"),
+    ({"page": 16}, "page=16 only applies to approx=quest"),
+    ({"approx": "quest", "page": 0}, "page=0"),
+    ({"approx": "quest", "page": "x"}, "page='x'"),
+    ({"approx": "quest", "window": 8, "page": 16}, "page=16"),  # one past the window: use e.g. page=8
+    ({"approx": "quest", "window": 12, "page": 5}, "page=5"),  # does not divide 2S
+    ({"approx": "quest", "backend": "tt", "window": 128}, "backend=sim only"),
+    ({"approx": "topk", "kernel": "triton"}, "kernel=triton"),
+    ({"approx": "topk", "kernel": "torch"}, "kernel=torch"),
+    ({"approx": "topk", "window_align": 32}, "window_align=32"),
 ]
+
+
+def test_page_at_exactly_the_window_is_accepted_and_the_default_is_quests():
+    assert SpeculationConfig(approx="quest", window=8, page=8).page == 8  # page 0 and the current page: 2S keys
+    assert SpeculationConfig(approx="quest", window=8, page="4").page == 4
+    assert SpeculationConfig(approx="quest").page == 16 and SpeculationConfig().page is None
+    with pytest.raises(ConfigError, match="use e.g. page=8"):
+        SpeculationConfig(approx="quest", window=8, page=9)
+    config = SpeculationConfig(approx="topk", lam=0.2)
+    assert config.to_dict()["approx"] == "topk" and config.sink_draft().approx == "topk"
 
 
 @pytest.mark.parametrize(("args", "named"), BAD)
@@ -86,7 +106,7 @@ def test_a_key_nobody_takes_is_one_line(key, meant):
 
     line = unknown_model_arg(key, 1, "LlamaForCausalLM", _HFLM_ARGS)
     assert "\n" not in line and f"{key}=1" in line and "LlamaForCausalLM does not take" in line
-    assert "lambda, lambda_schedule, policy" in line and "from_pretrained" in line
+    assert "lambda, lambda_schedule, page, policy" in line and "from_pretrained" in line
     assert (f"did you mean {meant!r}" in line) if meant else "did you mean" not in line
 
 
