@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .config import SpeculationConfig
+from .config import APPROXIMATIONS, DEFAULT_PAGE, SpeculationConfig
 from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 
 # The paper's row order, then token-level self-speculation, then a tuned per-layer schedule (alspec-tune).
@@ -20,13 +20,17 @@ POLICY_OF_KIND = {"baseline": "exact", "dynamic": "dynamic", "sink": "sink", "st
 @dataclass(frozen=True)
 class Row:
     """Baseline (exact), one lambda (dynamic), pure sink (lambda = inf), the static layer baseline, token-level
-    self-speculation with draft length ``gamma``, or a per-layer lambda ``schedule`` (tuned)."""
+    self-speculation with draft length ``gamma``, or a per-layer lambda ``schedule`` (tuned). Every kind but the
+    baseline takes A~ from an approximation ``approx`` (the sink windows by default; quest with pages of ``page``
+    tokens, topk)."""
 
     kind: str
     lam: float | None = None  # dynamic rows only
     gamma: int | None = None  # selfspec rows only
     schedule: LambdaSchedule | None = field(default=None, compare=False)  # tuned rows only (compared by digest)
     digest: str | None = None  # the schedule's, which identifies a tuned row
+    approx: str = "sink"
+    page: int | None = None  # quest rows only (DEFAULT_PAGE when not given)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -37,46 +41,65 @@ class Row:
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'selfspec' else 'takes no'} gamma")
         if (self.kind == "tuned") != (self.schedule is not None):
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'tuned' else 'takes no'} schedule")
+        if self.approx not in APPROXIMATIONS or (self.kind == "baseline" and self.approx != "sink"):
+            raise ValueError(f"a {self.kind} row cannot take approx {self.approx!r}")
+        if self.approx == "quest":
+            object.__setattr__(self, "page", int(self.page or DEFAULT_PAGE))
+        elif self.page is not None:
+            raise ValueError(f"a {self.approx} row takes no page")
         if self.lam is not None:
             object.__setattr__(self, "lam", float(self.lam))
         if self.schedule is not None:
             object.__setattr__(self, "digest", self.schedule.digest)
 
     @classmethod
-    def dynamic(cls, lam: float) -> Row:
-        return cls("dynamic", lam=lam)
+    def dynamic(cls, lam: float, approx: str = "sink", page: int | None = None) -> Row:
+        return cls("dynamic", lam=lam, approx=approx, page=page)
 
     @classmethod
-    def selfspec(cls, gamma: int) -> Row:
-        return cls("selfspec", gamma=int(gamma))
+    def selfspec(cls, gamma: int, approx: str = "sink", page: int | None = None) -> Row:
+        return cls("selfspec", gamma=int(gamma), approx=approx, page=page)
 
     @classmethod
-    def tuned(cls, schedule: LambdaSchedule) -> Row:
-        return cls("tuned", schedule=schedule)
+    def tuned(cls, schedule: LambdaSchedule, approx: str = "sink", page: int | None = None) -> Row:
+        return cls("tuned", schedule=schedule, approx=approx, page=page)
+
+    def approximated(self, approx: str, page: int | None = None) -> Row:
+        """The same row with A~ from ``approx`` (``page``: quest's)."""
+        return replace(self, approx=approx, page=page if approx == "quest" else None)
 
     # ------------------------------------------------------------------ names
 
     @property
     def name(self) -> str:
-        """The cell's file name (``cells/<task>/<name>.json``)."""
+        """The cell's file name (``cells/<task>/<name>.json``); the sink's rows keep the paper's names."""
         if self.kind == "dynamic":
-            return f"lambda_{self.lam:g}"
-        if self.kind == "selfspec":
-            return f"selfspec_g{self.gamma}"
-        if self.kind == "tuned":
-            return f"tuned_{self.digest[:10]}"
-        return self.kind
+            name = f"lambda_{self.lam:g}"
+        elif self.kind == "selfspec":
+            name = f"selfspec_g{self.gamma}"
+        elif self.kind == "tuned":
+            name = f"tuned_{self.digest[:10]}"
+        else:
+            name = self.kind
+        return name + self._approx_suffix("_", "_p")
 
     @property
     def label(self) -> str:
         """How tables and figures name the row."""
         if self.kind == "dynamic":
-            return f"λ = {self.lam:g}"
-        if self.kind == "selfspec":
-            return f"selfspec γ = {self.gamma}"
-        if self.kind == "tuned":
-            return f"tuned {self.digest[:6]}"
-        return self.kind
+            label = f"λ = {self.lam:g}"
+        elif self.kind == "selfspec":
+            label = f"selfspec γ = {self.gamma}"
+        elif self.kind == "tuned":
+            label = f"tuned {self.digest[:6]}"
+        else:
+            label = self.kind
+        return label + self._approx_suffix(" · ", " P=")
+
+    def _approx_suffix(self, sep: str, page_sep: str) -> str:
+        if self.approx == "sink":
+            return ""
+        return f"{sep}{self.approx}" + (f"{page_sep}{self.page}" if self.page is not None else "")
 
     @property
     def order(self) -> int:
@@ -93,6 +116,15 @@ class Row:
     def shares_prefill(self) -> bool:
         """Whether the row can run on a sweep's shared exact prefill (static calibrates on the others first)."""
         return self.kind != "static"
+
+    @property
+    def calibrated(self) -> bool:
+        """The static row: its layers come from the dynamic cell at the static lambda of the same approximation."""
+        return self.kind == "static"
+
+    def calibration(self, lam: float) -> Row:
+        """The dynamic row a calibrated row reads its layers from."""
+        return Row.dynamic(lam, self.approx, self.page)
 
     @property
     def exact_attention(self) -> bool:
@@ -115,7 +147,8 @@ class Row:
         calibration's hit rate, so the exact model is that policy."""
         policy = "exact" if self.kind == "static" and not static_layers else self.policy
         return {"policy": policy, "static_layers": tuple(static_layers), "gamma": self.gamma,
-                "lambda_schedule": self.schedule, "lam": self.lam if self.kind == "dynamic" else DEFAULT_LAMBDA}
+                "lambda_schedule": self.schedule, "lam": self.lam if self.kind == "dynamic" else DEFAULT_LAMBDA,
+                "approx": self.approx, "page": self.page}
 
     def config(self, base: SpeculationConfig, static_layers: tuple[int, ...] = ()) -> SpeculationConfig:
         """The row's own config: ``base``'s window, kernel and backend with the row's settings; its
@@ -130,13 +163,21 @@ class Row:
             out["gamma"] = self.gamma
         if self.kind == "tuned":
             out["lambda_schedule"] = self.schedule.to_dict()
+        if self.approx != "sink":
+            out["approx"], out["page"] = self.approx, self.page
         return out
 
     # ------------------------------------------------------------------ reading cell files
 
     @classmethod
-    def from_record(cls, policy: str, lam: Any = None, gamma: Any = None, schedule: Any = None) -> Row:
-        """The row a cell file records (``policy``, ``lambda``, ``gamma``, ``lambda_schedule``)."""
+    def from_record(cls, policy: str, lam: Any = None, gamma: Any = None, schedule: Any = None,
+                    approx: str | None = None, page: int | None = None) -> Row:
+        """The row a cell file records (``policy``, ``lambda``, ``gamma``, ``lambda_schedule``, ``approx``,
+        ``page``; cells before approximations were the sink's)."""
+        return cls._from_record(policy, lam, gamma, schedule).approximated(approx or "sink", page)
+
+    @classmethod
+    def _from_record(cls, policy: str, lam: Any, gamma: Any, schedule: Any) -> Row:
         if policy == "dynamic" and schedule is not None:
             return cls.tuned(LambdaSchedule.from_json(schedule["schedule"], path=schedule.get("path")))
         if policy == "dynamic":
@@ -156,7 +197,22 @@ class Row:
 BASELINE, SINK, STATIC = Row("baseline"), Row("sink"), Row("static")
 
 
-def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, gammas: list[int] = ()) -> list[Row]:
-    """The rows of a sweep that share one exact prefill, in run order."""
-    return [*([BASELINE] if baseline else []), *(Row.dynamic(lam) for lam in lambdas), *([SINK] if sink else []),
-            *(Row.selfspec(g) for g in gammas)]
+def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, gammas: list[int] = (),
+               approximations: list[str] = ("sink",), page: int | None = None) -> list[Row]:
+    """The rows of a sweep that share one exact prefill, in run order: the baseline, then per approximation its
+    lambdas, its sink row (A~ always) and its self-speculation rows."""
+    return [*([BASELINE] if baseline else []),
+            *(row.approximated(approx, page) for approx in approximations
+              for row in [*map(Row.dynamic, lambdas), *([SINK] if sink else []), *map(Row.selfspec, gammas)])]
+
+
+def prefill_groups(rows: list[Row]) -> list[list[Row]]:
+    """The rows that share a prefill, grouped so that each group's forward passes use one approximation (the
+    passes of a shared batch gather one A~); the baseline and self-speculation (which drafts alone) join the first."""
+    groups: dict[tuple[str, int | None], list[Row]] = {}
+    for row in rows:
+        if row.shares_prefill:
+            free = row.exact_attention
+            key = next(iter(groups), (row.approx, row.page)) if free else (row.approx, row.page)
+            groups.setdefault(key, []).append(row)
+    return list(groups.values())

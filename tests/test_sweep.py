@@ -34,11 +34,29 @@ def test_shipped_configs_are_valid(name):
     ({"window": 0}, "window=0 must be an integer >= 1"),
     ({"gammas": [4, 0]}, "gammas must be a list of draft lengths"),
     ({"lambdas": []}, "lambdas is empty ([]), but the static baseline calibrates"),
+    ({"approx": ["sink", "snapkv"]}, "approx='snapkv' is unknown"),
+    ({"approx": []}, "approx must be a list of approximations"),
+    ({"page": 8}, "page=8 only applies to approx quest"),
+    ({"approx": ["quest"], "window": 8, "page": 16}, "page=16 does not divide"),
+    ({"approx": ["quest"], "window": 8}, "page=16 does not divide"),  # quest's default page, one past S = 8
+    ({"approx": ["topk"], "model_args": {"kernel": "triton"}}, "kernel=triton"),
+    ({"approx": ["quest"], "model_args": {"backend": "tt"}, "window": 128}, "backend=sim only"),
+    ({"model_args": {"approx": "topk"}}, "move them there"),
 ])
 def test_config_errors_name_the_key_and_fix(change, message):
     raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.2], **change}
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(raw)
+
+
+def test_a_sweep_of_approximations_has_each_approximations_rows_and_static_calibrated_on_its_own():
+    config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "window": 8, "page": 4,
+                           "approx": ["quest", "sink", "quest"]})
+    assert [row.name for row in config.rows()] == [
+        "baseline", "lambda_0.1_quest_p4", "sink_quest_p4", "lambda_0.1", "sink", "static_quest_p4", "static"]
+    assert config.rows()[-2].calibration(0.1).name == "lambda_0.1_quest_p4"
+    assert [row.name for row in parse_config({"name": "x", "tasks": ["t"], "lambdas": [0.1]}).rows()] == [
+        "baseline", "lambda_0.1", "sink", "static"]  # without approx: the paper's rows, as before
 
 
 def test_empty_lambdas_without_static_is_a_sweep():

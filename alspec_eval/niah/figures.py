@@ -31,9 +31,14 @@ def _score(sample: dict[str, Any]) -> float:
     return next(v for k, v in sample.items() if k.isdigit())
 
 
+def _row(cell: dict[str, Any]) -> Row:
+    return Row.from_record(cell["policy"], cell.get("lambda"), cell.get("gamma"), cell.get("lambda_schedule"),
+                           cell.get("approx"), cell.get("page"))
+
+
 def _label(cell: dict[str, Any]) -> str:
     """The row a raw cell JSON was made as, for a title: "λ = 0.05", "baseline", "sink"."""
-    return Row.from_record(cell["policy"], cell.get("lambda"), cell.get("gamma"), cell.get("lambda_schedule")).label
+    return _row(cell).label
 
 
 def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
@@ -165,7 +170,7 @@ def write_niah_figures(outdir: Path, tokenizer: Any = None) -> list[Path]:
     for name, cell in cells.items():
         if cell["sample_log"] and "max_length" in cell["sample_log"][0]["doc"]:
             written.append(save(length_depth_grid(cell), figures / f"{cell['task']}_{name}_grid.png"))
-        row = Row.from_record(cell["policy"], cell.get("lambda"), cell.get("gamma"), cell.get("lambda_schedule"))
+        row = _row(cell)
         if tokenizer is not None and row.by_lambda:
             layers = cell["alspec"]["num_layers"]
             written.append(save(token_traces(cell, tokenizer, layers), figures / f"{cell['task']}_{name}_tokens.png"))

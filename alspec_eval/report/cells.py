@@ -61,11 +61,13 @@ class Cell:
     gamma: int | None = None  # selfspec: tokens drafted per step
     draft: dict[str, Any] | None = None  # selfspec with generations: gamma, steps, drafted, accepted, tau, hist
     schedule: dict[str, Any] | None = None  # a tuned row's per-layer lambdas: schedule, path, sha256
+    approx: str = "sink"  # which 2S keys A~ attended to (cells before approximations: the sink's)
+    page: int | None = None  # approx=quest's page size
 
     @functools.cached_property
     def row(self) -> Row:
         """The row the cell file records (read once: every property below asks it)."""
-        return Row.from_record(self.policy, self.lam, self.gamma, self.schedule)
+        return Row.from_record(self.policy, self.lam, self.gamma, self.schedule, self.approx, self.page)
 
     @property
     def hit_rate(self) -> float | None:
@@ -172,7 +174,7 @@ def load_cell(path: Path) -> Cell:
                 score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
                 samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),
                 gamma=d.get("gamma", (stats.get("selfspec") or {}).get("gamma")), draft=stats.get("selfspec"),
-                schedule=d.get("lambda_schedule"))
+                schedule=d.get("lambda_schedule"), approx=d.get("approx") or "sink", page=d.get("page"))
 
 
 def _same_edges(edges: list[float]) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError
+from ..config import MODEL_ARGS, ConfigError, SpeculationConfig
 from ..rows import STATIC, Row, sweep_rows
 from ..schedule import LambdaSchedule
 
@@ -37,6 +37,8 @@ class SweepConfig:
     static: StaticBaseline | None = field(default_factory=StaticBaseline)
     gammas: list[int] = field(default_factory=list)  # a policy=selfspec row per draft length
     schedules: list[str] = field(default_factory=list)  # a tuned row per lambda_schedule file (alspec-tune)
+    approx: list[str] = field(default_factory=lambda: ["sink"])  # the rows of each approximation of A~ (model_args approx)
+    page: int | None = None  # approx quest's page size (DEFAULT_PAGE when not given)
     shared_prefill: bool = True
     device: str = "cpu"
     batch_size: int = 1
@@ -57,8 +59,9 @@ class SweepConfig:
     def rows(self) -> list[Row]:
         """Rows per task, in run order: the shared-prefill group first, static last (it calibrates on them)."""
         tuned = [Row.tuned(LambdaSchedule.load(path)) for path in self.schedules]
-        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas), *tuned,
-                *([STATIC] if self.static else [])]
+        static = [STATIC.approximated(approx, self.page) for approx in self.approx] if self.static else []
+        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas, self.approx, self.page), *tuned,
+                *static]
 
 
 def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
@@ -145,7 +148,32 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
             raise ConfigError(f"{source}: {key} must be a mapping, got {raw[key]!r}")
     if "window_align" in raw and raw["window_align"] not in (1, 32):
         raise ConfigError(f"{source}: window_align={raw['window_align']!r} must be 1 or 32")
+    _check_approximations(raw, source)
     return SweepConfig(**raw)
+
+
+def _check_approximations(raw: dict[str, Any], source: str) -> None:
+    """approx: a list of approximations, each valid with the sweep's window, page and model_args (backend, kernel)."""
+    approx = raw.get("approx", ["sink"])
+    if isinstance(approx, str):
+        approx = [approx]
+    if not isinstance(approx, list) or not approx or not all(isinstance(a, str) for a in approx):
+        raise ConfigError(f"{source}: approx must be a list of approximations, e.g. [sink, quest, topk], got {approx!r}")
+    raw["approx"] = list(dict.fromkeys(approx))
+    page = raw.get("page")
+    if page is not None and "quest" not in raw["approx"]:
+        raise ConfigError(f"{source}: page={page!r} only applies to approx quest; drop it or add quest to approx")
+    ours = {k: v for k, v in raw.get("model_args", {}).items() if k in MODEL_ARGS}
+    if "approx" in ours or "page" in ours:
+        raise ConfigError(f"{source}: model_args approx/page: a sweep's approximations are its approx and page keys; "
+                          "move them there")
+    for name in raw["approx"]:
+        args = {**ours, "window": raw.get("window", 128), "window_align": raw.get("window_align", 1), "approx": name,
+                **({"page": page} if name == "quest" and page is not None else {})}
+        try:
+            SpeculationConfig.from_model_args(args)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
 
 
 def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:
@@ -155,7 +183,7 @@ def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:
            **({"samples": config.samples.get(task)} if config.samples is not None else {}),
            "apply_chat_template": config.apply_chat_template, "gen_kwargs": config.gen_kwargs,
            "metadata": config.metadata, "seed": config.seed}
-    if row == STATIC and config.static is not None:
+    if row.calibrated and config.static is not None:
         out["static"] = {"p": config.static.p, "lambda": config.static.lam}
     return json.loads(json.dumps(out, sort_keys=True, default=str))
 

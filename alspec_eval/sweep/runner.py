@@ -21,7 +21,7 @@ from ..provenance import provenance
 from ..atomic_json import write_json_atomic
 from ..stats import AcceptanceStats
 from .._lmeval_hook import tasks_dir
-from ..rows import STATIC, Row
+from ..rows import Row, prefill_groups
 from .config import SweepConfig, fingerprint
 
 CellHook = Callable[[Path], None]
@@ -133,10 +133,11 @@ def check_tasks(tasks: list[str]) -> None:
             raise ConfigError(f"tasks: {task!r} is not an lm-eval task or group; {hint}")
 
 
-def static_layers(out: Path, task: str, config: SweepConfig) -> list[int]:
-    """Layers whose acceptance in the dynamic cell at static.lambda reaches static.p (the paper's Figure 2)."""
+def static_layers(out: Path, task: str, config: SweepConfig, row: Row) -> list[int]:
+    """Layers whose acceptance in the dynamic cell at static.lambda (of the row's approximation) reaches static.p
+    (the paper's Figure 2)."""
     assert config.static is not None
-    dynamic = json.loads(cell_path(out, task, Row.dynamic(config.static.lam)).read_text())
+    dynamic = json.loads(cell_path(out, task, row.calibration(config.static.lam)).read_text())
     return [layer["layer"] for layer in dynamic["alspec"]["layers"]
             if layer["hit_rate"] is not None and layer["hit_rate"] >= config.static.p]
 
@@ -236,20 +237,21 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
 
     for task in config.tasks:
         todo = [row for row in rows if (task, row) in missing]
-        group = [row for row in todo if row.shares_prefill]
-        if group and config.shared_prefill:
-            with lm.shared_prefill([row for row in rows if row.shares_prefill]) as shared:
+        for variants in prefill_groups(rows):
+            group = [row for row in variants if row in todo]
+            if group and config.shared_prefill:
+                with lm.shared_prefill(variants) as shared:
+                    for row in group:
+                        with lm.answering(row, shared=shared):
+                            write(task, row, row.record())
+            else:
                 for row in group:
-                    with lm.answering(row, shared=shared):
+                    with lm.answering(row):
                         write(task, row, row.record())
-        else:
-            for row in group:
-                with lm.answering(row):
-                    write(task, row, row.record())
-        if STATIC in todo:
-            layers = static_layers(out, task, config)
-            with lm.answering(STATIC, tuple(layers)):
-                write(task, STATIC, {**STATIC.record(layers),
-                                     "calibration": {"p": config.static.p, "lambda": config.static.lam}})
+        for row in (row for row in todo if row.calibrated):
+            layers = static_layers(out, task, config, row)
+            with lm.answering(row, tuple(layers)):
+                write(task, row, {**row.record(layers),
+                                  "calibration": {"p": config.static.p, "lambda": config.static.lam}})
     progress.close()
     return out
