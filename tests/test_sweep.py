@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from alspec_eval.config import ConfigError
-from alspec_eval.rows import Row
+from alspec_eval.rows import BASELINE, SINK, Row
 from alspec_eval.sweep.config import load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, read_cells, sample_stats
@@ -99,6 +99,42 @@ def test_shared_prefill_equals_separate_runs(tmp_path):
     assert shared["selfspec_g2"][0] == shared["baseline"][0]  # lossless
     assert all(s["selfspec"]["steps"] > 0 for s in shared["selfspec_g2"][1])
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("approx", ["quest", "topk"])
+def test_shared_prefill_of_an_approximation_equals_separate_runs(approx):
+    """A prefill group of another approximation (and self-speculation drafting with it) answers as runs of its own
+    model_args would; a group mixing two approximations is refused."""
+    model = tiny_model()
+    args = {"approx": approx, **({"page": 4} if approx == "quest" else {})}
+    lam = median_ratio(alspec_lm(model, **args), PROMPTS[0])
+    page = args.get("page")
+    variants = [BASELINE, Row.dynamic(lam, approx, page), SINK.approximated(approx, page),
+                Row.selfspec(2, approx, page)]
+    shared_lm = alspec_lm(model, batch_size=2)
+    with pytest.raises(ValueError, match="share one approximation"), \
+            shared_lm.shared_prefill([Row.dynamic(lam), Row.dynamic(lam, approx, page)]):
+        pass
+    shared = {}
+    with shared_lm.shared_prefill(variants) as fork:
+        for variant in variants:
+            with shared_lm.answering(variant, shared=fork):
+                gen, ll = gen_requests(), ll_requests()
+                shared[variant] = (shared_lm.generate_until(gen), sample_stats(gen), shared_lm.loglikelihood(ll),
+                                   sample_stats(ll))
+    own_args = [{"policy": "exact"}, {"lambda": lam, **args}, {"policy": "sink", **args},
+                {"policy": "selfspec", "gamma": 2, **args}]
+    for variant, own in zip(variants, own_args, strict=True):
+        lm = alspec_lm(model, batch_size=2, **own)
+        gen, ll = gen_requests(), ll_requests()
+        texts, gen_stats, lls, ll_stats = shared[variant]
+        assert lm.generate_until(gen) == texts, variant
+        assert sample_stats(gen) == gen_stats, variant
+        assert [x for x, _ in lm.loglikelihood(ll)] == pytest.approx([x for x, _ in lls], abs=1e-4), variant
+        assert sample_stats(ll) == ll_stats, variant
+    accepted = [sum(s["accepted"] for s in shared[v][1]) for v in variants[:3]]
+    assert accepted[0] == 0 < accepted[1] < accepted[2]
 
 
 @pytest.mark.slow
