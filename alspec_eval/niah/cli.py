@@ -50,6 +50,7 @@ def niah_config(args: argparse.Namespace) -> SweepConfig:
         "shared_prefill": not args.no_shared_prefill,
         "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
         "metadata": metadata, "output": args.output or f"results/niah_{args.mode}", "seed": args.seed,
+        "approx": [a for a in args.approx.split(",") if a], **({"page": args.page} if args.page is not None else {}),
     }, source="needle run")
 
 
@@ -63,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=64, help="S, tokens in each sink window")
     p.add_argument("--gammas", default="", help="self-speculation cells (policy=selfspec), one per draft length, "
                                                 "e.g. 2,4; none by default")
+    p.add_argument("--approx", default="sink", help="approximations of A~, each with its rows: sink (the paper's), "
+                   "quest (Quest's pages), topk (an oracle ceiling: the top-scoring keys)")
+    p.add_argument("--page", type=int, default=None, help="approx quest's page size in tokens (default 16)")
     p.add_argument("--samples", type=int, default=1, help="prompts per length (and depth)")
     p.add_argument("--needle", choices=["passkey", "fact"], default="passkey", help="single mode's needle")
     p.add_argument("--model_args", "--model-args", dest="model_args", default="pretrained=smollm2,dtype=float32",
