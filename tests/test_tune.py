@@ -116,6 +116,15 @@ def test_a_resumed_tune_gives_the_same_schedule(tmp_path):
     assert all(p.stat().st_mtime_ns == stamps[p] for p in cells[:-1])  # finished runs were not redone
 
 
+def test_a_config_of_other_approximations_is_refused(tmp_path):
+    from alspec_eval.tune.cli import parser, plan_from_args
+
+    config = tmp_path / "c.yaml"
+    config.write_text("name: c\ntasks: [alspec_recall]\nlambdas: [0.1]\nwindow: 16\napprox: [sink, quest]\npage: 4\n")
+    with pytest.raises(ConfigError, match=r"approx \['sink', 'quest'\]: alspec-tune tunes the sink's lambdas"):
+        plan_from_args(parser().parse_args([str(config), "--max_drop", "0.02"]))
+
+
 @pytest.mark.parametrize(("max_drop", "refused"), [(0.0, False), (1.0, False), (1.0000001, True), (-0.01, True)])
 def test_a_budget_no_score_can_use_is_refused(max_drop, refused):
     from alspec_eval.tune.cli import parser, plan_from_args
