@@ -19,10 +19,11 @@ CONFIGS = Path(__file__).parents[1] / "configs"
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-@pytest.mark.parametrize("name", ["smoke", "demo", "paper_table1"])
+@pytest.mark.parametrize("name", ["smoke", "demo", "paper_table1", "demo_approx"])
 def test_shipped_configs_are_valid(name):
     config = load_config(CONFIGS / f"{name}.yaml")
-    assert config.rows()[0].name == "baseline" and config.rows()[-1].name == "static"
+    assert config.rows()[0].name == "baseline" and config.rows()[-1].name == ("static" if config.static else "sink_topk")
+    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == ["demo", "demo_approx", "paper_table1", "smoke"]
 
 
 @pytest.mark.parametrize(("change", "message"), [
