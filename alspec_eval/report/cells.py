@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alspec_eval.config import APPROXIMATIONS
 from alspec_eval.rows import BASELINE, SINK, STATIC, Row
 from alspec_eval.stats import RATIO_EDGES, SCHEMA_VERSION
 
@@ -129,20 +130,42 @@ class Sweep:
         return sorted(found | set(self.meta.get("gammas") or []))
 
     @property
+    def approximations(self) -> list[tuple[str, int | None]]:
+        """Every approximation of A~ the sweep declares (sweep.json's ``approx`` and ``page``; sweeps before
+        approximations: the sink) or has a cell for, as (approx, page) in the order of config.APPROXIMATIONS."""
+        declared = {self._approximation(a) for a in self.meta.get("approx") or ["sink"]}
+        found = {(c.row.approx, c.row.page) for c in self.cells if c.row != BASELINE}
+        return sorted(declared | found, key=lambda a: (APPROXIMATIONS.index(a[0]), a[1] or 0))
+
+    def _approximation(self, approx: str) -> tuple[str, int | None]:
+        row = SINK.approximated(approx, self.meta.get("page"))  # quest's default page where sweep.json has none
+        return row.approx, row.page
+
+    def page_of(self, approx: str) -> int | None:
+        """The page of the sweep's ``approx`` rows (quest's; None for the others)."""
+        return next((p for a, p in self.approximations if a == approx), self._approximation(approx)[1])
+
+    @property
     def rows(self) -> list[Row]:
-        """Every row the sweep declares or has a cell for, in Table 1's order (kinds in rows.KINDS order; a sweep run
-        with ``static: false`` declares no static row; rows only found in cells, such as tuned ones, by name)."""
+        """Every row the sweep declares or has a cell for, in Table 1's order: kinds in rows.KINDS order, rows of one
+        kind by lambda or gamma, then by approximation (sink, quest, topk), so that each lambda's approximations
+        stand together (a sweep run with ``static: false`` declares no static row; rows only found in cells, such
+        as tuned ones, by name)."""
         static = [STATIC] if self.meta.get("static_p", 0.8) is not None else []
-        declared = [BASELINE, *map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas)]
-        found = sorted({c.row for c in self.cells} - set(declared), key=lambda r: r.name)
-        return sorted([*declared, *found], key=lambda r: r.order)
+        declared = [row.approximated(approx, page) for approx, page in self.approximations
+                    for row in [*map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas)]]
+        rows = {BASELINE, *declared, *(c.row for c in self.cells)}
+        return sorted(rows, key=lambda r: (r.order, r.lam or 0.0, r.gamma or 0, APPROXIMATIONS.index(r.approx),
+                                           r.page or 0, r.name))
 
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))
 
-    def dynamic_cells(self, task: str) -> list[Cell]:
-        """The task's lambda cells, by increasing lambda."""
-        return [c for lam in self.lambdas if (c := self.cell(task, Row.dynamic(lam))) is not None]
+    def dynamic_cells(self, task: str, approx: str = "sink", page: int | None = None) -> list[Cell]:
+        """The task's lambda cells of one approximation (the sink's unless named; quest's page: the sweep's unless
+        given), by increasing lambda."""
+        page = self.page_of(approx) if page is None else page
+        return [c for lam in self.lambdas if (c := self.cell(task, Row.dynamic(lam, approx, page))) is not None]
 
 
 def _as_lambda(value: Any) -> float | None:

@@ -1,5 +1,6 @@
-"""A synthetic sweep folder for the report tests: 2 tasks, baseline, 3 lambdas, sink, static, a 4-layer model, and
-on request one row of each further kind of rows.KINDS.
+"""A synthetic sweep folder for the report tests: 2 tasks, baseline, 3 lambdas, sink, static, a 4-layer model, on
+request one row of each further kind of rows.KINDS, and on request the lambda, sink and static rows (and the further
+kinds' rows) of further approximations of A~ (quest, topk), each accepting more than the sink and scoring higher.
 
 Statistics are consistent: each layer has explicit d/n ratios, the histogram bins them with the
 schema-v1 rule and a lambda cell accepts exactly the ratios <= lambda.
@@ -33,6 +34,11 @@ SCORES = {
     "alspec_gsm8k_cot": {"baseline": 0.3, 0.05: 0.3, 0.1: 0.25, 0.2: 0.15, "sink": 0.05, "static": 0.1},
     "alspec_recall": {"baseline": 0.875, 0.05: 0.875, 0.1: 0.8125, 0.2: 0.75, "sink": 0.5, "static": 0.625},
 }
+# Further approximations: per layer, their lambda cells accept EXTRA_ACCEPTED more decisions than the sink's (at most
+# every one) and their lambda, sink and static cells get EXTRA_RIGHT more documents right (at most the baseline's).
+EXTRA_ACCEPTED = {"quest": 3, "topk": 6}
+EXTRA_RIGHT = {"quest": 1, "topk": 2}
+PAGE = 16  # quest's page in the synthetic sweep.json
 METRICS = {"alspec_gsm8k_cot": "exact_match,strict-match", "alspec_recall": "acc,none"}
 DOCUMENTS = {"alspec_gsm8k_cot": 20, "alspec_recall": 16}  # every score above is a multiple of 1/n
 
@@ -127,27 +133,58 @@ def row_cell(task: str, row: Row) -> dict[str, Any]:
     return cell
 
 
-def write_sweep(outdir: Path, documents: bool = False, extra_kinds: Sequence[str] = ()) -> Path:
-    """The sweep folder, plus one row of each of ``extra_kinds`` (kinds beyond the paper's four)."""
+def approx_accepted(task: str, lam: float, approx: str = "sink") -> list[int]:
+    """Accepted decisions per layer of the task's lambda cell of ``approx``."""
+    return [min(SPECULATED, a + EXTRA_ACCEPTED.get(approx, 0)) for a in ACCEPTED[task][lam]]
+
+
+def approx_score(task: str, key: float | str, approx: str = "sink") -> float:
+    """Score of the task's lambda (``key``), sink or static cell of ``approx``: a multiple of 1 / documents."""
+    n = DOCUMENTS[task]
+    right = min(round(SCORES[task][key] * n) + EXTRA_RIGHT.get(approx, 0), round(SCORES[task]["baseline"] * n))
+    return right / n
+
+
+def write_sweep(outdir: Path, documents: bool = False, extra_kinds: Sequence[str] = (),
+                approximations: Sequence[str] = ("sink",)) -> Path:
+    """The sweep folder, plus one row of each of ``extra_kinds`` (kinds beyond the paper's four), for each of
+    ``approximations`` (quest with pages of PAGE tokens). A sweep of the sink alone writes no ``approx`` key, as
+    sweeps before approximations did."""
     (outdir / "sweep.json").parent.mkdir(parents=True, exist_ok=True)
-    (outdir / "sweep.json").write_text(json.dumps({"name": "synthetic", "model": "tiny-4-layer", "window": 64,
-                                                   "lambdas": LAMBDAS, "tasks": TASKS, "static_p": 0.8}))
+    meta = {"name": "synthetic", "model": "tiny-4-layer", "window": 64, "lambdas": LAMBDAS, "tasks": TASKS,
+            "static_p": 0.8}
+    if list(approximations) != ["sink"]:
+        meta.update(approx=list(approximations), page=PAGE if "quest" in approximations else None)
+    (outdir / "sweep.json").write_text(json.dumps(meta))
     empty = [0] * (len(RATIO_EDGES) + 1)
     for task in TASKS:
         cells: dict[str, dict[str, Any]] = {}
         cells["baseline"] = cell_json(task, "baseline", "exact", None,
                                       [layer_entry(i, 0, 0, empty) for i in range(NUM_LAYERS)], SCORES[task]["baseline"])
-        for lam in LAMBDAS:
-            layers = [layer_entry(i, SPECULATED, a, hist_of(ratios_for(a, lam))) for i, a in enumerate(ACCEPTED[task][lam])]
-            cells[f"lambda_{lam:g}"] = cell_json(task, f"lambda_{lam:g}", "dynamic", lam, layers, SCORES[task][lam])
-        wide = hist_of(ratios_for(10, 0.05))
-        cells["sink"] = cell_json(task, "sink", "sink", "inf",
-                                  [layer_entry(i, SPECULATED, SPECULATED, wide) for i in range(NUM_LAYERS)], SCORES[task]["sink"])
-        cells["static"] = cell_json(task, "static", "static", None,
-                                    [layer_entry(i, SPECULATED, SPECULATED if i in STATIC_LAYERS else 0, wide if i in STATIC_LAYERS else empty)
-                                     for i in range(NUM_LAYERS)], SCORES[task]["static"], STATIC_LAYERS)
-        for row in map(example_row, extra_kinds):
-            cells[row.name] = row_cell(task, row)
+        for approx in approximations:
+            page = PAGE if approx == "quest" else None
+            approximated: dict[str, dict[str, Any]] = {}
+            for lam in LAMBDAS:
+                layers = [layer_entry(i, SPECULATED, a, hist_of(ratios_for(a, lam)))
+                          for i, a in enumerate(approx_accepted(task, lam, approx))]
+                row = Row.dynamic(lam, approx, page)
+                approximated[row.name] = cell_json(task, row.name, "dynamic", lam, layers,
+                                                   approx_score(task, lam, approx))
+            wide = hist_of(ratios_for(10, 0.05))
+            row = Row("sink").approximated(approx, page)
+            every = [layer_entry(i, SPECULATED, SPECULATED, wide) for i in range(NUM_LAYERS)]
+            approximated[row.name] = cell_json(task, row.name, "sink", "inf", every, approx_score(task, "sink", approx))
+            row = Row("static").approximated(approx, page)
+            static = [layer_entry(i, SPECULATED, SPECULATED, wide) if i in STATIC_LAYERS
+                      else layer_entry(i, SPECULATED, 0, empty) for i in range(NUM_LAYERS)]
+            approximated[row.name] = cell_json(task, row.name, "static", None, static,
+                                               approx_score(task, "static", approx), STATIC_LAYERS)
+            if approx != "sink":
+                for data in approximated.values():
+                    data.update(approx=approx, page=page)
+            cells.update(approximated)
+            for row in (example_row(kind).approximated(approx, page) for kind in extra_kinds):
+                cells[row.name] = row_cell(task, row)
         for name, data in cells.items():
             if documents:
                 total = data["alspec"]["total"]
