@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 from alspec_eval.report.latency import SweepProjection, projection_note, projection_rows
 from alspec_eval.report.cells import Sweep
 from alspec_eval.report.paper import NOTE, PaperSection
-from alspec_eval.report.table import table1_rows
+from alspec_eval.report.table import approximation_notes, beyond_sink, table1_rows
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
@@ -47,16 +47,20 @@ def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Seque
                 paper: PaperSection | None = None) -> str:
     """The report page; ``figures`` maps a section title to its PNG files."""
     meta = sweep.meta
+    approximations = ", ".join(f"{a}" + (f" P={p}" if p is not None else "") for a, p in sweep.approximations)
     facts = ", ".join(f"{k} {html.escape(str(v))}" for k, v in
-                      (("model", sweep.model), ("window", meta.get("window")), ("static_p", meta.get("static_p"))) if v is not None)
+                      (("model", sweep.model), ("window", meta.get("window")), ("static_p", meta.get("static_p")),
+                       ("approx", approximations if beyond_sink(sweep) else None)) if v is not None)
+    replaced_by = "the row's approximation A~" if beyond_sink(sweep) else "the sink approximation"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ALSpec sweep {html.escape(str(meta.get('name', sweep.outdir.name)))}</title>",
              f"<style>{_STYLE}</style></head><body>",
              f"<h1>ALSpec sweep: {html.escape(str(meta.get('name', sweep.outdir.name)))}</h1>",
              f"<p class='note'>{facts}; {len(sweep.cells)} cells from {html.escape(str(sweep.outdir))}</p>",
              "<h2>Table 1: score / hit rate</h2>",
              "<p class='note'>Score as lm-eval reports it; hit rate = share of non-trivial decode attention "
-             "replaced by the sink approximation. – marks a cell not (yet) run.</p>",
+             f"replaced by {replaced_by}. – marks a cell not (yet) run.</p>",
              html_table(table1_rows(sweep, cells)),
+             *(f"<p class='note'>{html.escape(line)}</p>" for line in approximation_notes(sweep)),
              *(f"<p>{html.escape(c)}</p>" for c in choices)]
     if paper is not None:
         parts.append(f"<h2>Beside the paper</h2><p class='note'>{html.escape(paper.line)}"

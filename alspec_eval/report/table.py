@@ -1,5 +1,6 @@
 """Table 1 of the paper: score / hit rate per row (baseline, lambdas, sink, static) and task; self-speculation
-rows (one per gamma) show score / tau instead."""
+rows (one per gamma) show score / tau instead. A sweep of several approximations of A~ has each row once per
+approximation (at each lambda: sink, quest, topk), the oracle's rows marked."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from alspec_eval.report.cells import BASELINE, Row, Sweep
-from alspec_eval.report.styles import row_columns
+from alspec_eval.report.styles import approx_description, approx_style, row_columns, table_label
 
 MISSING = "–"
+APPROX_COLUMNS = ("approx", "page", "oracle")  # the CSV files' columns of a sweep beyond the sink (styles.row_columns)
 
 
 def format_cell(cell: pd.Series | None, row: Row) -> str:
@@ -35,8 +37,23 @@ def table1_rows(sweep: Sweep, cells: pd.DataFrame | None = None) -> list[list[st
     cells = frames_of(sweep) if cells is None else cells
     by_key = {(r.task, r.row): pd.Series(r._asdict()) for r in cells.itertuples(index=False)}
     header = ["", *sweep.tasks]
-    return [header, *([row.label, *(format_cell(by_key.get((t, row.label)), row) for t in sweep.tasks)]
+    return [header, *([table_label(row), *(format_cell(by_key.get((t, row.label)), row) for t in sweep.tasks)]
                       for row in sweep.rows)]
+
+
+def beyond_sink(sweep: Sweep) -> bool:
+    """Whether the sweep has rows of an approximation other than the sink (its tables then say which is which)."""
+    return sweep.approximations != [("sink", None)]
+
+
+def approximation_notes(sweep: Sweep) -> list[str]:
+    """Below Table 1 of a sweep beyond the sink: what each approximation's A~ attends to, and the oracle's mark."""
+    if not beyond_sink(sweep):
+        return []
+    lines = ["Approximations of A~ (the row's label names it; unnamed: sink): "
+             + "; ".join(approx_description(a, p) for a, p in sweep.approximations) + "."]
+    marks = {approx_style(a).mark: approx_style(a).note for a, _ in sweep.approximations if approx_style(a).mark}
+    return lines + [f"{mark} {note}" for mark, note in marks.items()]
 
 
 def frames_of(sweep: Sweep) -> pd.DataFrame:
@@ -54,13 +71,16 @@ def markdown_table(rows: list[list[str]]) -> str:
 
 def table1_markdown(sweep: Sweep, cells: pd.DataFrame | None = None) -> str:
     metrics = sorted({f"{c.task}: `{c.metric}`" for c in sweep.cells if c.metric})
+    approximation = "the row's approximation A~" if beyond_sink(sweep) else "the sink approximation"
     caption = ("Score (paired difference to the baseline on the same documents, 95% bootstrap interval) / speculation "
-               "hit rate (share of non-trivial decode attention replaced by the sink approximation).")
+               f"hit rate (share of non-trivial decode attention replaced by {approximation}).")
     if sweep.gammas:
-        caption += (" Self-speculation rows (the same sink as the draft, gamma tokens per step): score / τ, the mean "
+        draft = "the row's approximation" if beyond_sink(sweep) else "the same sink"
+        caption += (f" Self-speculation rows ({draft} as the draft, gamma tokens per step): score / τ, the mean "
                     "tokens per verification step, the verifier's own token included (– for a task that only scores: "
                     "loglikelihood is exact under self-speculation).")
-    return f"{caption}\n\n{markdown_table(table1_rows(sweep, cells))}\nMetrics: {'; '.join(metrics)}\n"
+    notes = "".join(f"{line}\n" for line in approximation_notes(sweep))
+    return f"{caption}\n\n{markdown_table(table1_rows(sweep, cells))}\n{notes}Metrics: {'; '.join(metrics)}\n"
 
 
 def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None) -> Path:
@@ -75,7 +95,7 @@ def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None
     wide.columns = [f"{task} {columns[col]}" for col, task in wide.columns]
     wide = wide[[f"{t} {columns[c]}" for t in sweep.tasks for c in columns if f"{t} {columns[c]}" in wide.columns]]
     described = {row.label: row_columns(row) for row in sweep.rows}
-    for i, column in enumerate(("policy", "lambda", "gamma")):
+    for i, column in enumerate(("policy", "lambda", "gamma", *(APPROX_COLUMNS if beyond_sink(sweep) else ()))):
         wide.insert(i, column, [described[r][column] for r in wide.index])
     wide.index.name = "row"
     wide.to_csv(path, float_format="%.17g")
