@@ -4,6 +4,9 @@ A cell's projection uses its measured per-layer hit rates (sink and static cells
 approximate); the baseline row is full tensor parallelism. A self-speculation cell's uses its tau, gamma and
 the draft/verify cost ratio (:func:`alspec_eval.latency.project_selfspec`, inputs stated in the note). Where the sweep's model has another number
 of layers than the latency table, every layer gets the cell's mean per-layer hit rate (said in the note).
+
+The model prices the sink's A~ (SFD over 2S fixed keys): rows of another approximation (quest, topk) get no
+projection, a dash in the tables and a note that says why; there is no cost model of theirs to apply.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ from typing import Sequence
 from alspec_eval.latency import (DEFAULT_PRESET, LatencyModel, Projection, SelfSpecProjection, full_tp,
                                  project_layers, project_selfspec)
 from alspec_eval.report.cells import BASELINE, Row, Sweep
-from alspec_eval.report.styles import row_columns
+from alspec_eval.report.styles import NO_COST_MODEL, row_columns, table_label
 from alspec_eval.report.table import MISSING, markdown_table
 
-__all__ = ["DEFAULT_PRESET", "SweepProjection", "project_sweep", "projection_markdown", "projection_note",
-           "projection_rows", "write_projection_csv"]
+__all__ = ["DEFAULT_PRESET", "SweepProjection", "has_cost_model", "project_sweep", "projection_markdown",
+           "projection_note", "projection_rows", "write_projection_csv"]
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,20 @@ class SweepProjection:
     averaged: bool  # hit rates were averaged over layers (layer counts differ)
     selfspec: dict[tuple[Row, str], SelfSpecProjection] = field(default_factory=dict)
 
+    @property
+    def unmodelled(self) -> list[str]:
+        """The approximations whose rows the model cannot price (no entries: a dash in the tables)."""
+        return list(dict.fromkeys(row.approx for row in self.rows if not has_cost_model(row)))
+
+
+def has_cost_model(row: Row) -> bool:
+    """Whether the paper's latency model prices the row: the sink's A~ only (the baseline is exact attention)."""
+    return row.approx == "sink"
+
 
 def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
-    """Projected tokens/s and speedup of every measured cell; the baseline row needs no cell."""
+    """Projected tokens/s and speedup of every measured cell the model prices (the sink's); the baseline row needs
+    no cell."""
     entries: dict[tuple[Row, str], Projection] = {}
     selfspec: dict[tuple[Row, str], SelfSpecProjection] = {}
     averaged = False
@@ -44,7 +58,7 @@ def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
         entries[(BASELINE, task)] = full_tp(spec)
         for row in sweep.rows[1:]:
             cell = sweep.cell(task, row)
-            if cell is None:
+            if cell is None or not has_cost_model(row):
                 continue
             if row.drafts_tokens:  # a task that only scores (no generations) has no tau: nothing to project
                 if cell.tau is not None:
@@ -60,7 +74,7 @@ def projection_rows(p: SweepProjection) -> list[list[str]]:
     """Header plus "tokens/s (speedup×)" per row and task."""
     def fmt(e: Projection | None) -> str:
         return MISSING if e is None else f"{e.tokens_per_s:.1f} tok/s ({e.speedup:.2f}×)"
-    return [["", *p.tasks], *([row.label, *(fmt(p.entries.get((row, t))) for t in p.tasks)] for row in p.rows)]
+    return [["", *p.tasks], *([table_label(row), *(fmt(p.entries.get((row, t))) for t in p.tasks)] for row in p.rows)]
 
 
 def projection_note(p: SweepProjection) -> str:
@@ -80,6 +94,9 @@ def projection_note(p: SweepProjection) -> str:
                  f"draft step's attention reads 2S = {2 * ss.window} keys instead of K = {ss.context_tokens or '?'} "
                  f"and takes {ss.draft_attention_us:.4g} µs per layer ({ss.draft_attention_source}), "
                  "and verifying γ + 1 tokens costs one exact decode step.")
+    if p.unmodelled:
+        text = NO_COST_MODEL.format(names="/".join(p.unmodelled))
+        note += f" {text[0].upper()}{text[1:]}; their rows show {MISSING}, no speedup."
     return note
 
 
