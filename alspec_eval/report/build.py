@@ -8,12 +8,12 @@ from typing import Sequence
 
 from alspec_eval.latency import LatencyModel, preset
 from alspec_eval.report.figures import (acceptance_heatmap, attention_vs_token_speculation, frontier,
-                                        open_loop_acceptance_figure, save, schedule_profile, score_vs_hit_rate,
-                                        speedup_vs_score)
+                                        hit_rate_by_approximation, middle_lambda, open_loop_acceptance_figure, save,
+                                        schedule_profile, score_vs_hit_rate, speedup_vs_score)
 from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
 from alspec_eval.report.latency import DEFAULT_PRESET, project_sweep, projection_markdown, write_projection_csv
-from alspec_eval.report.cells import load_sweep
+from alspec_eval.report.cells import SINK, load_sweep
 from alspec_eval.report.paper import paper_section
 from alspec_eval.report.table import table1_markdown, write_table1_csv
 
@@ -22,14 +22,21 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = None, paper: str = "auto") -> list[Path]:
+def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = None, paper: str = "auto",
+                 lam: float | None = None) -> list[Path]:
     """Write the report of ``outdir`` and return the files written.
 
     ``latency`` defaults to the DEFAULT_PRESET (the paper's measured H100 numbers), so a report always shows a
     projection; the speedup-against-score figure uses the first table. ``paper`` picks the paper's table to set
     the cells beside (``auto``: the one whose model the sweep ran, if any; ``table1``, ``table2``, ``none``).
+    A sweep of several approximations of A~ also gets their per-layer hit rates at ``lam`` (default: the sweep's
+    middle lambda) in ``hit_rate_by_approximation.png``.
     """
     sweep = load_sweep(outdir)
+    if lam is not None and lam not in sweep.lambdas:
+        lambdas = ", ".join(f"{x:g}" for x in sweep.lambdas)
+        raise ValueError(f"lambda {lam:g} is not one of the sweep's lambdas ({lambdas}); the per-layer hit rate by "
+                         "approximation is drawn at one of them")
     frames = load(sweep.outdir)
     cells = frames.cells
     specs = [preset(DEFAULT_PRESET)] if latency is None else list(latency)
@@ -38,12 +45,21 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     written = [report / "table1.md", write_table1_csv(sweep, report / "table1.csv", cells)]
     written[0].write_text(table1_markdown(sweep, cells))
 
-    heatmaps = [save(acceptance_heatmap(sweep, task), report / f"heatmap_{_slug(task)}.png")
-                for task in sweep.tasks if sweep.dynamic_cells(task)]
+    heatmaps = [save(acceptance_heatmap(sweep, task, approx, page), report / f"heatmap_{_slug(task)}{suffix}.png")
+                for approx, page in sweep.approximations  # the sink's named as before, the others' "_quest_p16"
+                for suffix in [SINK.approximated(approx, page).name.removeprefix(SINK.name)]
+                for task in sweep.tasks if sweep.dynamic_cells(task, approx, page)]
     score_fig = [save(score_vs_hit_rate(sweep), report / "score_vs_hit_rate.png")]
+    by_approx = []
+    if len(sweep.approximations) > 1 and sweep.lambdas:
+        lam = middle_lambda(sweep) if lam is None else lam
+        by_approx = [save(hit_rate_by_approximation(sweep, lam), report / "hit_rate_by_approximation.png")]
     open_loop = [save(open_loop_acceptance_figure(sweep), report / "open_loop_acceptance.png")]
     figures = {"Score against hit rate": score_fig, "Per-layer acceptance": heatmaps,
                "Open-loop acceptance": open_loop}
+    if by_approx:
+        figures = {"Score against hit rate": score_fig,
+                   f"Per-layer hit rate by approximation of A~ (λ = {lam:g})": by_approx, **figures}
 
     projections = [project_sweep(sweep, spec) for spec in specs]
     trade_off = [save(speedup_vs_score(sweep, projections[0]), report / "speedup_vs_score.png")] if projections else []
@@ -60,7 +76,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
                        report / f"alspec_vs_selfspec_{_slug(task)}.png")
                   for task in sweep.tasks if projections and any(
                       (c := sweep.cell(task, r)) is not None and c.tau is not None for r in sweep.rows
-                      if r.drafts_tokens)]
+                      if r.drafts_tokens and r.approx == "sink")]
     if comparison:
         figures["Attention-level against token-level speculation"] = comparison
     profiles = [save(schedule_profile(sweep, row), report / f"schedule_{row.name}.png")
@@ -78,5 +94,5 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
 
     page = report / "report.html"
     page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper))
-    return [*written, *score_fig, *heatmaps, *open_loop, *trade_off, *comparison, *profiles, paper_md, latency_md,
-            latency_csv, page]
+    return [*written, *score_fig, *by_approx, *heatmaps, *open_loop, *trade_off, *comparison, *profiles, paper_md,
+            latency_md, latency_csv, page]

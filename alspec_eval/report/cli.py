@@ -1,4 +1,5 @@
-"""``alspec-report OUTDIR [--latency FILE] [--preset NAME] [--paper auto|table1|table2|none]``: write OUTDIR/report/ from a sweep's cells."""
+"""``alspec-report OUTDIR [--latency FILE] [--preset NAME] [--paper auto|table1|table2|none] [--lambda LAM]``: write
+OUTDIR/report/ from a sweep's cells."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--paper", choices=("auto", "table1", "table2", "none"), default="auto",
                    help="set the cells beside the paper's Table 1 (Llama 3.1 8B) or Table 2 (70B); auto: the table "
                         "of the sweep's model, if it is one of them")
+    p.add_argument("--lambda", dest="lam", type=float, metavar="LAM",
+                   help="the lambda at which a sweep of several approximations (approx: [sink, quest, topk]) draws "
+                        "each one's per-layer hit rate (default: the sweep's middle lambda)")
     return p
 
 
@@ -34,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs += [preset(name) for name in args.preset or []]
         if args.latency is not None:
             specs.append(load_latency(args.latency))
-        paths = write_report(args.outdir, specs or None, args.paper)
+        paths = write_report(args.outdir, specs or None, args.paper, args.lam)
     except (NoCellsError, ValueError) as e:  # bad cells or latency tables carry a one-line message with the fix
         return bad_input("alspec-report", e)
     print(f"alspec-report: wrote {len(paths)} files under {paths[-1].parent}; open {paths[-1]}")

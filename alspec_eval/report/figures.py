@@ -1,4 +1,5 @@
-"""Figures of a sweep: per-layer acceptance heatmaps, score against hit rate, open-loop acceptance.
+"""Figures of a sweep: per-layer acceptance heatmaps, score against hit rate, open-loop acceptance, and for a sweep
+of several approximations of A~ the per-layer hit rate of each at one lambda.
 
 Figures are built with the object API on the Agg canvas, so making them never touches pyplot's
 global backend (the notebook keeps its inline one).
@@ -16,7 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from alspec_eval.report.cells import BASELINE, Row, Sweep
-from alspec_eval.report.styles import style
+from alspec_eval.report.styles import NO_COST_MODEL, approx_label, approx_style, style
+from alspec_eval.report.table import beyond_sink
 from alspec_eval.stats import OPEN_LOOP_GRID, open_loop
 
 if TYPE_CHECKING:
@@ -82,9 +84,10 @@ def _task_colours(sweep: Sweep) -> dict[str, tuple[float, ...]]:
     return {task: cmap(i % 10) for i, task in enumerate(sweep.tasks)}
 
 
-def acceptance_heatmap(sweep: Sweep, task: str) -> Figure:
-    """Per-layer hit rate (layers x lambda) of the task's dynamic cells; skipped layers stay blank."""
-    cells = sweep.dynamic_cells(task)
+def acceptance_heatmap(sweep: Sweep, task: str, approx: str = "sink", page: int | None = None) -> Figure:
+    """Per-layer hit rate (layers x lambda) of the task's dynamic cells of one approximation (the sink's unless
+    named); skipped layers stay blank."""
+    cells = sweep.dynamic_cells(task, approx, page)
     num_layers = max((len(c.layers) for c in cells), default=0)
     grid = np.full((num_layers, len(cells)), np.nan)
     for j, cell in enumerate(cells):
@@ -98,7 +101,8 @@ def acceptance_heatmap(sweep: Sweep, task: str) -> Figure:
     ax.set_yticks(range(num_layers), [str(i) for i in range(num_layers)], fontsize=7 if num_layers > 16 else 9)
     ax.set_xlabel("λ")
     ax.set_ylabel("layer")
-    ax.set_title(f"{task}: per-layer acceptance")
+    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx == "sink" else
+                                                     f", {approx_label(approx, sweep.page_of(approx))}"))
     if grid.size <= 240:
         for (i, j), v in np.ndenumerate(grid):
             if not math.isnan(v):
@@ -135,40 +139,95 @@ def schedule_profile(sweep: Sweep, row: Row) -> Figure:
 
 def score_vs_hit_rate(sweep: Sweep) -> Figure:
     """One panel per task (so tasks whose sink points coincide stay apart): the lambda cells as a line, the baseline
-    dashed, the kinds whose style has a hit-rate legend (sink, static) as markers."""
+    dashed, the kinds whose style has a hit-rate legend (sink, static) as markers. A sweep of several
+    approximations draws each one's lambda line and markers in its own colour (report.styles.APPROX_STYLES),
+    labelled with it."""
     tasks = sweep.tasks
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
     fig = _figure(4.4 * cols + 0.4, 3.6 * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
     colours = _task_colours(sweep)
+    several = beyond_sink(sweep)  # a sweep of the sink alone: as before
+
+    def colour_of(approx: str, task: str) -> Any:
+        return approx_style(approx).colour if several else colours[task]
+
+    def named(text: str, approx: str) -> str:
+        return f"{text} · {approx_label(approx, sweep.page_of(approx))}" if several else text
+
     labels: list[Label] = []
     for ax, task in zip(axes.flat, tasks):
         colour = colours[task]
-        points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task)
-                  if c.hit_rate is not None and c.score is not None]
-        if points:
-            xs, ys, _ = zip(*points)
-            ax.plot(xs, ys, "o-", color=colour, label="dynamic (λ)")
-            labels += [(ax, x, y, f"λ={lam:g}", {"fontsize": 7, "color": colour}) for x, y, lam in points]
+        for approx, page in sweep.approximations:
+            points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task, approx, page)
+                      if c.hit_rate is not None and c.score is not None]
+            if points:
+                xs, ys, _ = zip(*points)
+                line = f"{approx_style(approx).marker}-" if several else "o-"
+                ax.plot(xs, ys, line, color=colour_of(approx, task), label=named("dynamic (λ)", approx))
+                labels += [(ax, x, y, f"λ={lam:g}", {"fontsize": 7, "color": colour_of(approx, task)})
+                           for x, y, lam in points]
         base = sweep.cell(task, BASELINE)
         if base is not None and base.score is not None:
-            ax.axhline(base.score, color=colour, linestyle="--", linewidth=1, label="baseline (exact)")
+            ax.axhline(base.score, color=colour if not several else "black", linestyle="--", linewidth=1,
+                       label="baseline (exact)")
         for row in sweep.rows:
             cell, look = sweep.cell(task, row), style(row)
             if look.hit_rate_legend and cell is not None and cell.hit_rate is not None and cell.score is not None:
-                ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour, markersize=8,
-                        markeredgecolor="black", linestyle="", label=look.hit_rate_legend)
+                ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour_of(row.approx, task), markersize=8,
+                        markeredgecolor="black", linestyle="", label=named(look.hit_rate_legend, row.approx))
         ax.set_xlim(0, 105)
         ax.set_xlabel("speculation hit rate (%)")
         ax.set_ylabel("score")
         ax.set_title(task, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=6 if several else 7, loc="best")
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
-    fig.suptitle("Score against hit rate")
+    fig.suptitle("Score against hit rate" + (" by approximation of A~" if several else ""))
     place_labels(fig, labels)
+    return fig
+
+
+def middle_lambda(sweep: Sweep) -> float:
+    """The sweep's middle lambda (the static baseline's default calibration lambda too)."""
+    return sweep.lambdas[len(sweep.lambdas) // 2]
+
+
+def hit_rate_by_approximation(sweep: Sweep, lam: float | None = None) -> Figure:
+    """Per task, each layer's hit rate at one lambda (the sweep's middle one unless given), one line per
+    approximation of A~ in its style, its overall hit rate in the legend; skipped layers stay blank. topk is an
+    oracle (it needs every exact score), so its line is a ceiling, labelled as such."""
+    lam = middle_lambda(sweep) if lam is None else lam
+    tasks = sweep.tasks
+    cols = min(3, len(tasks))
+    rows = math.ceil(len(tasks) / cols)
+    fig = _figure(4.6 * cols + 0.4, 3.6 * rows + 0.4)
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    for ax, task in zip(axes.flat, tasks):
+        num_layers = 0
+        for approx, page in sweep.approximations:
+            cell = sweep.cell(task, Row.dynamic(lam, approx, page))
+            if cell is None or cell.hit_rate is None:
+                continue
+            hits = [math.nan if layer.hit_rate is None else 100 * layer.hit_rate for layer in cell.layers]
+            num_layers = max(num_layers, len(hits))
+            look = approx_style(approx)
+            ax.plot(range(len(hits)), hits, f"{look.marker}-", color=look.colour, markersize=5,
+                    label=f"{approx_label(approx, page)}: {100 * cell.hit_rate:.1f}%")
+        ax.set_xticks(range(0, num_layers, max(1, num_layers // 16)))
+        ax.set_ylim(-5, 105)
+        ax.set_xlabel("layer")
+        ax.set_title(task, fontsize=10)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best", title="A~ (all layers)", title_fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("hit rate (%)")
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    fig.suptitle(f"Per-layer hit rate by approximation of A~ at λ = {lam:g}")
     return fig
 
 
@@ -228,23 +287,28 @@ def speedup_vs_score(sweep: Sweep, projection: "SweepProjection") -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     estimate = " (with estimates: " + ", ".join(projection.spec.estimates) + ")" if projection.spec.estimates else ""
-    fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}")
+    fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}{_unmodelled(projection)}")
     place_labels(fig, labels)
     return fig
 
 
 def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
     """Per task: projected speedup against the paired score difference to the baseline (95% interval), one point per
-    cell; filled points are not significantly worse, so the right-most filled point is the cheapest safe choice."""
+    cell; filled points are not significantly worse, so the right-most filled point is the cheapest safe choice.
+
+    A sweep of several approximations of A~ adds, per task, a panel of the same difference against the hit rate,
+    each approximation's lambda rows as its own labelled curve: the latency model prices the sink's rows only, so the
+    speed panel has no others (its title says so)."""
     from alspec_eval.report.frames import not_worse
 
     tasks = list(dict.fromkeys(cells["task"]))
+    several = "approx" in cells and set(cells["approx"]) - {"sink"} != set()  # a sweep of the sink alone: as before
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
-    fig = _figure(4.6 * cols + 0.6, 3.6 * rows)
-    axes = fig.subplots(rows, cols, squeeze=False)
+    fig = _figure(4.6 * cols + 0.6, 3.6 * rows * (2 if several else 1))
+    axes = fig.subplots(rows * (2 if several else 1), cols, squeeze=False)
     labels: list[Label] = []
-    for ax, task in zip(axes.flat, tasks):
+    for ax, task in zip(axes[:rows].flat, tasks):
         group = cells[(cells["task"] == task) & cells["diff"].notna()]
         ok = not_worse(group)
         for (_, r), good in zip(group.iterrows(), ok):
@@ -260,11 +324,53 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
         ax.set_xlabel(f"projected speedup (×), {projection.spec.name}")
         ax.set_ylabel("score − baseline (95% CI)")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(tasks):]:
+    if several:
+        for ax, task in zip(axes[rows:].flat, tasks):
+            labels += _difference_by_hit_rate(ax, cells[cells["task"] == task], task)
+    for ax in [*list(axes[:rows].flat)[len(tasks):], *list(axes[rows:].flat)[len(tasks) if several else 0:]]:
         ax.set_visible(False)
-    fig.suptitle("Speed against score (filled: not significantly worse than the baseline)", fontsize=9)
+    below = "; below: every approximation's λ rows against their hit rate" if several else ""
+    fig.suptitle("Speed against score (filled: not significantly worse than the baseline)"
+                 + _unmodelled(projection) + below, fontsize=9)
     place_labels(fig, labels)
     return fig
+
+
+def _difference_by_hit_rate(ax: "Axes", group: "pd.DataFrame", task: str) -> list[Label]:
+    """One task's lambda rows, a curve per approximation: paired score difference (95% interval) against hit rate,
+    filled where not significantly worse than the baseline."""
+    from alspec_eval.report.frames import not_worse
+
+    group = group[group["diff"].notna() & group["hit_rate"].notna() & (group["policy"] == "dynamic")
+                  & group["lambda"].notna()]  # the lambda rows (a tuned row decides by a schedule)
+    labels: list[Label] = []
+    for (approx, page), curve in group.groupby(["approx", "page"], sort=False, dropna=False):
+        look = approx_style(approx)
+        curve = curve.sort_values("lambda")
+        xs = 100 * curve["hit_rate"]
+        ax.plot(xs, curve["diff"], f"{look.marker}-", color=look.colour, linewidth=1,
+                label=approx_label(approx, None if page != page else int(page)))
+        for x, (_, r), good in zip(xs, curve.iterrows(), not_worse(curve)):
+            ax.errorbar(x, r["diff"], yerr=[[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]],
+                        fmt=look.marker, color=look.colour, capsize=3, markerfacecolor=look.colour if good else "white")
+            labels.append((ax, x, r["diff"], f"λ={r['lambda']:g}", {"fontsize": 7, "color": look.colour}))
+    ax.axhline(0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xlim(0, 105)
+    ax.set_title(f"{task}: by approximation of A~", fontsize=10)
+    ax.set_xlabel("speculation hit rate (%)")
+    ax.set_ylabel("score − baseline (95% CI)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best")
+    return labels
+
+
+def _unmodelled(projection: "SweepProjection") -> str:
+    """A figure title's note on the rows the latency model cannot price ("" where it prices every row)."""
+    if not projection.unmodelled:
+        return ""
+    names = "/".join(projection.unmodelled)
+    return f"\n{names} rows have no projected speedup ({NO_COST_MODEL.format(names=names)})"
 
 
 def _row_of(r: "pd.Series", rows: list[Row]) -> Row:
