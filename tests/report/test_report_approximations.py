@@ -1,0 +1,245 @@
+"""A sweep of several approximations of A~ (approx: [sink, quest, topk]) in the report: each approximation's rows in
+Table 1 with their own paired score differences, topk marked as an oracle ceiling, no projected speedup but the
+sink's, the per-layer hit rate by approximation (only where a sweep has more than one), and each approximation's
+lambda rows as their own curve where figures draw score against hit rate."""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic_sweep import (DOCUMENTS, LAMBDAS, PAGE, SCORES, SPECULATED, TASKS, approx_accepted, approx_score,
+                             write_sweep)
+
+from alspec_eval.config import APPROXIMATIONS
+from alspec_eval.latency import DEFAULT_PRESET, preset
+from alspec_eval.report.build import write_report
+from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, load_sweep
+from alspec_eval.report.figures import frontier, hit_rate_by_approximation, score_vs_hit_rate, speedup_vs_score
+from alspec_eval.report.frames import load, paired_bootstrap
+from alspec_eval.report.latency import project_sweep
+from alspec_eval.report.styles import APPROX_STYLES
+from alspec_eval.report.table import MISSING
+
+APPROX = ["sink", "quest", "topk"]
+PAGES = {"sink": None, "quest": PAGE, "topk": None}
+LABEL = {"sink": "", "quest": f" · quest P={PAGE}", "topk": " · topk"}  # rows.Row's label suffixes
+MARK = {"sink": "", "quest": "", "topk": " †"}  # Table 1 marks the oracle's rows
+NO_COST_MODEL = "No cost model for quest/topk: the paper's latency model is the sink's"
+
+
+@pytest.fixture(scope="module")
+def approx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sweep(tmp_path_factory.mktemp("approx"), documents=True, extra_kinds=["selfspec"],
+                       approximations=APPROX)
+
+
+@pytest.fixture(scope="module")
+def written(approx_dir: Path) -> dict[str, Path]:
+    return {p.name: p for p in write_report(approx_dir)}
+
+
+def rows_of(table: str) -> dict[str, list[str]]:
+    """Row label (as shown) -> cells of a markdown table."""
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| ") and not line.startswith("| ---"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_every_approximation_has_a_style_and_only_topk_is_an_oracle():
+    assert set(APPROX_STYLES) == set(APPROXIMATIONS)
+    assert [a for a in APPROXIMATIONS if APPROX_STYLES[a].oracle] == ["topk"]
+    assert len({(s.marker, s.colour) for s in APPROX_STYLES.values()}) == len(APPROX_STYLES)
+
+
+def test_rows_stand_together_per_lambda(approx_dir: Path):
+    sweep = load_sweep(approx_dir)
+    assert sweep.approximations == [("sink", None), ("quest", PAGE), ("topk", None)]
+    expected = ["baseline", *(f"λ = {lam:g}{LABEL[a]}" for lam in LAMBDAS for a in APPROX),
+                *(f"{kind}{LABEL[a]}" for kind in ("sink", "static", "selfspec γ = 2") for a in APPROX)]
+    assert [row.label for row in sweep.rows] == expected
+    for task in TASKS:
+        assert [c.name for c in sweep.dynamic_cells(task)] == [f"lambda_{lam:g}" for lam in LAMBDAS]
+        assert [c.name for c in sweep.dynamic_cells(task, "quest")] == [f"lambda_{lam:g}_quest_p{PAGE}" for lam in LAMBDAS]
+        assert [c.row for c in sweep.dynamic_cells(task, "topk")] == [Row.dynamic(lam, "topk") for lam in LAMBDAS]
+    # the frames keep the same order within a task
+    cells = load(approx_dir).cells
+    assert [r for r in cells[cells["task"] == TASKS[0]]["row"]] == expected
+
+
+def test_every_file_is_written(approx_dir: Path, written: dict[str, Path]):
+    heatmaps = {f"heatmap_{task}{suffix}.png" for task in TASKS for suffix in ("", f"_quest_p{PAGE}", "_topk")}
+    assert set(written) == {"table1.md", "table1.csv", "score_vs_hit_rate.png", "hit_rate_by_approximation.png",
+                            *heatmaps, "open_loop_acceptance.png", "speedup_vs_score.png", "frontier.png",
+                            *(f"alspec_vs_selfspec_{task}.png" for task in TASKS), "paper.md", "latency.md",
+                            "latency.csv", "report.html"}
+    for path in written.values():
+        assert path.parent == approx_dir / "report" and path.stat().st_size > 0
+    page = written["report.html"].read_text()
+    assert page.count('src="data:image/png;base64,') >= sum(name.endswith(".png") for name in written)
+    assert "Per-layer hit rate by approximation of A~ (λ = 0.1)" in page
+
+
+def expected_cell(task: str, key: float | str, approx: str) -> str:
+    """Table 1's cell, computed here: score, its paired difference against the baseline on the same documents (the
+    synthetic sweep's documents are nested: the first right ones of each cell) with the bootstrap's interval, and
+    the hit rate from the accepted decisions."""
+    n = DOCUMENTS[task]
+    score, base = approx_score(task, key, approx), SCORES[task]["baseline"]
+    right, base_right = round(score * n), round(base * n)
+    differences = np.array([float(i < right) - float(i < base_right) for i in range(n)])
+    mean, low, high = paired_bootstrap(differences)
+    assert mean == pytest.approx(score - base)
+    if key == "sink":
+        hit = 100.0
+    elif key == "static":
+        hit = 50.0
+    else:
+        hit = 100 * sum(approx_accepted(task, key, approx)) / (4 * SPECULATED)
+    return f"{score:.3f} ({mean:+.3f} [{low:+.2f}, {high:+.2f}]) / {hit:.1f}%"
+
+
+def test_table1_has_each_approximation_with_its_own_paired_difference(written: dict[str, Path]):
+    table = written["table1.md"].read_text()
+    rows = rows_of(table)
+    for approx in APPROX:
+        for j, task in enumerate(TASKS):
+            for lam in LAMBDAS:
+                assert rows[f"λ = {lam:g}{LABEL[approx]}{MARK[approx]}"][j] == expected_cell(task, lam, approx)
+            for kind in ("sink", "static"):
+                assert rows[f"{kind}{LABEL[approx]}{MARK[approx]}"][j] == expected_cell(task, kind, approx)
+    # quest and topk differ from the sink where the synthetic sweep makes them differ
+    assert rows["λ = 0.1 · topk †"][0] != rows["λ = 0.1"][0] != rows[f"λ = 0.1 · quest P={PAGE}"][0]
+    assert "replaced by the row's approximation A~" in table
+    assert f"quest P={PAGE}: Quest's query-aware pages of {PAGE} tokens" in table
+    assert "† topk:" in table and "ORACLE ceiling" in table
+    assert not any(label.endswith("†") for label in rows if "topk" not in label)
+    page = written["report.html"].read_text()
+    assert "λ = 0.1 · topk †" in page and "ORACLE ceiling" in page
+
+
+def test_table1_csv_names_each_rows_approximation(written: dict[str, Path]):
+    with written["table1.csv"].open() as f:
+        rows = {r["row"]: r for r in csv.DictReader(f)}
+    quest = rows[f"λ = 0.1 · quest P={PAGE}"]
+    assert (quest["policy"], quest["lambda"], quest["approx"], quest["page"], quest["oracle"]) == (
+        "dynamic", "0.1", "quest", str(PAGE), "")
+    assert (rows["sink · topk"]["approx"], rows["sink · topk"]["oracle"]) == ("topk", "yes")
+    assert rows["baseline"]["approx"] == "" and rows["λ = 0.1"]["approx"] == "sink"
+    assert float(quest["alspec_gsm8k_cot score"]) == approx_score("alspec_gsm8k_cot", 0.1, "quest")
+    assert float(quest["alspec_gsm8k_cot diff"]) == pytest.approx(approx_score("alspec_gsm8k_cot", 0.1, "quest") - 0.3)
+
+
+def test_only_the_sinks_rows_get_a_projected_speedup(approx_dir: Path, written: dict[str, Path]):
+    sweep = load_sweep(approx_dir)
+    p = project_sweep(sweep, preset(DEFAULT_PRESET))
+    assert p.unmodelled == ["quest", "topk"]
+    for task in TASKS:
+        for row in sweep.rows:
+            entry = p.entries.get((row, task))
+            if row.approx == "sink":
+                assert entry is not None and math.isfinite(entry.speedup), row.label
+            else:
+                assert entry is None, row.label
+    assert p.entries[(Row.dynamic(0.1), TASKS[0])].speedup > 1
+    md = written["latency.md"].read_text()
+    assert NO_COST_MODEL in md and html.escape(NO_COST_MODEL) in written["report.html"].read_text()
+    rows = rows_of(md)
+    for row in sweep.rows:
+        cells = rows[row.label + MARK[row.approx]]
+        if row.approx == "sink":
+            assert all("tok/s" in c for c in cells), row.label
+        else:
+            assert cells == [MISSING] * len(TASKS), row.label
+    with written["latency.csv"].open() as f:
+        assert {r["row"] for r in csv.DictReader(f)} == {r.label for r in sweep.rows if r.approx == "sink"}
+    # the frontier's choice can only name a row with a projected speedup
+    for line in written["table1.md"].read_text().splitlines():
+        if "largest projected speedup" in line:
+            assert "quest" not in line and "topk" not in line
+
+
+def test_hit_rate_by_approximation_draws_each_at_one_lambda(approx_dir: Path):
+    sweep = load_sweep(approx_dir)
+    for lam in (None, 0.2):
+        fig = hit_rate_by_approximation(sweep, lam)
+        expect = 0.1 if lam is None else lam  # the sweep's middle lambda by default
+        assert f"λ = {expect:g}" in fig._suptitle.get_text()
+        panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+        assert list(panels) == TASKS
+        for task, ax in panels.items():
+            assert [line.get_label() for line in ax.lines] == [
+                f"{name}: {100 * sum(approx_accepted(task, expect, a)) / (4 * SPECULATED):.1f}%"
+                for a, name in zip(APPROX, ("sink", f"quest P={PAGE}", "topk (oracle ceiling)"))]
+            for line, approx in zip(ax.lines, APPROX):
+                np.testing.assert_allclose(line.get_ydata(), [100 * a / SPECULATED
+                                                              for a in approx_accepted(task, expect, approx)])
+                assert (line.get_marker(), line.get_color()) == (APPROX_STYLES[approx].marker,
+                                                                 APPROX_STYLES[approx].colour)
+
+
+def test_the_figure_only_for_more_than_one_approximation(tmp_path: Path):
+    for approximations in (["sink"], ["quest"], ["sink", "topk"]):
+        out = write_sweep(tmp_path / "_".join(approximations), approximations=approximations)
+        names = {p.name for p in write_report(out, latency=[])}
+        assert ("hit_rate_by_approximation.png" in names) == (len(approximations) > 1), approximations
+    with pytest.raises(ValueError, match="lambda 0.3 is not one of the sweep's lambdas"):
+        write_report(out, latency=[], lam=0.3)
+
+
+def test_score_against_hit_rate_has_a_curve_per_approximation(approx_dir: Path):
+    sweep = load_sweep(approx_dir)
+    for ax, task in zip(score_vs_hit_rate(sweep).axes, TASKS):
+        curves = {line.get_label(): line for line in ax.lines if line.get_label().startswith("dynamic (λ)")}
+        assert list(curves) == ["dynamic (λ) · sink", f"dynamic (λ) · quest P={PAGE}",
+                                "dynamic (λ) · topk (oracle ceiling)"]
+        for line, approx in zip(curves.values(), APPROX):
+            np.testing.assert_allclose(line.get_xdata(), [100 * sum(approx_accepted(task, lam, approx)) / 200
+                                                          for lam in LAMBDAS])
+            np.testing.assert_allclose(line.get_ydata(), [approx_score(task, lam, approx) for lam in LAMBDAS])
+            assert line.get_color() == APPROX_STYLES[approx].colour
+        points = ax.get_legend_handles_labels()[1]
+        assert {f"sink (λ = ∞) · quest P={PAGE}", "static layers · topk (oracle ceiling)"} <= set(points)
+
+
+def test_frontier_has_sink_speeds_and_every_approximation_against_hit_rate(approx_dir: Path):
+    sweep, cells = load_sweep(approx_dir), load(approx_dir).cells
+    projection = project_sweep(sweep, preset(DEFAULT_PRESET))
+    fig = frontier(cells, projection)
+    assert "no cost model for quest/topk" in fig._suptitle.get_text()
+    speed = [ax for ax in fig.axes if ax.get_title() in TASKS]
+    by_hit = [ax for ax in fig.axes if ax.get_title().endswith("by approximation of A~")]
+    assert len(speed) == len(by_hit) == len(TASKS)
+    sink_rows = [r for r in sweep.rows if r.approx == "sink" and r != BASELINE]
+    for ax in speed:  # one point per sink row with a paired difference (every one here), no other
+        assert len([c for c in ax.containers]) == len(sink_rows)
+    for ax, task in zip(by_hit, TASKS):
+        curves = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
+        assert list(curves) == ["sink", f"quest P={PAGE}", "topk (oracle ceiling)"]
+        for line, approx in zip(curves.values(), APPROX):
+            np.testing.assert_allclose(line.get_xdata(), [100 * sum(approx_accepted(task, lam, approx)) / 200
+                                                          for lam in LAMBDAS])
+            np.testing.assert_allclose(line.get_ydata(), [approx_score(task, lam, approx) - SCORES[task]["baseline"]
+                                                          for lam in LAMBDAS])
+    # speed against score: the sink's rows only, its title says why
+    fig = speedup_vs_score(sweep, projection)
+    assert "no cost model for quest/topk" in fig._suptitle.get_text()
+    assert len(fig.axes[0].lines) == len(sink_rows) + 1  # and the baseline
+
+
+def test_an_older_cell_without_approx_is_the_sinks(approx_dir: Path, tmp_path: Path):
+    """Cells before approximations record no approx: they are the sink's rows, wherever the sweep has others."""
+    cell = json.loads((approx_dir / "cells" / TASKS[0] / "lambda_0.1.json").read_text())
+    assert "approx" not in cell and "page" not in cell
+    sweep = load_sweep(approx_dir)
+    assert sweep.cell(TASKS[0], Row.dynamic(0.1)).name == "lambda_0.1"
+    assert sweep.cell(TASKS[0], SINK.approximated("quest", PAGE)).name == f"sink_quest_p{PAGE}"
+    assert sweep.cell(TASKS[0], STATIC.approximated("topk")).name == "static_topk"
