@@ -86,7 +86,8 @@ def _task_colours(sweep: Sweep) -> dict[str, tuple[float, ...]]:
 
 def acceptance_heatmap(sweep: Sweep, task: str, approx: str = "sink", page: int | None = None) -> Figure:
     """Per-layer hit rate (layers x lambda) of the task's dynamic cells of one approximation (the sink's unless
-    named); skipped layers stay blank."""
+    named; quest's page: the sweep's unless given); skipped layers stay blank."""
+    page = sweep.page_of(approx) if page is None else page
     cells = sweep.dynamic_cells(task, approx, page)
     num_layers = max((len(c.layers) for c in cells), default=0)
     grid = np.full((num_layers, len(cells)), np.nan)
@@ -101,8 +102,7 @@ def acceptance_heatmap(sweep: Sweep, task: str, approx: str = "sink", page: int 
     ax.set_yticks(range(num_layers), [str(i) for i in range(num_layers)], fontsize=7 if num_layers > 16 else 9)
     ax.set_xlabel("λ")
     ax.set_ylabel("layer")
-    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx == "sink" else
-                                                     f", {approx_label(approx, sweep.page_of(approx))}"))
+    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx == "sink" else f", {approx_label(approx, page)}"))
     if grid.size <= 240:
         for (i, j), v in np.ndenumerate(grid):
             if not math.isnan(v):
@@ -153,8 +153,8 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
     def colour_of(approx: str, task: str) -> Any:
         return approx_style(approx).colour if several else colours[task]
 
-    def named(text: str, approx: str) -> str:
-        return f"{text} · {approx_label(approx, sweep.page_of(approx))}" if several else text
+    def named(text: str, approx: str, page: int | None) -> str:
+        return f"{text} · {approx_label(approx, page)}" if several else text
 
     labels: list[Label] = []
     for ax, task in zip(axes.flat, tasks):
@@ -165,7 +165,7 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
             if points:
                 xs, ys, _ = zip(*points)
                 line = f"{approx_style(approx).marker}-" if several else "o-"
-                ax.plot(xs, ys, line, color=colour_of(approx, task), label=named("dynamic (λ)", approx))
+                ax.plot(xs, ys, line, color=colour_of(approx, task), label=named("dynamic (λ)", approx, page))
                 labels += [(ax, x, y, f"λ={lam:g}", {"fontsize": 7, "color": colour_of(approx, task)})
                            for x, y, lam in points]
         base = sweep.cell(task, BASELINE)
@@ -175,8 +175,9 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
         for row in sweep.rows:
             cell, look = sweep.cell(task, row), style(row)
             if look.hit_rate_legend and cell is not None and cell.hit_rate is not None and cell.score is not None:
-                ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour_of(row.approx, task), markersize=8,
-                        markeredgecolor="black", linestyle="", label=named(look.hit_rate_legend, row.approx))
+                ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour_of(row.approx, task),
+                        markersize=8, markeredgecolor="black", linestyle="",
+                        label=named(look.hit_rate_legend, row.approx, row.page))
         ax.set_xlim(0, 105)
         ax.set_xlabel("speculation hit rate (%)")
         ax.set_ylabel("score")
@@ -232,7 +233,9 @@ def hit_rate_by_approximation(sweep: Sweep, lam: float | None = None) -> Figure:
 
 
 def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
-    """Per task, the open-loop acceptance read off each lambda cell's histogram, with its measured hit rate."""
+    """Per task, the open-loop acceptance read off each lambda cell's histogram, with its measured hit rate: the
+    sink's cells (a sweep without the sink: its first approximation's, named in the title)."""
+    approx, page = sweep.approximations[0]
     tasks = sweep.tasks
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
@@ -241,7 +244,7 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     cmap = colormaps["viridis"]
     lams = sweep.lambdas
     for ax, task in zip(axes.flat, tasks):
-        for cell in sweep.dynamic_cells(task):
+        for cell in sweep.dynamic_cells(task, approx, page):
             colour = cmap(lams.index(cell.lam) / max(len(lams) - 1, 1))
             curve = open_loop(cell.total.hist)
             if not curve.decisions:
@@ -259,7 +262,8 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
         ax.set_ylabel("open-loop acceptance (%)")
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
-    fig.suptitle("Open-loop acceptance from the d/n histograms (dots: measured hit rate of each run)")
+    fig.suptitle("Open-loop acceptance from the d/n histograms (dots: measured hit rate of each run)"
+                 + ("" if approx == "sink" else f", {approx_label(approx, page)}"))
     return fig
 
 

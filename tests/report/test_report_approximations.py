@@ -20,7 +20,8 @@ from alspec_eval.config import APPROXIMATIONS
 from alspec_eval.latency import DEFAULT_PRESET, preset
 from alspec_eval.report.build import write_report
 from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, load_sweep
-from alspec_eval.report.figures import frontier, hit_rate_by_approximation, score_vs_hit_rate, speedup_vs_score
+from alspec_eval.report.figures import (frontier, hit_rate_by_approximation, open_loop_acceptance_figure,
+                                        score_vs_hit_rate, speedup_vs_score)
 from alspec_eval.report.frames import load, paired_bootstrap
 from alspec_eval.report.latency import project_sweep
 from alspec_eval.report.styles import APPROX_STYLES
@@ -191,6 +192,13 @@ def test_the_figure_only_for_more_than_one_approximation(tmp_path: Path):
         out = write_sweep(tmp_path / "_".join(approximations), approximations=approximations)
         names = {p.name for p in write_report(out, latency=[])}
         assert ("hit_rate_by_approximation.png" in names) == (len(approximations) > 1), approximations
+        if approximations == ["quest"]:  # a sweep without the sink draws its approximation's lambda cells
+            assert {f"heatmap_{task}_quest_p{PAGE}.png" for task in TASKS} <= names
+            assert not any(name.startswith("heatmap_") and "quest" not in name for name in names)
+            sweep = load_sweep(out)
+            assert len(open_loop_acceptance_figure(sweep).axes[0].lines) == 2 * len(LAMBDAS)  # curve and dot each
+            assert [r.label for r in sweep.rows] == ["baseline", *(f"λ = {lam:g} · quest P={PAGE}" for lam in LAMBDAS),
+                                                     f"sink · quest P={PAGE}", f"static · quest P={PAGE}"]
     with pytest.raises(ValueError, match="lambda 0.3 is not one of the sweep's lambdas"):
         write_report(out, latency=[], lam=0.3)
 
