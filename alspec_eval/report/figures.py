@@ -8,6 +8,7 @@ global backend (the notebook keeps its inline one).
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -217,7 +218,7 @@ def hit_rate_by_approximation(sweep: Sweep, lam: float | None = None) -> Figure:
             look = approx_style(approx)
             ax.plot(range(len(hits)), hits, f"{look.marker}-", color=look.colour, markersize=5,
                     label=f"{approx_label(approx, page)}: {100 * cell.hit_rate:.1f}%")
-        ax.set_xticks(range(0, num_layers, max(1, num_layers // 16)))
+        ax.set_xticks(range(0, num_layers, math.ceil(num_layers / 16) or 1))  # at most 16 ticks
         ax.set_ylim(-5, 105)
         ax.set_xlabel("layer")
         ax.set_title(task, fontsize=10)
@@ -291,7 +292,7 @@ def speedup_vs_score(sweep: Sweep, projection: "SweepProjection") -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     estimate = " (with estimates: " + ", ".join(projection.spec.estimates) + ")" if projection.spec.estimates else ""
-    fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}{_unmodelled(projection)}")
+    fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}{_unmodelled(projection, fig, 12)}")
     place_labels(fig, labels)
     return fig
 
@@ -333,9 +334,8 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
             labels += _difference_by_hit_rate(ax, cells[cells["task"] == task], task)
     for ax in [*list(axes[:rows].flat)[len(tasks):], *list(axes[rows:].flat)[len(tasks) if several else 0:]]:
         ax.set_visible(False)
-    below = "; below: every approximation's λ rows against their hit rate" if several else ""
     fig.suptitle("Speed against score (filled: not significantly worse than the baseline)"
-                 + _unmodelled(projection) + below, fontsize=9)
+                 + _unmodelled(projection, fig, 9), fontsize=9)
     place_labels(fig, labels)
     return fig
 
@@ -369,12 +369,14 @@ def _difference_by_hit_rate(ax: "Axes", group: "pd.DataFrame", task: str) -> lis
     return labels
 
 
-def _unmodelled(projection: "SweepProjection") -> str:
-    """A figure title's note on the rows the latency model cannot price ("" where it prices every row)."""
+def _unmodelled(projection: "SweepProjection", fig: Figure, fontsize: float) -> str:
+    """A figure title's note on the rows the latency model cannot price, wrapped to the figure's width ("" where
+    it prices every row)."""
     if not projection.unmodelled:
         return ""
     names = "/".join(projection.unmodelled)
-    return f"\n{names} rows have no projected speedup ({NO_COST_MODEL.format(names=names)})"
+    note = f"{names} rows have no projected speedup ({NO_COST_MODEL.format(names=names)})"
+    return "\n" + textwrap.fill(note, width=int(fig.get_figwidth() * 130 / fontsize))
 
 
 def _row_of(r: "pd.Series", rows: list[Row]) -> Row:
