@@ -15,14 +15,15 @@ to hf, and alspec's hit rate; with the torch thread count, the device and the sh
 same ``--kernel`` (default ``model``: quest and topk have no fused kernel, so sink runs on the same path and only
 the choice of A~'s keys differs).
 
-Defaults: 2 prompts of 1024 tokens, 32 new tokens, 256-token continuations, 3 rounds (about 4 minutes for
-SmolLM2 in float32 on a 2-core CPU).
+Defaults: 2 prompts of 1024 tokens, 32 new tokens, 256-token continuations, 3 rounds, torch's own thread
+count; sized for about 4 minutes with SmolLM2 in float32 on an idle 2-core CPU (an estimate from the README's
+idle decode speeds; on 2 cores shared with other jobs it took 35 minutes, where ``--threads 1`` may fare better).
 
 The model: the embedded SmolLM2-135M (``--shape smollm2``), or a Llama-3-8B shape with random weights in bfloat16
 (``--shape llama3-8b``, built as in ``bench_adapter.py``; ``--layers`` shrinks it for a smoke run).
 
     python benchmarks/bench_approx.py [--prompts 2] [--repeats 3] [--tokens 1024] [--new-tokens 32] \
-        [--continuation 256] [--page 16] [--shape smollm2|llama3-8b] [--device cpu|cuda]
+        [--continuation 256] [--page 16] [--threads N] [--shape smollm2|llama3-8b] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=["smollm2", "llama3-8b"], default="smollm2")
     parser.add_argument("--layers", type=int, default=None, help="llama3-8b only: fewer layers, for a smoke run")
     parser.add_argument("--dtype", default="float32", help="smollm2's dtype, e.g. bfloat16 on CUDA")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's CPU threads (default: torch's own; 1 may fare better on a shared CPU)")
     args = parser.parse_args()
     if args.continuation >= args.tokens:
         parser.error(f"--continuation {args.continuation} must be shorter than --tokens {args.tokens}")
@@ -61,6 +64,8 @@ def main() -> None:
     from alspec_eval.smollm2 import smollm2_path
     from bench_adapter import llama3_8b, prompts, requests
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     path = str(smollm2_path())  # its tokenizer serves the random model too (its ids are within 128256)
     names = ["hf", *APPROXIMATIONS]

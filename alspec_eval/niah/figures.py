@@ -41,21 +41,21 @@ def _label(cell: dict[str, Any]) -> str:
     return _row(cell).label
 
 
-def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
-    """Figure 3a: score and hit rate per lambda, baseline and sink as references. Needle runs have few prompts,
-    so each score carries its Wilson 95% interval and n."""
+def needles_vs_lambda(sweep: Sweep, task: str, approx: str = "sink") -> Any:
+    """Figure 3a: score and hit rate per lambda of one approximation, baseline and its sink row (A~ always) as
+    references. Needle runs have few prompts, so each score carries its Wilson 95% interval and n."""
     from ..report.frames import wilson
 
     fig = _figure(6.4, 4.6)
     ax = fig.add_subplot()
-    dynamic = sweep.dynamic_cells(task)
+    dynamic = sweep.dynamic_cells(task, approx)
     lams = [c.lam for c in dynamic]
     n = max((c.samples or 0 for c in dynamic), default=0)
     intervals = [wilson(round(c.score * (c.samples or 0)), c.samples or 0) for c in dynamic]
     err = [[c.score - lo for c, (lo, _) in zip(dynamic, intervals)], [hi - c.score for c, (_, hi) in zip(dynamic, intervals)]]
     ax.errorbar(lams, [c.score for c in dynamic], yerr=err, fmt="o-", color="tab:blue", capsize=3,
                 label=f"needles found (dynamic), 95% interval, n = {n}")
-    for row, style in ((BASELINE, "--"), (SINK, ":")):
+    for row, style in ((BASELINE, "--"), (SINK.approximated(approx, sweep.page_of(approx)), ":")):
         if (cell := sweep.cell(task, row)) is not None and cell.score is not None:
             ax.axhline(cell.score, linestyle=style, color="tab:blue", alpha=0.7, label=f"{row.label} score")
     ax.set_xscale("log")
@@ -71,16 +71,20 @@ def needles_vs_lambda(sweep: Sweep, task: str) -> Any:
     hits.set_ylim(-5, 105)
     handles = ax.get_legend_handles_labels()[0] + hits.get_legend_handles_labels()[0]
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8)
-    ax.set_title(f"{task}: needles found and attention approximated")
+    ax.set_title(f"{task}: needles found and attention approximated{_approx_title(approx)}")
     return fig
 
 
-def acceptance_per_layer(sweep: Sweep, task: str) -> Any:
-    """Figure 3b: average acceptance of each layer, one line per lambda."""
+def _approx_title(approx: str) -> str:
+    return "" if approx == "sink" else f" ({approx}{', an oracle ceiling' if approx == 'topk' else ''})"
+
+
+def acceptance_per_layer(sweep: Sweep, task: str, approx: str = "sink") -> Any:
+    """Figure 3b: average acceptance of each layer, one line per lambda of one approximation."""
     fig = _figure(6.4, 4.0)
     ax = fig.add_subplot()
     cmap = colormaps["viridis"]
-    dynamic = sweep.dynamic_cells(task)
+    dynamic = sweep.dynamic_cells(task, approx)
     for i, cell in enumerate(dynamic):
         ax.plot(range(len(cell.layers)), [100 * (h or 0.0) for h in (l.hit_rate for l in cell.layers)], "o-",
                 markersize=3, color=cmap(i / max(len(dynamic) - 1, 1)), label=f"λ = {cell.lam:g}")
@@ -88,7 +92,7 @@ def acceptance_per_layer(sweep: Sweep, task: str) -> Any:
     ax.set_ylabel("acceptance (%)")
     ax.set_ylim(-5, 105)
     ax.legend(fontsize=8)
-    ax.set_title(f"{task}: acceptance per layer")
+    ax.set_title(f"{task}: acceptance per layer{_approx_title(approx)}")
     return fig
 
 
@@ -162,8 +166,11 @@ def write_niah_figures(outdir: Path, tokenizer: Any = None) -> list[Path]:
     figures.mkdir(exist_ok=True)
     written = []
     for task in sweep.tasks:
-        written.append(save(needles_vs_lambda(sweep, task), figures / f"{task}_needles_vs_lambda.png"))
-        written.append(save(acceptance_per_layer(sweep, task), figures / f"{task}_acceptance_per_layer.png"))
+        for approx, _ in sweep.approximations:
+            suffix = "" if approx == "sink" else f"_{approx}"  # the sink's files keep their names
+            written.append(save(needles_vs_lambda(sweep, task, approx), figures / f"{task}_needles_vs_lambda{suffix}.png"))
+            written.append(save(acceptance_per_layer(sweep, task, approx),
+                                figures / f"{task}_acceptance_per_layer{suffix}.png"))
     cells = _cells(outdir)
     if tokenizer is None:
         tokenizer = _tokenizer(sweep)

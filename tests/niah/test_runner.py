@@ -17,10 +17,14 @@ def test_needle_sweep_writes_cells_and_figures(tmp_path, capsys):
     model = save_tiny(tmp_path / "model", max_positions=4096)
     out = tmp_path / "niah"
     args = ["--model-args", f"pretrained={model}", "--lengths", "1024", "--depths", "0.2,0.8", "--lambdas", "0.5,1",
-            "--window", "16", "--max-gen-toks", "6", "--no-chat", "--gammas", "2", "--output", str(out)]
+            "--window", "16", "--max-gen-toks", "6", "--no-chat", "--gammas", "2", "--approx", "sink,topk",
+            "--output", str(out)]
     main(args)
     cells = {p.stem: json.loads(p.read_text()) for p in (out / "cells" / "alspec_niah_single").glob("*.json")}
-    assert sorted(cells) == ["baseline", "lambda_0.5", "lambda_1", "selfspec_g2", "sink"]
+    assert sorted(cells) == ["baseline", "lambda_0.5", "lambda_0.5_topk", "lambda_1", "lambda_1_topk", "selfspec_g2",
+                             "selfspec_g2_topk", "sink", "sink_topk"]
+    assert cells["lambda_1_topk"]["approx"] == "topk" and cells["lambda_1_topk"]["alspec"]["config"]["approx"] == "topk"
+    assert cells["lambda_1_topk"]["alspec"]["total"]["hit_rate"] > cells["lambda_1"]["alspec"]["total"]["hit_rate"]
     assert [s["alspec"][0]["selfspec"]["gamma"] for s in cells["selfspec_g2"]["sample_log"]] == [2, 2]
     assert cells["selfspec_g2"]["score"] == cells["baseline"]["score"]
     samples = cells["lambda_1"]["sample_log"]
@@ -30,7 +34,9 @@ def test_needle_sweep_writes_cells_and_figures(tmp_path, capsys):
         assert len(entry["accepted_layers_per_token"]) >= 1 and sum(entry["accepted_layers_per_token"]) == entry["accepted"]
     figures = {p.name for p in (out / "figures").iterdir()}
     assert {"alspec_niah_single_needles_vs_lambda.png", "alspec_niah_single_acceptance_per_layer.png",
-            "alspec_niah_single_lambda_1_grid.png", "alspec_niah_single_lambda_1_tokens.png"} <= figures
+            "alspec_niah_single_lambda_1_grid.png", "alspec_niah_single_lambda_1_tokens.png",
+            "alspec_niah_single_needles_vs_lambda_topk.png", "alspec_niah_single_acceptance_per_layer_topk.png",
+            "alspec_niah_single_lambda_1_topk_tokens.png"} <= figures
     written = capsys.readouterr().out
     mtimes = {p: p.stat().st_mtime for p in (out / "cells").rglob("*.json")}
     main(args)  # resumes: every cell exists, nothing is recomputed
