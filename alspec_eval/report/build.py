@@ -12,6 +12,7 @@ from alspec_eval.report.figures import (acceptance_heatmap, attention_vs_token_s
                                         schedule_profile, score_vs_hit_rate, speedup_vs_score)
 from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
+from alspec_eval.report.gains import approximation_gains, gains_markdown, write_gains_csv
 from alspec_eval.report.latency import DEFAULT_PRESET, project_sweep, projection_markdown, write_projection_csv
 from alspec_eval.report.cells import SINK, load_sweep
 from alspec_eval.report.paper import paper_section
@@ -92,7 +93,12 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     latency_md.write_text("\n".join(projection_markdown(p) for p in projections))
     latency_csv = write_projection_csv(projections, report / "latency.csv")
 
+    gains = approximation_gains(sweep)
+    if gains:
+        (report / "approximations.md").write_text(gains_markdown(gains))
+        written += [report / "approximations.md", write_gains_csv(gains, report / "approximations.csv")]
+
     page = report / "report.html"
-    page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper))
+    page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper, gains))
     return [*written, *score_fig, *by_approx, *heatmaps, *open_loop, *trade_off, *comparison, *profiles, paper_md,
             latency_md, latency_csv, page]

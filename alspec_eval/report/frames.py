@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -79,12 +79,38 @@ def cluster_bootstrap_ratio(accepted: np.ndarray, speculated: np.ndarray, resamp
     return float(low), float(high)
 
 
+def paired_ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
+                            resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                            level: float = 0.95) -> tuple[float, float, float]:
+    """sum(accepted) / sum(speculated) of ``a`` minus that of ``b`` (each (accepted, speculated) per document, the
+    same documents in the same order) and its percentile bootstrap interval, resampling documents for both at once."""
+    (acc_a, spec_a), (acc_b, spec_b) = ((np.asarray(x, dtype=float) for x in pair) for pair in (a, b))
+    n = len(spec_a)
+    if n == 0 or spec_a.sum() == 0 or spec_b.sum() == 0:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    differences = []
+    for start in range(0, resamples, 500):  # chunks keep the index matrix small for tasks with many documents
+        index = rng.integers(0, n, size=(min(500, resamples - start), n))
+        den_a, den_b = spec_a[index].sum(1), spec_b[index].sum(1)
+        kept = (den_a > 0) & (den_b > 0)
+        differences.append(acc_a[index].sum(1)[kept] / den_a[kept] - acc_b[index].sum(1)[kept] / den_b[kept])
+    tail = (1 - level) / 2
+    low, high = np.quantile(np.concatenate(differences), [tail, 1 - tail])
+    return float(acc_a.sum() / spec_a.sum() - acc_b.sum() / spec_b.sum()), float(low), float(high)
+
+
+def decisions_by_document(cell: Cell) -> dict[Any, tuple[int, int]]:
+    """Per document (of the cell's metric filter), by doc_id: accepted and speculated decisions summed over its
+    requests."""
+    _, _, filt = cell.metric.partition(",")
+    return {s["doc_id"]: (sum(r["accepted"] for r in s["alspec"]), sum(r["speculated"] for r in s["alspec"]))
+            for s in cell.sample_log if s.get("alspec") and s.get("filter", filt) == filt}
+
+
 def document_decisions(cell: Cell) -> tuple[np.ndarray, np.ndarray]:
     """Per document (of the cell's metric filter): accepted and speculated decisions summed over its requests."""
-    _, _, filt = cell.metric.partition(",")
-    counts = {s["doc_id"]: (sum(r["accepted"] for r in s["alspec"]), sum(r["speculated"] for r in s["alspec"]))
-              for s in cell.sample_log if s.get("alspec") and s.get("filter", filt) == filt}
-    values = np.array(list(counts.values()), dtype=float).reshape(-1, 2)
+    values = np.array(list(decisions_by_document(cell).values()), dtype=float).reshape(-1, 2)
     return values[:, 0], values[:, 1]
 
 

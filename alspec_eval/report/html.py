@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 from alspec_eval.report.latency import SweepProjection, projection_note, projection_rows
 from alspec_eval.report.cells import Sweep
+from alspec_eval.report.gains import NOTE as GAINS_NOTE, TITLE as GAINS_TITLE, Gain, gains_notes, gains_rows
 from alspec_eval.report.paper import NOTE, PaperSection
 from alspec_eval.report.table import approximation_notes, beyond_sink, table1_rows
 
@@ -44,7 +45,7 @@ def _projection(p: SweepProjection) -> str:
 
 def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[SweepProjection],
                 cells: "pd.DataFrame | None" = None, choices: Sequence[str] = (),
-                paper: PaperSection | None = None) -> str:
+                paper: PaperSection | None = None, gains: Sequence[Gain] = ()) -> str:
     """The report page; ``figures`` maps a section title to its PNG files."""
     meta = sweep.meta
     approximations = ", ".join(f"{a}" + (f" P={p}" if p is not None else "") for a, p in sweep.approximations)
@@ -62,6 +63,10 @@ def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Seque
              html_table(table1_rows(sweep, cells)),
              *(f"<p class='note'>{html.escape(line)}</p>" for line in approximation_notes(sweep)),
              *(f"<p>{html.escape(c)}</p>" for c in choices)]
+    if gains:
+        parts += [f"<h2>{html.escape(GAINS_TITLE)}</h2><p class='note'>{html.escape(GAINS_NOTE)}</p>",
+                  html_table(gains_rows(list(gains))),
+                  *(f"<p class='note'>{html.escape(n)}</p>" for n in gains_notes(list(gains)))]
     if paper is not None:
         parts.append(f"<h2>Beside the paper</h2><p class='note'>{html.escape(paper.line)}"
                      f"{' ' + html.escape(NOTE) if paper.rows else ''}</p>")

@@ -81,7 +81,7 @@ def test_every_file_is_written(approx_dir: Path, written: dict[str, Path]):
     assert set(written) == {"table1.md", "table1.csv", "score_vs_hit_rate.png", "hit_rate_by_approximation.png",
                             *heatmaps, "open_loop_acceptance.png", "speedup_vs_score.png", "frontier.png",
                             *(f"alspec_vs_selfspec_{task}.png" for task in TASKS), "paper.md", "latency.md",
-                            "latency.csv", "report.html"}
+                            "latency.csv", "report.html", "approximations.md", "approximations.csv"}
     for path in written.values():
         assert path.parent == approx_dir / "report" and path.stat().st_size > 0
     page = written["report.html"].read_text()

@@ -1,0 +1,99 @@
+"""What another approximation of A~ buys over the sink at the same lambda and key budget 2S (issue 34's question):
+per task and lambda, its hit rate minus the sink's and its score minus the sink's, each with a paired 95% bootstrap
+interval over the documents both cells ran. Written only for a sweep with the sink and another approximation."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .cells import Row, Sweep
+from .frames import decisions_by_document, document_scores, paired_bootstrap, paired_ratio_difference
+from .styles import approx_style
+
+
+@dataclass(frozen=True)
+class Gain:
+    task: str
+    lam: float
+    approx: str
+    page: int | None
+    documents: int
+    sink_hit: float
+    hit: float
+    hit_diff: float
+    hit_low: float
+    hit_high: float
+    score_diff: float
+    score_low: float
+    score_high: float
+
+
+def approximation_gains(sweep: Sweep) -> list[Gain]:
+    """Every (task, lambda, approximation other than the sink) whose cell and the sink's cell both exist."""
+    gains = []
+    for task in sweep.tasks:
+        for lam in sweep.lambdas:
+            sink = sweep.cell(task, Row.dynamic(lam))
+            for approx, page in sweep.approximations:
+                other = sweep.cell(task, Row.dynamic(lam, approx, page))
+                if approx == "sink" or sink is None or other is None:
+                    continue
+                ours, theirs = decisions_by_document(other), decisions_by_document(sink)
+                docs = sorted(set(ours) & set(theirs))
+                pairs = [np.array([d[doc] for doc in docs], dtype=float).reshape(-1, 2) for d in (ours, theirs)]
+                hit = paired_ratio_difference(*((p[:, 0], p[:, 1]) for p in pairs))
+                scores = document_scores(other), document_scores(sink)
+                common = scores[0].index.intersection(scores[1].index)
+                score = paired_bootstrap((scores[0][common] - scores[1][common]).to_numpy())
+                gains.append(Gain(task, lam, approx, page, len(docs), _rate(pairs[1]), _rate(pairs[0]), *hit, *score))
+    return gains
+
+
+def _rate(pairs: np.ndarray) -> float:
+    return float(pairs[:, 0].sum() / pairs[:, 1].sum()) if pairs[:, 1].sum() else math.nan
+
+
+def _points(x: float) -> str:
+    return "–" if math.isnan(x) else f"{100 * x:+.1f}"
+
+
+TITLE = "Beside the sink: other approximations at the same lambda and 2S keys"
+NOTE = ("Hit rate and score of each approximation minus the sink's at the same lambda, in percentage points, with "
+        "paired 95% bootstrap intervals over the documents (n).")
+
+
+def gains_rows(gains: list[Gain]) -> list[list[str]]:
+    """The table (header first): hit rates, their difference and the score difference per task, lambda and
+    approximation."""
+    rows = [["task", "λ", "approximation", "n", "hit rate, sink → it", "Δ hit rate [95% CI]", "Δ score [95% CI]"]]
+    for g in gains:
+        name = f"{g.approx}" + (f" P={g.page}" if g.page is not None else "") + approx_style(g.approx).mark
+        rows.append([g.task, f"{g.lam:g}", name, str(g.documents), f"{100 * g.sink_hit:.1f}% → {100 * g.hit:.1f}%",
+                     f"{_points(g.hit_diff)} [{_points(g.hit_low)}, {_points(g.hit_high)}]",
+                     f"{_points(g.score_diff)} [{_points(g.score_low)}, {_points(g.score_high)}]"])
+    return rows
+
+
+def gains_notes(gains: list[Gain]) -> list[str]:
+    marks = {approx_style(g.approx).mark: approx_style(g.approx).note for g in gains if approx_style(g.approx).mark}
+    return [f"{mark} {note}" for mark, note in marks.items()]
+
+
+def gains_markdown(gains: list[Gain]) -> str:
+    rows = gains_rows(gains)
+    table = ["| " + " | ".join(r) + " |" for r in rows]
+    table.insert(1, "|" + " --- |" * len(rows[0]))
+    return "\n".join([f"# {TITLE}", "", NOTE, "", *table, "", *gains_notes(gains)]) + "\n"
+
+
+def write_gains_csv(gains: list[Gain], path: Path) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(Gain.__dataclass_fields__))
+        writer.writeheader()
+        writer.writerows(asdict(g) for g in gains)
+    return path
