@@ -71,6 +71,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
         speedups = {(t, row.label): e.speedup for (row, t), e in projections[0].entries.items()}
         choices = frontier_choice(cells, speedups)
         trade_off.append(save(frontier(cells, projections[0]), report / "frontier.png"))
+        figures["Projected speedup against score"] = trade_off[:1]  # not the frontier too (it has its own section)
         figures["Speed against paired score difference"] = trade_off[-1:]
         written[0].write_text(written[0].read_text() + "\n" + "\n".join(choices.values()) + "\n")
     comparison = [save(attention_vs_token_speculation(sweep, task, projections[0]),

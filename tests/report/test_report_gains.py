@@ -65,3 +65,10 @@ def test_the_interval_resamples_both_cells_on_the_same_documents():
 def test_no_table_without_the_sink_and_another(tmp_path: Path):
     folder = write_sweep(tmp_path, documents=True)
     assert not {"approximations.md", "approximations.csv"} & {p.name for p in write_report(folder)}
+
+
+def test_each_figure_is_on_the_page_once(written: dict[str, Path]):
+    page = written["report.html"].read_text()
+    for name in written:
+        if name.endswith(".png"):
+            assert page.count(f'alt="{name[:-4]}"') == 1, name
