@@ -1,4 +1,4 @@
-"""What another approximation of A~ buys over the sink at the same lambda and key budget 2S (issue 34's question):
+"""What another approximation of A~ buys over the sink at the same lambda and key budget 2S:
 per task and lambda, its hit rate minus the sink's and its score minus the sink's, each with a paired 95% bootstrap
 interval over the documents both cells ran. Written only for a sweep with the sink and another approximation."""
 
