@@ -72,3 +72,17 @@ def test_each_figure_is_on_the_page_once(written: dict[str, Path]):
     for name in written:
         if name.endswith(".png"):
             assert page.count(f'alt="{name[:-4]}"') == 1, name
+
+
+# G5: the interval is a 95% one (tails of 2.5% each), not 90%
+def test_paired_ratio_interval_has_the_stated_level():
+    rng = np.random.default_rng(1)
+    n = 400
+    spec = np.full(n, 10.0)
+    base = rng.integers(2, 8, size=n).astype(float)
+    other = base + rng.choice([-1.0, 1.0], size=n)
+    diff, low, high = paired_ratio_difference((other, spec), (base, spec))
+    per_doc = (other - base) / 10
+    se = per_doc.std(ddof=1) / np.sqrt(n)
+    assert diff == pytest.approx(per_doc.mean())
+    assert (high - low) / 2 == pytest.approx(1.96 * se, rel=0.06)  # a 90% interval would be 1.645 se

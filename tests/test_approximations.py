@@ -1,0 +1,84 @@
+"""The approximations' own rules where the model-based tests cannot reach them (real scores never tie, the real
+selections' masks never differ between KV heads, CPU runs install no fused kernel): ties take the earlier page or
+key, a selection's per-KV-head mask reaches each query head as HF's repeat_kv maps it, and a fused decode kernel
+(which computes the sink A~) never answers for another approximation."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from alspec_eval import semantics
+from alspec_eval.config import SpeculationConfig
+from alspec_eval.plan import Plan
+from alspec_eval.region import DecodeRegion
+from alspec_eval.speculator import Session, Speculator, _Pass
+
+
+# S4: quest's sort must be stable (ties: the earlier page), on the code path, not only in the oracle
+def test_quest_positions_ties_take_the_earlier_pages():
+    window, page, pages = 8, 4, 30
+    bounds = torch.zeros(2, 2, pages)  # every candidate page ties
+    pos = torch.tensor([pages * page - 2, 50])
+    positions, valid = semantics.quest_positions(bounds, pos, window, page)
+    for r in range(2):
+        cur = int(pos[r]) // page
+        expected = [0, cur, 1, 2]  # page 0, the current page, then the smallest candidate pages
+        for h in range(2):
+            assert positions[r, h, ::page].tolist() == [p * page for p in expected]
+
+
+# S12: topk's sort must be stable (ties: the earlier key) on the code path
+def test_topk_positions_ties_take_the_earlier_keys():
+    scores = torch.zeros(1, 2, 100)
+    scores[..., 90:] = -torch.inf  # keys past pos
+    assert semantics.topk_positions(scores, 8).tolist() == [[list(range(16))] * 2]
+
+
+# P1: a selection's valid mask is per KV head; query head h must use KV head h // g's mask (repeat_kv)
+class _HeadMask:
+    """Keys 0..2S-1 for every KV head; KV head 1 marks its first 5 keys invalid, KV head 0 none."""
+    def prepare(self, key, pad):
+        return None
+
+    def select(self, query, key, rows, pos, pad, shared):
+        index = torch.arange(16).expand(len(rows), key.shape[1], -1)
+        valid = torch.ones_like(index, dtype=torch.bool)
+        valid[:, 1, :5] = False
+        return index, valid
+
+    def position_bytes(self, key, query_heads):
+        return 0
+
+
+def test_selection_masks_follow_repeat_kv():
+    torch.manual_seed(0)
+    hq, hkv, length, d = 4, 2, 40, 8
+    q, k, v = torch.randn(1, hq, 1, d), torch.randn(1, hkv, length, d), torch.randn(1, hkv, length, d)
+    spec = Speculator(1, {}, sdpa_attention_forward)
+    config = SpeculationConfig(window=8, approx="topk")
+    region = DecodeRegion.build([0], [0])
+    spec._sessions.append(Session(config, region, Plan.uniform([0.0], 1), _HeadMask()))
+    step = _Pass(1, length - 1, None, rows=torch.tensor([0]), cols=torch.tensor([0]), pos=torch.tensor([length - 1]),
+                 pad=torch.tensor([0]))
+    module = types.SimpleNamespace(is_causal=False, training=False, num_key_value_groups=hq // hkv)
+    ours = spec._approximate_rows(module, step, slice(0, 1), q, k, v, d ** -0.5, {})
+    for h in range(hq):
+        keys = range(16) if h // 2 == 0 else range(5, 16)
+        kk, vv = k[0, h // 2, list(keys)], v[0, h // 2, list(keys)]
+        expected = F.softmax(q[0, h, 0] @ kk.T * d ** -0.5, -1) @ vv
+        torch.testing.assert_close(ours[0, h], expected, rtol=1e-5, atol=1e-6)
+
+
+# P4: a fused (sink) decode kernel is never used for a selection
+def test_fused_decode_is_the_sinks_only():
+    from alspec_eval.backends.sim import decode_kernel
+    spec = Speculator(1, {}, sdpa_attention_forward, decode_kernel=decode_kernel("torch", torch.device("cpu")))
+    region = DecodeRegion.build([0], [0])
+    for approx, fused in (("sink", True), ("quest", False), ("topk", False)):
+        config = SpeculationConfig(window=8, approx=approx, **({"page": 4} if approx == "quest" else {}))
+        with spec.speculating(region, config):
+            assert spec.has_fused_decode() == fused, approx
