@@ -9,11 +9,15 @@ the fast tier unnoticed. (Importing a module that defines models is fine; buildi
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing.process
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +25,27 @@ import torch
 
 if not torch.cuda.is_available():  # read when a Triton kernel is first built
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+SITE = Path(__file__).with_name("subprocess_site")
+INDEX_ENV = "ALSPEC_TEST_TASK_INDEX"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """lm-eval's task index once per session, for this process and every process it starts (xdist's workers, the
+    ``lm_eval`` and ``alspec-*`` commands the tests run): ``subprocess_site/sitecustomize.py``."""
+    if not os.environ.get(INDEX_ENV):  # the first process of the session (not an xdist worker) owns the file
+        config._alspec_index_dir = tempfile.mkdtemp(prefix="alspec-task-index-")
+        os.environ[INDEX_ENV] = os.path.join(config._alspec_index_dir, "index.pickle")
+    if str(SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
+    sys.path.insert(0, str(SITE))
+    importlib.import_module("sitecustomize").install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if getattr(config, "_alspec_index_dir", None):
+        shutil.rmtree(config._alspec_index_dir, ignore_errors=True)
+
 
 SLOW_BECAUSE = "builds a model, runs lm-eval or starts a process"
 

@@ -31,7 +31,14 @@ def swept(tmp_path_factory):
     overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": {"p": 0.5, "lambda": 1.0},
                  "gammas": [2], "output": str(root / "out")}
     config = load_config(CONFIGS / "smoke.yaml", overrides)
-    run_sweep(config)
+    import lm_eval.tasks
+
+    built = []
+    init = lm_eval.tasks.TaskManager.__init__
+    with pytest.MonkeyPatch.context() as patch:  # how many task indexes the sweep builds
+        patch.setattr(lm_eval.tasks.TaskManager, "__init__", lambda self, *a, **k: built.append(k) or init(self, *a, **k))
+        run_sweep(config)
+    assert len(built) == 1, built  # one for the sweep's 6 cells and its task check, not one each
     return config, overrides, root / "out"
 
 
@@ -96,6 +103,40 @@ def test_truncated_cell_is_refused_then_recomputed(swept, tmp_path):
     fresh, original = json.loads(cell.read_text()), _cell(out, "lambda_1")
     fresh.pop("elapsed_s"), original.pop("elapsed_s")
     assert fresh == original
+
+
+@pytest.mark.slow
+def test_cells_of_one_task_index_equal_cells_each_indexed_afresh(swept, tmp_path, monkeypatch):
+    """The sweep shares one TaskManager across its cells; each cell computed through a TaskManager of its own (as
+    every cell was before) is the same file, results and samples included."""
+    from helpers import read_cells
+
+    from alspec_eval.sweep import runner
+
+    config, overrides, out = swept
+    evaluate = runner.evaluate_cell
+    managers = []
+
+    def afresh(lm, config, task, row, extra, tasks):  # noqa: ANN001, ANN202
+        managers.append(runner.task_manager(config))
+        return evaluate(lm, config, task, row, extra, managers[-1])
+
+    monkeypatch.setattr(runner, "evaluate_cell", afresh)
+    run_sweep(load_config(CONFIGS / "smoke.yaml", {**overrides, "output": str(tmp_path / "afresh")}))
+    assert len(managers) == 6 and len({id(m) for m in managers}) == 6
+    cells, shared = read_cells(tmp_path / "afresh"), read_cells(out)
+    assert cells == shared and all(cell["sample_log"] for cell in cells.values())
+
+
+def test_a_task_index_made_for_other_metadata_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    config = load_config(CONFIGS / "smoke.yaml", {"model_args": {"pretrained": str(tmp_path)},
+                                                  "output": str(tmp_path / "out")})
+    other = SimpleNamespace(metadata={"pretrained": str(tmp_path), "dtype": "float16"})
+    with pytest.raises(ValueError, match="float16.*build it with task_manager"):
+        run_sweep(config, tasks=other)
+    assert not (tmp_path / "out").exists()
 
 
 def test_second_sweep_on_a_folder_in_use_refuses(tmp_path):

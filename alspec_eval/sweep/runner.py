@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -23,6 +23,9 @@ from ..stats import AcceptanceStats
 from .._lmeval_hook import tasks_dir
 from ..rows import Row, prefill_groups
 from .config import SweepConfig, fingerprint
+
+if TYPE_CHECKING:  # lm-eval's import is slow and sets environment variables: only where a sweep runs
+    from lm_eval.tasks import TaskManager
 
 CellHook = Callable[[Path], None]
 # lm-eval's own stderr of each score (closed form for means; a bootstrap of this size for other aggregations).
@@ -63,21 +66,35 @@ def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -
     return next((k for k in metrics if "," in k and "_stderr" not in k), None)  # lm-eval keys are "metric,filter"
 
 
-def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str, Any]) -> dict[str, Any] | None:
-    """One lm-eval evaluation of ``task`` as ``row`` (inside ``lm.answering(row)``: the model's config is the row's
-    own, and the cell records it); ``extra`` is what the cell file records about the row. None on a data-parallel
-    rank other than the main one."""
-    from lm_eval import simple_evaluate
+def task_metadata(config: SweepConfig) -> dict[str, Any]:
+    """What every task of the sweep is given as ``metadata`` (templated tasks such as the needle's read it): the
+    model's arguments, then the config's ``metadata``, as ``lm_eval --model_args ... --metadata ...`` gives it."""
+    return {**resolved_model_args(config), **config.metadata}
+
+
+def task_manager(config: SweepConfig) -> TaskManager:
+    """lm-eval's task index (its own tasks and the bundled ones) with ``config``'s metadata: built once per sweep,
+    needle run or tune and shared by their cells, since indexing lm-eval's ~15,000 task files takes 10-12 s on a
+    2-core CPU. Each cell still loads its task afresh from the index, as lm-eval does for each run."""
     from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(tasks_dir()), metadata=task_metadata(config))
+
+
+def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str, Any],
+                  tasks: TaskManager) -> dict[str, Any] | None:
+    """One lm-eval evaluation of ``task`` as ``row`` (inside ``lm.answering(row)``: the model's config is the row's
+    own, and the cell records it) through the sweep's task index ``tasks``; ``extra`` is what the cell file records
+    about the row. None on a data-parallel rank other than the main one."""
+    from lm_eval import simple_evaluate
 
     lm.reset_statistics()
     started = time.perf_counter()
-    metadata = {**resolved_model_args(config), **config.metadata}
     results = simple_evaluate(
         model=lm, tasks=[task], limit=config.limit, num_fewshot=config.num_fewshot,
         samples={task: config.samples[task]} if config.samples is not None else None,
         apply_chat_template=config.apply_chat_template, gen_kwargs=config.gen_kwargs, log_samples=True,
-        task_manager=TaskManager(include_path=str(tasks_dir()), metadata=metadata), random_seed=config.seed, numpy_random_seed=config.seed,
+        task_manager=tasks, random_seed=config.seed, numpy_random_seed=config.seed,
         torch_random_seed=config.seed, fewshot_random_seed=config.seed, bootstrap_iters=BOOTSTRAP_ITERS)
     if results is None:  # a data-parallel rank other than the main one: the main one writes the cell
         return None
@@ -119,14 +136,12 @@ def _scalars(doc: dict[str, Any]) -> dict[str, Any]:
             if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 64)}
 
 
-def check_tasks(tasks: list[str]) -> None:
+def check_tasks(names: list[str], tasks: TaskManager) -> None:
     """Unknown task names fail here, before the model loads, with the closest known name."""
     import difflib
 
-    from lm_eval.tasks import TaskManager
-
-    known = TaskManager(include_path=str(tasks_dir())).all_tasks
-    for task in tasks:
+    known = tasks.all_tasks
+    for task in names:
         if task not in known:
             close = difflib.get_close_matches(task, known, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "see `lm_eval ls tasks` for the known names"
@@ -196,19 +211,26 @@ def output_lock(out: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = None, recompute: bool = False) -> Path:
+def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = None, recompute: bool = False,
+              tasks: TaskManager | None = None) -> Path:
     """Run every missing (or, with ``recompute``, stale) cell of ``config``; returns the output folder.
-    ``on_cell`` sees each written file. Everything that can be checked is checked before the model loads."""
+    ``on_cell`` sees each written file. ``tasks`` is a task index to share with other sweeps of the same model and
+    metadata (a tune's); without it the sweep builds its own, once. Everything that can be checked is checked
+    before the model loads."""
+    if tasks is not None and tasks.metadata != task_metadata(config):
+        raise ValueError(f"the task index was built with metadata {tasks.metadata}, not this sweep's "
+                         f"{task_metadata(config)}; build it with task_manager(config)")
     out = config.output_dir
     check_writable(out, config.tasks)
     if is_main_process():
         out.mkdir(parents=True, exist_ok=True)  # for the lock file
     barrier()
     with output_lock(out):
-        return _run_cells(config, on_cell, lm, recompute)
+        return _run_cells(config, on_cell, lm, recompute, tasks)
 
 
-def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute: bool) -> Path:
+def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute: bool,
+               tasks: TaskManager | None) -> Path:
     out = config.output_dir
     rows = config.rows()
     missing = existing_cells(config, recompute)
@@ -218,14 +240,15 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
                                                "cells": [row.name for row in rows]})
     if not missing:
         return out
-    check_tasks(config.tasks)
+    tasks = tasks or task_manager(config)
+    check_tasks(config.tasks, tasks)
     lm = lm or build_lm(config)
     progress = tqdm(total=len(config.tasks) * len(rows), initial=len(config.tasks) * len(rows) - len(missing),
                     desc=f"sweep {config.name}", unit="cell")
 
     def write(task: str, row: Row, extra: dict[str, Any]) -> None:
         progress.set_postfix_str(f"{task}: {row.name}, {lm.decode_tokens} tokens so far")
-        result = evaluate_cell(lm, config, task, row, extra)
+        result = evaluate_cell(lm, config, task, row, extra, tasks)
         path = cell_path(out, task, row)
         if result is not None:
             write_json_atomic(path, result)

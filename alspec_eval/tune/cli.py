@@ -98,13 +98,14 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         plan = plan_from_args(args)
-        from ..sweep.runner import check_tasks, check_writable
+        from ..sweep.runner import check_tasks, check_writable, task_manager
         from .tuner import Tuner, document_counts, split_documents, write_outputs
 
         check_writable(plan.output, plan.base.tasks)
-        check_tasks(plan.base.tasks)
-        tuner = Tuner(plan)
-        tuner.calibration_docs, tuner.heldout_docs = split_documents(document_counts(plan.base), plan.holdout,
+        tasks = task_manager(plan.base)  # one task index for every sweep of the tune
+        check_tasks(plan.base.tasks, tasks)
+        tuner = Tuner(plan, tasks=tasks)
+        tuner.calibration_docs, tuner.heldout_docs = split_documents(document_counts(plan.base, tasks), plan.holdout,
                                                                      plan.base.seed)
         result = tuner.run()
     except (ConfigError, LatencyError) as err:

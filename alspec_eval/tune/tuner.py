@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -25,6 +25,9 @@ from ..schedule import LambdaSchedule
 from ..stats import OpenLoop, open_loop
 from ..sweep.config import SweepConfig
 from .search import Measured, Search, best, schedule_path, start_step
+
+if TYPE_CHECKING:  # lm-eval's import is slow: only where a tune runs
+    from lm_eval.tasks import TaskManager
 
 
 @dataclass(frozen=True)
@@ -56,18 +59,12 @@ def split_documents(counts: dict[str, int], holdout: float, seed: int) -> tuple[
     return calibration, held
 
 
-def document_counts(config: SweepConfig) -> dict[str, int]:
+def document_counts(config: SweepConfig, tasks: TaskManager) -> dict[str, int]:
     """How many documents of each task a run with ``config.limit`` evaluates (lm-eval's rule: an integer limit caps
-    the count, a fraction takes its ceiling share)."""
-    from lm_eval.tasks import TaskManager
-
-    from .._lmeval_hook import tasks_dir
-    from ..sweep.runner import resolved_model_args
-
-    manager = TaskManager(include_path=str(tasks_dir()), metadata={**resolved_model_args(config), **config.metadata})
+    the count, a fraction takes its ceiling share), loaded through the tune's task index ``tasks``."""
     counts = {}
     for task in config.tasks:
-        loaded = manager.load_task_or_group([task])
+        loaded = tasks.load_task_or_group([task])
         obj = loaded.get(task)
         if obj is None or not hasattr(obj, "eval_docs"):
             raise ConfigError(f"tasks: {task!r} is a group; name its tasks (alspec-tune splits each task's documents)")
@@ -82,6 +79,7 @@ class Tuner:
     """Runs the plan: ``lm`` is loaded once for every run."""
 
     plan: TunePlan
+    tasks: TaskManager | None = None  # lm-eval's task index, shared by every sweep of the tune
     lm: Any = None
     calibration_docs: dict[str, list[int]] = field(default_factory=dict)
     heldout_docs: dict[str, list[int]] = field(default_factory=dict)
@@ -91,13 +89,15 @@ class Tuner:
 
     def sweep(self, name: str, **changes: Any) -> Path:
         """Run (or resume) one sweep folder of the tune with the plan's settings and ``changes``."""
-        from ..sweep.runner import build_lm, run_sweep
+        from ..sweep.runner import build_lm, run_sweep, task_manager
 
         config = dataclasses.replace(self.plan.base, name=f"{self.plan.base.name}_{name}",
                                      output=str(self.plan.output / name), limit=None, **changes)
+        if self.tasks is None:
+            self.tasks = task_manager(config)
         if self.lm is None:
             self.lm = build_lm(config)
-        return run_sweep(config, lm=self.lm, recompute=self.plan.recompute)
+        return run_sweep(config, lm=self.lm, recompute=self.plan.recompute, tasks=self.tasks)
 
     def calibrate(self) -> Path:
         return self.sweep("calibration", samples=self.calibration_docs, sink=False, static=None, gammas=[])
