@@ -6,6 +6,7 @@ The package ships a Q4_1 GGUF file. Dequantizing it with transformers takes abou
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 from pathlib import Path
@@ -32,10 +33,20 @@ def cache_dir() -> Path:
 
 
 def smollm2_path() -> Path:
-    """A local folder with SmolLM2 as float32 safetensors and its tokenizer, converted on first use."""
+    """A local folder with SmolLM2 as float32 safetensors and its tokenizer, converted on first use. Processes that
+    ask at the same time (the ranks of ``accelerate launch``, test workers) convert it once: the others wait."""
     target = cache_dir() / SMOLLM2
     if (target / "model.safetensors").exists():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(f"{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "model.safetensors").exists():
+            _convert(target)
+    return target
+
+
+def _convert(target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
@@ -49,7 +60,6 @@ def smollm2_path() -> Path:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tmp.rename(target)
-    return target
 
 
 if __name__ == "__main__":

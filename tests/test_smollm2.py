@@ -92,3 +92,30 @@ def test_selfspec_on_smollm2_is_lossless(tmp_path, stops, args):
     draft = [e["selfspec"] for e in entries.values()]
     assert all(d["gamma"] == 4 and d["steps"] > 0 and d["accepted"] <= d["drafted"] for d in draft)
     assert all(d["tau"] == pytest.approx(1 + d["accepted"] / d["steps"]) for d in draft)
+
+
+def test_processes_asking_at_once_convert_the_model_once(tmp_path, monkeypatch):
+    """The ranks of `accelerate launch` (or test workers) on a fresh machine: one converts, the others wait for it
+    instead of converting too and failing to rename onto its folder."""
+    import threading
+    import time
+
+    from alspec_eval import smollm2
+
+    monkeypatch.setenv("ALSPEC_CACHE", str(tmp_path))
+    converted = []
+
+    def convert(target):  # slow enough that every caller arrives while the first converts
+        converted.append(target)
+        time.sleep(0.3)
+        target.mkdir()
+        (target / "model.safetensors").write_text("weights")
+
+    monkeypatch.setattr(smollm2, "_convert", convert)
+    found = []
+    callers = [threading.Thread(target=lambda: found.append(smollm2.smollm2_path())) for _ in range(3)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert found == [tmp_path / smollm2.SMOLLM2] * 3 and converted == [tmp_path / smollm2.SMOLLM2]

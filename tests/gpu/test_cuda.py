@@ -34,6 +34,7 @@ def test_triton_matches_reference_with_gqa_and_left_padding(dtype, align, window
     assert torch.equal(out.trivial, ref.trivial)
 
 
+@pytest.mark.slow  # builds a model
 def test_alspec_on_cuda_bfloat16_triton_decides_as_sdpa():
     pytest.importorskip("triton")
     from alspec_eval.region import DecodeRegion

@@ -1,5 +1,7 @@
 """The report of a sink-only synthetic sweep as the committed code wrote it before approximations reached the report
-(tests/report/golden/): its text files byte for byte and every figure's sha256, with the matplotlib that drew them.
+(tests/report/golden/): its text files byte for byte and every figure's sha256, with the versions of the packages that
+drew them (matplotlib, numpy and pillow: another version of any of them may draw or encode other bytes; a fresh
+install of 2026-11-25 drew open_loop_acceptance.png differently from the same code and matplotlib).
 
 ``python tests/report/golden.py`` rewrites the folder: only ever from a report whose sink-only output is meant to
 change, and say so in the commit.
@@ -14,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import matplotlib
+from importlib.metadata import version
 
 sys.path.insert(0, str(Path(__file__).parent))
 from synthetic_sweep import write_sweep  # noqa: E402
@@ -42,10 +44,17 @@ def render(outdir: Path) -> dict[str, bytes]:
     return out
 
 
-def recorded() -> tuple[dict[str, bytes], str]:
-    """The golden files and the matplotlib version that drew their figures."""
+DRAWING = ("matplotlib", "numpy", "pillow")
+
+
+def drawing_versions() -> dict[str, str]:
+    return {name: version(name) for name in DRAWING}
+
+
+def recorded() -> tuple[dict[str, bytes], dict[str, str]]:
+    """The golden files and the versions of the packages that drew their figures."""
     files = {p.name: p.read_bytes() for p in GOLDEN.iterdir() if p.name != "versions.json"}
-    return files, json.loads((GOLDEN / "versions.json").read_text())["matplotlib"]
+    return files, json.loads((GOLDEN / "versions.json").read_text())
 
 
 def main() -> None:
@@ -56,7 +65,7 @@ def main() -> None:
         old.unlink()
     for name, data in files.items():
         (GOLDEN / name).write_bytes(data)
-    (GOLDEN / "versions.json").write_text(json.dumps({"matplotlib": matplotlib.__version__}) + "\n")
+    (GOLDEN / "versions.json").write_text(json.dumps(drawing_versions()) + "\n")
 
 
 if __name__ == "__main__":
