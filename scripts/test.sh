@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The test command of the README: sets up .venv, then runs the whole suite.
+# The test command of the README: sets up .venv, then runs the whole suite, a pytest-xdist worker per core (each
+# file on one worker, so a module's fixtures are built once; each worker runs torch on one thread). Arguments go
+# to the main suite's pytest and come after these, so `-n 0` runs it in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/part.sh
 part venv scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-part suite .venv/bin/python -m pytest "$@"
+part suite .venv/bin/python -m pytest -n auto --dist loadfile "$@"
 # tests/tt once more in Python 3.12 with ttnn (the main venv skips them): the host mode needs no card.
 # ALSPEC_SKIP_TT=1 leaves this out (.venv-tt takes about 2 minutes and 6.7 GB, mostly torch's CUDA libraries).
 if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then
     part venv-tt scripts/tt_env.sh
-    part tt .venv-tt/bin/python -m pytest tests/tt
+    part tt .venv-tt/bin/python -m pytest -n auto --dist loadfile tests/tt
 fi

@@ -40,6 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(SITE))
     importlib.import_module("sitecustomize").install()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `pytest -n N`'s workers: one core each, not N x the cores
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"  # and the processes it starts
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
