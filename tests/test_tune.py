@@ -117,25 +117,22 @@ def test_a_resumed_tune_gives_the_same_schedule(tmp_path):
 
 
 def test_every_sweep_of_a_tune_shares_one_task_index(tmp_path, monkeypatch):
-    """The calibration, candidate and held-out sweeps of a tune run through one lm-eval task index (and one model),
-    built for the first of them."""
+    """The calibration, candidate and held-out sweeps of a tune run through the task index (and the model) that the
+    command built once, the one that checked the tasks and counted their documents."""
     from alspec_eval.sweep import runner
     from alspec_eval.tune.cli import parser, plan_from_args
     from alspec_eval.tune.tuner import Tuner
 
     plan = plan_from_args(parser().parse_args(["--tasks", "alspec_recall", "--max_drop", "0.1", "--output_path",
                                                str(tmp_path)]))
-    built, given = [], []
-    monkeypatch.setattr(runner, "task_manager", lambda config: built.append(config) or object())
-    monkeypatch.setattr(runner, "build_lm", lambda config: "lm")
+    loaded, given = [], []
+    monkeypatch.setattr(runner, "build_lm", lambda config: loaded.append(config) or "lm")
     monkeypatch.setattr(runner, "run_sweep", lambda config, lm, recompute, tasks: given.append((lm, tasks)))
-    tuner = Tuner(plan)
+    shared = object()
+    tuner = Tuner(plan, shared)
     tuner.calibrate()
     tuner.validate(tmp_path / "schedule.json")
-    assert len(built) == 1 and len(given) == 2 and given[0] == given[1] and given[0][1] is not None
-    shared = object()
-    Tuner(plan, tasks=shared).calibrate()  # the command's own index, which checked the tasks and counted documents
-    assert len(built) == 1 and given[-1] == ("lm", shared)
+    assert given == [("lm", shared), ("lm", shared)] and len(loaded) == 1
 
 
 def test_a_config_of_other_approximations_is_refused(tmp_path):

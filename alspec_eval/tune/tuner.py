@@ -79,7 +79,7 @@ class Tuner:
     """Runs the plan: ``lm`` is loaded once for every run."""
 
     plan: TunePlan
-    tasks: TaskManager | None = None  # lm-eval's task index, shared by every sweep of the tune
+    tasks: TaskManager  # lm-eval's task index, shared by every sweep of the tune (runner.task_manager)
     lm: Any = None
     calibration_docs: dict[str, list[int]] = field(default_factory=dict)
     heldout_docs: dict[str, list[int]] = field(default_factory=dict)
@@ -89,12 +89,10 @@ class Tuner:
 
     def sweep(self, name: str, **changes: Any) -> Path:
         """Run (or resume) one sweep folder of the tune with the plan's settings and ``changes``."""
-        from ..sweep.runner import build_lm, run_sweep, task_manager
+        from ..sweep.runner import build_lm, run_sweep
 
         config = dataclasses.replace(self.plan.base, name=f"{self.plan.base.name}_{name}",
                                      output=str(self.plan.output / name), limit=None, **changes)
-        if self.tasks is None:
-            self.tasks = task_manager(config)
         if self.lm is None:
             self.lm = build_lm(config)
         return run_sweep(config, lm=self.lm, recompute=self.plan.recompute, tasks=self.tasks)
