@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
@@ -91,3 +94,16 @@ def read_cells(out: Path) -> dict[str, dict]:
         cell.pop("elapsed_s")
         cells[f"{path.parent.name}/{path.stem}"] = cell
     return cells
+
+
+@contextmanager
+def task_managers_built() -> Iterator[list[dict[str, Any]]]:
+    """The lm-eval TaskManagers built inside the block (their keyword arguments), as a list filled while it runs."""
+    import lm_eval.tasks
+
+    built: list[dict[str, Any]] = []
+    init = lm_eval.tasks.TaskManager.__init__
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm_eval.tasks.TaskManager, "__init__",
+                      lambda self, *args, **kwargs: built.append(kwargs) or init(self, *args, **kwargs))
+        yield built

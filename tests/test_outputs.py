@@ -31,12 +31,9 @@ def swept(tmp_path_factory):
     overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": {"p": 0.5, "lambda": 1.0},
                  "gammas": [2], "output": str(root / "out")}
     config = load_config(CONFIGS / "smoke.yaml", overrides)
-    import lm_eval.tasks
+    from helpers import task_managers_built
 
-    built = []
-    init = lm_eval.tasks.TaskManager.__init__
-    with pytest.MonkeyPatch.context() as patch:  # how many task indexes the sweep builds
-        patch.setattr(lm_eval.tasks.TaskManager, "__init__", lambda self, *a, **k: built.append(k) or init(self, *a, **k))
+    with task_managers_built() as built:
         run_sweep(config)
     assert len(built) == 1, built  # one for the sweep's 6 cells and its task check, not one each
     return config, overrides, root / "out"

@@ -78,14 +78,10 @@ def test_split_is_seeded_disjoint_and_complete():
 
 def _tune(argv: list[str]) -> int:
     """alspec-tune in this process; how many lm-eval task indexes it built."""
-    import lm_eval.tasks
-
     from alspec_eval.tune.cli import main
+    from helpers import task_managers_built
 
-    built = []
-    init = lm_eval.tasks.TaskManager.__init__
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lm_eval.tasks.TaskManager, "__init__", lambda self, *a, **k: built.append(k) or init(self, *a, **k))
+    with task_managers_built() as built:
         main(argv)
     return len(built)
 
