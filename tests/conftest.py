@@ -36,9 +36,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get(INDEX_ENV):  # the first process of the session (not an xdist worker) owns the file
         config._alspec_index_dir = tempfile.mkdtemp(prefix="alspec-task-index-")
         os.environ[INDEX_ENV] = os.path.join(config._alspec_index_dir, "index.pickle")
-    if str(SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    if SITE.is_dir() and str(SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # not in pytester's
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
-    sys.path.insert(0, str(SITE))
+        sys.path.insert(0, str(SITE))
     importlib.import_module("sitecustomize").install()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `pytest -n N`'s workers: one core each, not N x the cores
         torch.set_num_threads(1)
