@@ -1,8 +1,12 @@
-"""The lm-eval versions the adapter is tested with (it relies on HFLM internals; see setup.cfg)."""
+"""Where alspec-eval meets versions of its libraries: the lm-eval versions the adapter is tested with (it relies on
+HFLM internals; see setup.cfg), and transformers' name for the KV cache argument."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from .config import ConfigError
 
@@ -19,3 +23,15 @@ def check_lm_eval() -> None:
         raise ConfigError(f"lm-eval {found} is installed, but alspec-eval is tested with lm-eval "
                           f"{', '.join(TESTED_LM_EVAL)} (it relies on HFLM internals); "
                           f"run pip install 'lm-eval=={TESTED_LM_EVAL[-1]}'")
+
+
+def with_cache(model: Any, cache: Any) -> dict[str, Any]:
+    """The KV cache as a keyword of ``model(...)`` and ``model.generate(...)`` in the installed transformers:
+    ``cache=`` where the model's forward takes it (transformers 5.24 on, where ``past_key_values=`` warns and is to
+    go in 5.40), ``past_key_values=`` in the older versions setup.cfg admits."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
+from .compat import with_cache
 from .config import ConfigError, SpeculationConfig
 from .hooks import sliding_layers
 from .region import DecodeRegion
@@ -69,7 +70,7 @@ def selfspec_generate(model: PreTrainedModel, speculator: Speculator, config: Sp
     under the sink policy."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     device = model.device
-    logits = model(torch.tensor([pending], device=device), past_key_values=cache, use_cache=True,
+    logits = model(torch.tensor([pending], device=device), **with_cache(model, cache), use_cache=True,
                    logits_to_keep=1).logits
     token = int(logits[0, -1].argmax())
     out, stats = [token], DraftStats.zeros(gamma)
@@ -78,7 +79,8 @@ def selfspec_generate(model: PreTrainedModel, speculator: Speculator, config: Sp
     while end is None and len(out) < max_new:
         drafts = _draft(model, speculator, sink, cache, token, min(gamma, max_new - len(out) - 1))
         committed = cache.get_seq_length()
-        logits = model(torch.tensor([[token, *drafts]], device=device), past_key_values=cache, use_cache=True).logits
+        logits = model(torch.tensor([[token, *drafts]], device=device), **with_cache(model, cache),
+                       use_cache=True).logits
         verified = logits[0].argmax(-1).tolist()
         accepted = next((i for i, (d, v) in enumerate(zip(drafts, verified)) if d != v), len(drafts))
         truncate(cache, committed + accepted + 1)  # the fed token and the accepted drafts, with the verifier's entries
@@ -97,7 +99,7 @@ def _draft(model: PreTrainedModel, speculator: Speculator, sink: SpeculationConf
     try:
         with speculator.speculating(DecodeRegion.build([0], [0], device=model.device), sink):
             for _ in range(count):
-                logits = model(torch.tensor([[token]], device=model.device), past_key_values=cache,
+                logits = model(torch.tensor([[token]], device=model.device), **with_cache(model, cache),
                                use_cache=True).logits
                 token = int(logits[0, -1].argmax())
                 drafts.append(token)

@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .answers import HFCall, HFGenerate
+from .compat import with_cache
 from .config import SpeculationConfig
 from .ledger import RowKey, RowRecord, row_keys
 from .plan import Plan
@@ -111,7 +112,7 @@ class SharedPrefill:
             positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
             with torch.no_grad():
                 model(context[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                      past_key_values=cache, use_cache=True, logits_to_keep=1)
+                      **with_cache(model, cache), use_cache=True, logits_to_keep=1)
         keys, pads = row_keys(context, mask), (mask.shape[1] - mask.long().sum(-1)).tolist()
         rows = []
         for v, variant in enumerate(self.variants):
@@ -132,7 +133,7 @@ class SharedPrefill:
         region = DecodeRegion.from_left_padded(
             mask_v, False, plan=self.plan(len(context), [self.variants[v] for v in attention]))
         with self.speculator.speculating(region, self.config) as trace:
-            out = hf_generate(context_v, max_length, stop, attention_mask=mask_v, past_key_values=cache,
+            out = hf_generate(context_v, max_length, stop, attention_mask=mask_v, **with_cache(model, cache),
                               **generation_kwargs)
         prompt_len = context.shape[1]
         for r in range(len(out)):
@@ -152,7 +153,7 @@ class SharedPrefill:
         common = min(starts)
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            prefix = (model(inps[:, :common], past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            prefix = (model(inps[:, :common], **with_cache(model, cache), use_cache=True, logits_to_keep=1).logits
                       if common else None)
             cache.batch_repeat_interleave(variants)
             ends = [len(k) for k in keys]
@@ -160,7 +161,7 @@ class SharedPrefill:
                                         [e for e in ends for _ in range(variants)], device=inps.device,
                                         plan=self.plan(len(keys), self.variants))
             with self.speculator.speculating(region, self.config) as trace:
-                rest = model(inps[:, common:].repeat_interleave(variants, 0), past_key_values=cache,
+                rest = model(inps[:, common:].repeat_interleave(variants, 0), **with_cache(model, cache),
                              use_cache=True).logits
         logits = rest if prefix is None else torch.cat([prefix.repeat_interleave(variants, 0), rest], dim=1)
         records = [RowRecord.teacher_forced(trace, r, starts[r // variants], ends[r // variants])

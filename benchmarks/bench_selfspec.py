@@ -40,6 +40,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+    from alspec_eval.compat import with_cache
     from alspec_eval.config import SpeculationConfig
     from alspec_eval.hooks import speculation
     from alspec_eval.latency import DEFAULT_PRESET, preset, project_layers, project_selfspec
@@ -61,13 +62,13 @@ def main() -> None:
         prompt = haystack["input_ids"][:context]
         prefilled = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(torch.tensor([prompt[:-1]]), past_key_values=prefilled, use_cache=True)
+            model(torch.tensor([prompt[:-1]]), **with_cache(model, prefilled), use_cache=True)
 
         def greedy() -> tuple[list[int], dict]:
             cache, token, out = copy.deepcopy(prefilled), prompt[-1], []
             with torch.no_grad():
                 for _ in range(args.new):
-                    logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits
+                    logits = model(torch.tensor([[token]]), **with_cache(model, cache), use_cache=True).logits
                     token = int(logits[0, -1].argmax())
                     out.append(token)
             return out, {}
@@ -87,7 +88,7 @@ def main() -> None:
             with speculation(model) as speculator, \
                     torch.no_grad(), speculator.speculating(DecodeRegion.build([0], [0]), config) as trace:
                 for _ in range(args.new):
-                    logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits
+                    logits = model(torch.tensor([[token]]), **with_cache(model, cache), use_cache=True).logits
                     token = int(logits[0, -1].argmax())
                     out.append(token)
             stats = trace.row_stats(0, len(prompt) - 1, len(prompt) - 1 + args.new)

@@ -16,6 +16,7 @@ from lm_eval.models.huggingface import HFLM
 from transformers import DynamicCache
 
 from alspec_eval.adapter import ALSpecLM
+from alspec_eval.compat import with_cache
 from alspec_eval.region import DecodeRegion
 from tiny import char_tokenizer
 
@@ -78,11 +79,11 @@ def stepwise_logprob(lm: ALSpecLM, context: list[int], continuation: list[int]):
     region = DecodeRegion.build([0], [len(context)])
     total = 0.0
     with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as trace:
-        logits = model(torch.tensor([context]), past_key_values=cache, use_cache=True).logits[0, -1]
+        logits = model(torch.tensor([context]), **with_cache(model, cache), use_cache=True).logits[0, -1]
         for i, token in enumerate(continuation):
             total += float(torch.log_softmax(logits.double(), -1)[token])
             if i + 1 < len(continuation):
-                logits = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0, -1]
+                logits = model(torch.tensor([[token]]), **with_cache(model, cache), use_cache=True).logits[0, -1]
     return total, trace
 
 
