@@ -84,3 +84,19 @@ def test_untested_lm_eval_is_named_in_one_line(monkeypatch):
     monkeypatch.setattr(compat, "version", lambda _: "0.5.0")
     with pytest.raises(ConfigError, match=r"lm-eval 0\.5\.0 is installed.*lm-eval==0\.4\.13"):
         compat.check_lm_eval()
+
+
+def test_the_cache_goes_by_the_name_the_installed_forward_takes():
+    """transformers 5.24 on takes ``cache=`` (``past_key_values=`` warns); the versions before it only
+    ``past_key_values=``: each model class gets the keyword its own forward names."""
+    class Before:
+        def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None):  # noqa: ANN001, ANN202
+            return input_ids
+
+    class From524:
+        def forward(self, input_ids, attention_mask=None, cache=None, use_cache=None, **kwargs):  # noqa: ANN001, ANN202, ANN003
+            return input_ids
+
+    cache = object()
+    assert compat.with_cache(Before(), cache) == {"past_key_values": cache}
+    assert compat.with_cache(From524(), cache) == {"cache": cache}
