@@ -4,7 +4,9 @@ A test that builds a model (``PreTrainedModel``), runs lm-eval's evaluator or st
 so with ``pytest.mark.slow`` on itself or its module. The fast tier, ``pytest -m "not slow"``, is everything else
 (the rules, kernels, report, configs and CLIs' argument checks). The guard below keeps the marks true: a test
 without the mark that does one of those things fails, naming what it did, so a new test cannot slip a model into
-the fast tier unnoticed. (Importing a module that defines models is fine; building one is not.)
+the fast tier unnoticed. (Importing a module that defines models is fine; building one is not.) A test marked
+``compiles`` may start ``python -m alspec_eval.kernels.triton_launch`` (which compiles for GPUs with Triton's
+ptxas and cuobjdump) in the fast tier, and nothing else.
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ def _refusal(nodeid: str, what: str) -> Callable[..., Any]:
     return refuse
 
 
+COMPILER = "alspec_eval.kernels.triton_launch"  # compiles for GPUs without one (Triton's ptxas, cuobjdump)
+
+
+def _compiler_only(nodeid: str, popen: Callable[..., None]) -> Callable[..., None]:
+    def start(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        if COMPILER not in list(args):
+            _refusal(nodeid, f"starts {args} (a compiles test may start python -m {COMPILER} only)")()
+        popen(self, args, *rest, **kwargs)
+    return start
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     """Around a test not marked slow (its fixtures included): building a model, running lm-eval's evaluator or
@@ -68,7 +81,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(subprocess.Popen, "__init__", _refusal(item.nodeid, "starts a process"))
+        if item.get_closest_marker("compiles") is None:
+            patch.setattr(subprocess.Popen, "__init__", _refusal(item.nodeid, "starts a process"))
+        else:
+            patch.setattr(subprocess.Popen, "__init__", _compiler_only(item.nodeid, subprocess.Popen.__init__))
         patch.setattr(multiprocessing.process.BaseProcess, "start", _refusal(item.nodeid, "starts a process"))
         if "transformers" in sys.modules:  # every test module that builds a model has imported it by now
             from transformers import PreTrainedModel

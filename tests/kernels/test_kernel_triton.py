@@ -93,6 +93,7 @@ def test_accept_decision_matches_reference() -> None:
 
 def test_missing_triton_raises_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "triton", None)
+    monkeypatch.delitem(__import__("sys").modules, "alspec_eval.kernels.triton_source", raising=False)
     triton_decode._kernels.cache_clear()
     q, k, v, cur_pos = make_inputs(1, 2, 1, 8, 16, [7])
     try:

@@ -1,0 +1,202 @@
+"""Launch settings of the Triton decode kernels per (dtype, head_dim), and whether they fit a GPU architecture.
+
+A binary of either kernel depends only on its constexprs (the dtype, the block sizes, whether head_dim fills its
+block) and the launch settings; the group, head_dim, window, lengths and left padding are runtime values. What may
+run where is decided from a compiled binary, its shared memory and registers against the architecture's per-block
+limits. Triton compiles for any CUDA architecture without a GPU (its wheel ships ptxas and cuobjdump): the tests
+prove every combination on the CPU, and ``kernel=auto`` checks the one a model needs before anything launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The partial kernel's keys per loop step and software-pipeline stages, and both kernels' warps."""
+
+    block_n: int
+    num_stages: int
+    num_warps: int = 4
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Per-block limits of one CUDA architecture (the CUDA programming guide's compute capability table)."""
+
+    capability: int
+    shared_per_block: int  # bytes a block may opt in to
+    registers_per_block: int = 65536
+    registers_per_thread: int = 255
+
+
+# The GPUs users evaluate on: A100 (sm_80); A10, A40, RTX 3090 (sm_86); L4, L40S, RTX 4090 (sm_89); H100 (sm_90).
+ARCHS = {80: Arch(80, 166912), 86: Arch(86, 101376), 89: Arch(89, 101376), 90: Arch(90, 232448)}
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def blocks(group: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_G, BLOCK_D): tl.dot needs powers of two of at least 16."""
+    return max(16, 1 << max(group - 1, 0).bit_length()), max(16, 1 << max(head_dim - 1, 0).bit_length())
+
+
+def launch_for(dtype: torch.dtype, head_dim: int) -> Launch:
+    """Settings that fit every architecture in ARCHS (the compile test proves it), so they need no key by
+    architecture. fp32 tiles take twice the bytes of 16-bit ones and its dot runs without tensor cores, so it
+    streams its keys in 2 stages (64 keys in 3 stages at head_dim 128 need 143 KB of shared memory, more than sm_86
+    and sm_89 have), and 32 keys at a time at head_dim 256."""
+    if dtype != torch.float32:
+        return Launch(64, 3)
+    return Launch(64, 2) if blocks(1, head_dim)[1] <= 128 else Launch(32, 2)
+
+
+def arch_of(device: torch.device) -> Arch:
+    """The limits of the CUDA device ``device``: as it reports them (torch >= 2.6), else by its architecture."""
+    props = torch.cuda.get_device_properties(device)
+    capability = 10 * props.major + props.minor
+    shared = getattr(props, "shared_memory_per_block_optin", None)
+    return Arch(capability, shared) if shared else ARCHS.get(capability, Arch(capability, ARCHS[86].shared_per_block))
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one compiled binary asks of a block."""
+
+    kernel: str
+    shared: int
+    registers: int
+    threads: int
+
+    def misfit(self, arch: Arch) -> str | None:
+        """Why this binary cannot launch on ``arch``, else None."""
+        if self.shared > arch.shared_per_block:
+            return (f"the {self.kernel} kernel needs {self.shared} bytes of shared memory per block, sm_{arch.capability} "
+                    f"allows {arch.shared_per_block}")
+        if self.registers > arch.registers_per_thread or self.registers * self.threads > arch.registers_per_block:
+            return (f"the {self.kernel} kernel needs {self.registers} registers for each of {self.threads} threads, "
+                    f"sm_{arch.capability} allows {arch.registers_per_thread} per thread and "
+                    f"{arch.registers_per_block} per block")
+        return None
+
+
+def constexprs(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, launch: Launch) -> dict[str, dict]:
+    """Each kernel's constexprs, by kernel: what :func:`.triton_decode.speculative_flash_decode_triton` launches."""
+    block_g, block_d = blocks(group, head_dim)
+    return {
+        "partial": {"BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": launch.block_n, "EVEN_D": head_dim == block_d,
+                    "IEEE": dtype == torch.float32},
+        "reduce": {"BLOCK_G": block_g, "BLOCK_D": block_d, "LAM_PER_ROW": lam_per_row},
+    }
+
+
+_POSITIONS = ("last_start_ptr", "mid_stop_ptr", "cur_pos_ptr", "start_ptr")
+
+
+def _signature(arg_names: list[str], dtype: torch.dtype, constants: dict) -> dict[str, str]:
+    """Triton's argument types as the launcher passes them: the model's tensors in its dtype, positions int32,
+    decisions int1, the kernels' own buffers float32; sizes i32, the scale and lambda fp32."""
+    model = "*" + DTYPES[dtype]
+    types = {"q_ptr": model, "k_ptr": model, "v_ptr": model, "exact_ptr": model, "spec_ptr": model,
+             "trivial_ptr": "*i1", "accept_ptr": "*i1", "scale": "fp32", "lam": "fp32",
+             **dict.fromkeys(_POSITIONS, "*i32")}
+    return {name: "constexpr" if name in constants else types.get(name, "*fp32" if name.endswith("_ptr") else "i32")
+            for name in arg_names}
+
+
+def _registers(cubin: bytes, name: str) -> int:
+    """Registers per thread of ``name`` in ``cubin``, as cuobjdump (shipped with Triton) reports them."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    found = re.search(rf"Function {name}:\s*REG:(\d+)", usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump reported no registers for {name}: {usage}")
+    return int(found.group(1))
+
+
+def compile_kernels(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, capability: int,
+                    launch: Launch) -> tuple[Resources, ...]:
+    """Compile both kernels for ``sm_<capability>`` (no GPU needed) and return what each asks of a block."""
+    kernels = constexprs(dtype, group, head_dim, lam_per_row, launch).items()
+    return tuple(_compile(i, name, dtype, tuple(constants.items()), capability, launch)
+                 for i, (name, constants) in enumerate(kernels))
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(index: int, name: str, dtype: torch.dtype, constants: tuple, capability: int,
+             launch: Launch) -> Resources:
+    """One binary, compiled once per process (shapes that differ only in runtime values share it)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .triton_decode import _kernels
+
+    fn = _kernels()[index]
+    if not hasattr(fn, "arg_names"):
+        raise RuntimeError("Triton's interpreter is on (TRITON_INTERPRET=1): it compiles nothing for a GPU; run "
+                           "python -m alspec_eval.kernels.triton_launch without it")
+    source = ASTSource(fn, _signature(fn.arg_names, dtype, dict(constants)), dict(constants))
+    binary = triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                            options={"num_stages": launch.num_stages, "num_warps": launch.num_warps})
+    return Resources(name, binary.metadata.shared, _registers(binary.asm["cubin"], fn.__name__), 32 * launch.num_warps)
+
+
+def misfit(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, arch: Arch,
+           launch: Launch | None = None) -> str | None:
+    """Why the kernels cannot run this shape on ``arch`` (with :func:`launch_for`'s settings by default), else None."""
+    if dtype not in DTYPES:
+        return f"the Triton kernels take {', '.join(map(str, DTYPES))}, not {dtype}"
+    for resources in compile_kernels(dtype, group, head_dim, lam_per_row, arch.capability,
+                                     launch or launch_for(dtype, head_dim)):
+        reason = resources.misfit(arch)
+        if reason:
+            return reason
+    return None
+
+
+MATRIX = {"dtype": tuple(DTYPES), "head_dim": (64, 80, 96, 128, 256), "group": (1, 4, 8, 16)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print, one JSON line per shape, what both kernels ask of a block on each architecture and whether it fits
+    (every dtype, head_dim and group ``kernel=auto`` can pick, scalar and per-row lambda). Exits 1 if one does not."""
+    parser = argparse.ArgumentParser(prog="python -m alspec_eval.kernels.triton_launch", description=main.__doc__)
+    parser.add_argument("--arch", type=int, action="append", choices=sorted(ARCHS),
+                        help="compute capability (repeatable; default: all of 80, 86, 89, 90)")
+    parser.add_argument("--launch", metavar="BLOCK_N,STAGES", type=lambda text: Launch(*map(int, text.split(","))),
+                        help="these settings instead of launch_for's (to see what another choice would ask)")
+    args = parser.parse_args(argv)
+    import triton
+
+    worst = 0
+    for capability, dtype, head_dim, group, per_row in itertools.product(
+            args.arch or sorted(ARCHS), *MATRIX.values(), (False, True)):
+        launch = args.launch or launch_for(dtype, head_dim)
+        found = compile_kernels(dtype, group, head_dim, per_row, capability, launch)
+        reason = misfit(dtype, group, head_dim, per_row, ARCHS[capability], launch)
+        worst = max(worst, reason is not None)
+        print(json.dumps({"triton": triton.__version__, "arch": capability, "dtype": DTYPES[dtype], "head_dim": head_dim, "group": group,
+                          "per_row_lambda": per_row, "launch": vars(launch),
+                          "kernels": {r.kernel: {"shared": r.shared, "registers": r.registers} for r in found},
+                          "misfit": reason}), flush=True)
+    return worst
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
