@@ -24,6 +24,7 @@ from lm_eval import utils
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import get_dtype
 
 from .answers import Answers, answers_for
 from .atomic_json import write_json_atomic, write_jsonl_atomic
@@ -90,7 +91,9 @@ class ALSpecLM(HFLM):
         self.spec_config.check_layers(text_config.num_hidden_layers)
         if self.spec_config.drafts_tokens:
             check_selfspec_model(self._config)
-        self._backend.check_model(self._config, self._fixed_batch)
+        dtype = get_dtype(kwargs.get("dtype", "auto"))
+        self._backend.check_model(self._config, self._fixed_batch, torch.device(self._device),
+                                  None if dtype == "auto" else dtype)
         model_class = transformers.AutoModelForCausalLM._model_mapping.get(type(self._config), None)
         if model_class is not None and not model_class._supports_attention_backend:
             raise ConfigError(
@@ -262,7 +265,8 @@ class ALSpecLM(HFLM):
         """Schema v2: config, histogram edges and per-task, per-layer (and self-speculation) statistics."""
         stats = run_statistics(self.spec_config.to_dict(), self.speculator.num_layers,
                                self.speculator.skipped_layers, self.task_stats)
-        stats["provenance"] = {"model": getattr(self.model.config, "_name_or_path", None), "versions": versions()}
+        stats["provenance"] = {"model": getattr(self.model.config, "_name_or_path", None), "versions": versions(),
+                               "kernel": self._backend.kernel_line}
         return stats
 
     def get_model_info(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Where alspec-eval meets versions of its libraries: the lm-eval versions the adapter is tested with (it relies on
-HFLM internals; see setup.cfg), and transformers' name for the KV cache argument."""
+HFLM internals; see setup.cfg), transformers' name for the KV cache argument and for a config's dtype."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import functools
 import inspect
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+import torch
 
 from .config import ConfigError
 
@@ -35,3 +37,10 @@ def with_cache(model: Any, cache: Any) -> dict[str, Any]:
 @functools.cache
 def _cache_keyword(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def config_dtype(config: Any) -> torch.dtype:
+    """The dtype a model loads in with ``dtype=auto``: its config's (``dtype`` from transformers 4.56 on, where
+    ``torch_dtype`` is the deprecated name), float32 where it names none."""
+    found = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return getattr(torch, found) if isinstance(found, str) else found or torch.float32

@@ -75,8 +75,8 @@ def test_selection_masks_follow_repeat_kv():
 
 # P4: a fused (sink) decode kernel is never used for a selection
 def test_fused_decode_is_the_sinks_only():
-    from alspec_eval.backends.sim import decode_kernel
-    spec = Speculator(1, {}, sdpa_attention_forward, decode_kernel=decode_kernel("torch", torch.device("cpu")))
+    from alspec_eval.kernels import select_kernel
+    spec = Speculator(1, {}, sdpa_attention_forward, decode_kernel=select_kernel("torch", torch.device("cpu")))
     region = DecodeRegion.build([0], [0])
     for approx, fused in (("sink", True), ("quest", False), ("topk", False)):
         config = SpeculationConfig(window=8, approx=approx, **({"page": 4} if approx == "quest" else {}))

@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel
 
     from ..config import SpeculationConfig
@@ -25,9 +26,12 @@ class Backend:
 
     def __init__(self, config: SpeculationConfig) -> None:
         self.config = config
+        self.kernel_line = ""  # which decode kernel runs and why, for the results (set by install)
 
-    def check_model(self, model_config: Any, batch_size: int | None) -> None:
-        """Refuse, from the model's config (before the weights load), what this backend cannot run."""
+    def check_model(self, model_config: Any, batch_size: int | None, device: torch.device | None = None,
+                    dtype: torch.dtype | None = None) -> None:
+        """Refuse, from the model's config (before the weights load), what this backend cannot run on ``device``
+        in ``dtype`` (None: the config's)."""
 
     def install(self, model: PreTrainedModel) -> Speculator:
         """Route the loaded model's attention through this backend's speculator."""

@@ -111,10 +111,12 @@ def test_sdpa_kernel_and_selection() -> None:
     torch.testing.assert_close(alt.exact, ref.exact, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(alt.spec, ref.spec, atol=1e-5, rtol=1e-5)
     assert torch.equal(alt.trivial, ref.trivial)
-    from alspec_eval.backends.sim import decode_kernel
+    from alspec_eval.backends.sim import choose_kernel
 
-    assert decode_kernel("auto", torch.device("cpu")) is None  # kernel=auto on the CPU: the model's own attention
-    assert decode_kernel("torch", torch.device("cpu")) is torch_kernel  # the CPU fast path where it applies
+    # kernel=auto on the CPU: the model's own attention, and the results say why
+    assert choose_kernel("auto", torch.device("cpu"), True, torch.float32, None) == (
+        "model", "model: kernel=auto runs triton on CUDA only, not on cpu")
+    assert choose_kernel("torch", torch.device("cpu"), True, torch.float32, None) == ("torch", "torch: as asked")
     assert select_kernel("torch", "cpu") is torch_kernel
     assert select_kernel("unfused", torch.device("cpu")) is unfused_decode
     for name in ("flash", "auto"):  # auto is the sim backend's choice, not a kernel

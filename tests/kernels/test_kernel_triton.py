@@ -119,9 +119,12 @@ def test_cuda_left_padding(dtype: torch.dtype, align: int) -> None:
 
 @needs_cuda
 def test_auto_selects_triton_on_cuda() -> None:
-    from alspec_eval.backends.sim import decode_kernel
+    from transformers import LlamaConfig
 
-    assert decode_kernel("auto", torch.device("cuda")) is triton_decode.speculative_flash_decode_triton
+    from alspec_eval.backends.sim import choose_kernel
+
+    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8)
+    assert choose_kernel("auto", torch.device("cuda"), True, torch.bfloat16, config)[0] == "triton"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test")

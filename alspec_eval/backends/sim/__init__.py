@@ -16,34 +16,82 @@ import torch
 from transformers import PreTrainedModel
 
 from ... import hooks
+from ...compat import config_dtype
+from ...config import ConfigError
 from ...kernels import DecodeKernel, select_kernel
 from ...speculator import Speculator
 from .. import Backend
 
 
-def decode_kernel(name: str, device: torch.device, plain_softmax: bool = True) -> DecodeKernel | None:
-    """The fused kernel of ``kernel=name`` on ``device``, or None for ``model`` (see the module docstring)."""
-    if name == "auto":
-        fused = device.type == "cuda" and importlib.util.find_spec("triton") and plain_softmax
-        name = "triton" if fused else "model"
-    return None if name == "model" else select_kernel(name, device)
+def attention_shape(config: Any) -> tuple[int, int]:
+    """(head_dim, query heads per KV head) of a model's config, as the fused kernels see its attention."""
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return head_dim, heads // (getattr(text, "num_key_value_heads", None) or heads)
 
 
-def install(model: PreTrainedModel, kernel: str = "auto") -> Speculator:
+def triton_misfit(device: torch.device, dtype: torch.dtype, config: Any) -> str | None:
+    """Why kernel=triton cannot run this model on the CUDA ``device``: its binaries compiled for the device's
+    architecture, against its limits (kernels/triton_launch.py); None where they fit."""
+    from ...kernels import triton_launch
+
+    head_dim, group = attention_shape(config)
+    arch = triton_launch.arch_of(device)
+    for per_row in (False, True):  # one lambda for every row, or one per row (a sweep's shared prefill)
+        reason = triton_launch.misfit(dtype, group, head_dim, per_row, arch)
+        if reason:
+            return f"{reason} ({dtype}, head_dim {head_dim}, {group} query heads per KV head)"
+    return None
+
+
+def choose_kernel(name: str, device: torch.device, plain_softmax: bool, dtype: torch.dtype,
+                  config: Any) -> tuple[str, str]:
+    """The kernel that runs for ``kernel=name`` (see the module docstring), and one line saying why, for the
+    results."""
+    if name != "auto":
+        return name, f"{name}: as asked"
+    if device.type != "cuda":
+        return "model", f"model: kernel=auto runs triton on CUDA only, not on {device.type}"
+    if importlib.util.find_spec("triton") is None:
+        return "model", "model: kernel=auto found no triton (pip install triton)"
+    if not plain_softmax:
+        return "model", "model: kernel=auto runs triton for plain softmax attention only"
+    reason = triton_misfit(device, dtype, config)
+    if reason:
+        return "model", f"model: kernel=auto found that {reason}"
+    from ...kernels.triton_launch import arch_of
+
+    return "triton", f"triton: kernel=auto, and it fits sm_{arch_of(device).capability}"
+
+
+def install(model: PreTrainedModel, kernel: str = "auto") -> tuple[Speculator, str]:
     """Hook the model's attention with decode steps on ``kernel``; returns the speculator that controls it
-    (``hooks.remove`` undoes it)."""
+    (``hooks.remove`` undoes it) and the line saying which kernel runs and why."""
     if kernel in ("torch", "triton"):
         hooks.check_fused_kernel(f"kernel={kernel}", model.config, model)
     plain = not hooks.formula_terms(model.config, model)
-    return hooks.install(model, decode_kernel=decode_kernel(kernel, model.device, plain))
+    name, why = choose_kernel(kernel, model.device, plain, model.dtype, model.config)
+    fused = None if name == "model" else select_kernel(name, model.device)
+    return hooks.install(model, decode_kernel=fused), why
 
 
 class SimBackend(Backend):
-    """backend=sim: nothing to check before loading but the fused kernels' formula."""
+    """backend=sim: nothing to check before loading but the fused kernels' formula, device and fit."""
 
-    def check_model(self, model_config: Any, batch_size: int | None) -> None:
-        if self.config.kernel in ("torch", "triton"):
-            hooks.check_fused_kernel(f"kernel={self.config.kernel}", model_config)
+    def check_model(self, model_config: Any, batch_size: int | None, device: torch.device | None = None,
+                    dtype: torch.dtype | None = None) -> None:
+        kernel = self.config.kernel
+        if kernel not in ("torch", "triton"):
+            return
+        hooks.check_fused_kernel(f"kernel={kernel}", model_config)
+        if kernel == "triton" and device is not None:
+            select_kernel(kernel, device)  # CUDA, or the interpreter
+            reason = device.type == "cuda" and triton_misfit(device, dtype or config_dtype(model_config), model_config)
+            if reason:
+                raise ConfigError(f"kernel=triton cannot run here: {reason}; use kernel=auto (which then runs "
+                                  "kernel=model) or kernel=model")
 
     def install(self, model: PreTrainedModel) -> Speculator:
-        return install(model, self.config.kernel)
+        speculator, self.kernel_line = install(model, self.config.kernel)
+        return speculator

@@ -116,9 +116,10 @@ class TTBackend(Backend):
         super().__init__(config)
         self.runtime = prepare(config)  # no ttnn or no device: stop before the weights load
 
-    def check_model(self, model_config: Any, batch_size: int | None) -> None:
+    def check_model(self, model_config: Any, batch_size: int | None, device: Any = None, dtype: Any = None) -> None:
         hooks.check_fused_kernel("the TT op (backend=tt)", model_config)
         check_model(self.runtime, model_config, batch_size)
 
     def install(self, model: PreTrainedModel) -> TTSpeculator:
+        self.kernel_line = f"tt: tt_kernel={self.config.tt.kernel}, tt_mode={self.config.tt.mode}"
         return install(model, self.config, self.runtime)
