@@ -24,7 +24,7 @@ from lm_eval import utils
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
-from lm_eval.models.utils import get_dtype
+from lm_eval.models.utils_hf import get_dtype
 
 from .answers import Answers, answers_for
 from .atomic_json import write_json_atomic, write_jsonl_atomic
