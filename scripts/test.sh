@@ -8,6 +8,12 @@ source scripts/part.sh
 part venv scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 part suite .venv/bin/python -m pytest -n auto --dist loadfile "$@"
+# The Triton kernels compile for every GPU with the oldest Triton setup.cfg admits too (torch 2.5's): its wheel in
+# a folder of its own, ahead of the venv's on the path.
+TRITON_FLOOR=3.1.0
+part triton-floor bash -c ".venv/bin/python -m pip --disable-pip-version-check -q install --no-deps --target \
+    .triton-floor triton==$TRITON_FLOOR && PYTHONPATH=.triton-floor ALSPEC_TRITON_VERSION=$TRITON_FLOOR \
+    .venv/bin/python -m pytest -q tests/kernels/test_triton_compile.py"
 # tests/tt once more in Python 3.12 with ttnn (the main venv skips them): the host mode needs no card.
 # ALSPEC_SKIP_TT=1 leaves this out (.venv-tt takes about 2 minutes and 6.7 GB, mostly torch's CUDA libraries).
 if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then

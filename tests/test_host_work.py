@@ -10,7 +10,11 @@ two launches run through its interpreter outside the count and count one op each
 from __future__ import annotations
 
 import collections
-from typing import Any
+import copy
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -20,7 +24,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from alspec_eval.kernels import triton_decode
+from alspec_eval.plan import Plan
 from helpers import PROMPTS, TOKENIZER, alspec_lm, sample_stats
+from row_kinds import examples
 from tiny import tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models, runs lm-eval requests
@@ -33,14 +39,24 @@ STEP_OPS = {("model", "sink"): 12, ("triton", "sink"): 4, ("model", "quest"): 56
 
 
 class Count(TorchFunctionMode):
-    """Host read-backs, by name (``paused`` while a counted stand-in runs)."""
+    """Host read-backs and uploads, by name (``paused`` while a counted stand-in runs).
+
+    An upload is a copy to the compute device of a tensor the host made during the call, as a GPU would pay it
+    (a blocking host-to-device copy synchronizes the stream as a read-back does): ``.to(device)``, ``.cuda()``,
+    ``copy_`` or ``new_tensor`` of host data onto a device tensor, and ``torch.tensor``/``as_tensor`` of Python
+    data with a ``device``, of at least one element. Host-made tensors are those factories made without a device, and what ops made of
+    host-made tensors alone; the model's weights and inputs are the device's.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.reads: collections.Counter = collections.Counter()
+        self.uploads: collections.Counter = collections.Counter()
+        self._host: dict[int, weakref.ref] = {}  # host-made tensors by id (a tensor's == is elementwise)
         self.paused = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if not self.paused:
             if name in READ_BACKS:
@@ -49,7 +65,41 @@ class Count(TorchFunctionMode):
                 index = args[1] if isinstance(args[1], tuple) else (args[1],)
                 if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index):
                     self.reads["boolean mask index"] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs)
+        if not self.paused and isinstance(out, torch.Tensor) and self._uploads(name, args, kwargs, out) and \
+                out is (args[0] if args else None):
+            out = out.clone()  # on a GPU the upload is a new tensor, and the host's stays the host's
+        return out
+
+    def _uploads(self, name: str, args: tuple, kwargs: dict, out: torch.Tensor) -> bool:
+        """Count ``out`` if it is an upload (and say so), else note whether the host made it."""
+        if out.numel() == 0:
+            return False  # nothing to copy (transformers' DynamicCache starts a layer with torch.tensor([], device=))
+        tensors = [a for a in itertools.chain(args, kwargs.values()) for a in (a if isinstance(a, (list, tuple))
+                   else (a,)) if isinstance(a, torch.Tensor)]
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        device = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (torch.device, str))), None))
+        if name == "to" and device is None:
+            device = next((a.device for a in args[1:] if isinstance(a, torch.Tensor)), None)
+        to_device = device is not None and device != "cpu"  # a torch.device is the compute device, here the CPU
+        if name in ("to", "cuda", "as_tensor") and source is not None and (to_device or name == "cuda"):
+            if self.made_on_host(source):
+                self.uploads[f"{name} of a host tensor"] += 1
+                return True
+            return False
+        if name == "copy_" and len(args) > 1 and self.made_on_host(args[1]) and not self.made_on_host(source):
+            self.uploads["copy_ of a host tensor"] += 1
+            return True
+        if name == "new_tensor" and not self.made_on_host(source) or name in ("tensor", "as_tensor") and to_device:
+            self.uploads[f"{name} of host data"] += 1
+            return True
+        if (not tensors and not to_device) or (tensors and all(map(self.made_on_host, tensors))):
+            self._host[id(out)] = weakref.ref(out)  # a factory without a device, or an op on host-made tensors alone
+        return False
+
+    def made_on_host(self, tensor: torch.Tensor | None) -> bool:
+        ref = self._host.get(id(tensor))
+        return ref is not None and ref() is tensor
 
 
 class Ops(TorchDispatchMode):
@@ -95,33 +145,50 @@ class Launches:
         return Launch()
 
 
-def _requests() -> list[Instance]:
+def _requests(batch: int = 2) -> list[Instance]:
     kwargs = {"until": ["\n\n"], "max_gen_toks": 6, "do_sample": False}
-    return [Instance("generate_until", {}, (p * 2, dict(kwargs)), i, ("gen", i, 1)) for i, p in enumerate(PROMPTS[:2])]
+    return [Instance("generate_until", {}, (p * 2, dict(kwargs)), i, ("gen", i, 1))
+            for i, p in enumerate(PROMPTS[:batch])]
 
 
-def _count(lm, launches: Launches | None) -> tuple[collections.Counter, collections.Counter, int]:
-    """(read-backs, ops, decode steps) of one generate_until call, after a first one that warms every path."""
-    lm.generate_until(_requests())
+class Counted(NamedTuple):
+    reads: collections.Counter
+    uploads: collections.Counter
+    ops: collections.Counter
+    steps: int
+    requests: list[Instance]
+
+
+def _count(lm, launches: Launches | None, call: Callable[[list[Instance]], object] | None = None,
+           batch: int = 2) -> Counted:
+    """What one generate_until call of ``batch`` requests did on the host (``call`` runs it: lm.generate_until by
+    default), after a first call that warms every path."""
+    call = call or lm.generate_until
+    call(_requests(batch))
     steps = []
     hook = lm.model.register_forward_pre_hook(
         lambda _, args, kwargs: steps.append((kwargs.get("input_ids", args[0] if args else None)).shape[1] == 1),
         with_kwargs=True)
-    requests = _requests()
+    requests = _requests(batch)
     count = Count()
     ops = Ops(count)
     if launches is not None:
         launches.count, launches.ops = count, ops
     try:
         with count, ops:
-            lm.generate_until(requests)
+            call(requests)
     finally:
         hook.remove()
         if launches is not None:
             launches.count = launches.ops = None
-    if hasattr(lm, "spec_config"):  # alspec: the counted call ran the speculating path
-        assert sum(s["speculated"] for s in sample_stats(requests)) > 0, "no decode step speculated"
-    return count.reads, ops.ops, sum(steps)
+    return Counted(count.reads, count.uploads, ops.ops, sum(steps), requests)
+
+
+def _grown(small: collections.Counter, large: collections.Counter) -> dict[str, int]:
+    """What the larger model did more (or less) than the smaller, by name: what its extra layers cost."""
+    grown = collections.Counter(large)
+    grown.subtract(small)
+    return {name: n for name, n in grown.items() if n}
 
 
 @pytest.mark.parametrize(("kernel", "approx"), sorted(STEP_OPS))
@@ -134,8 +201,9 @@ def test_a_decode_layer_reads_nothing_back_and_launches_few_ops(kernel, approx, 
         runs["hf", layers] = _count(hf, None)
         args = {"approx": approx, **({"page": 4} if approx == "quest" else {})}
         runs["alspec", layers] = _count(alspec_lm(model, batch_size=2, window=8, kernel=kernel, **args), launches)
-    steps = runs["alspec", LAYERS[1]][2]
-    assert steps == runs["alspec", LAYERS[0]][2] == runs["hf", LAYERS[1]][2] > 0
+        assert sum(s["speculated"] for s in sample_stats(runs["alspec", layers].requests)) > 0, "nothing speculated"
+    steps = runs["alspec", LAYERS[1]].steps
+    assert steps == runs["alspec", LAYERS[0]].steps == runs["hf", LAYERS[1]].steps > 0
     added = LAYERS[1] - LAYERS[0]
 
     def per_layer(kind: str, i: int) -> collections.Counter:
@@ -145,10 +213,76 @@ def test_a_decode_layer_reads_nothing_back_and_launches_few_ops(kernel, approx, 
 
     reads = per_layer("alspec", 0)
     assert not +reads and not -reads, f"read-backs that grow with the layers: {dict(+reads)}"
-    ops = per_layer("alspec", 1)
-    ops.subtract(per_layer("hf", 1))
+    uploads = per_layer("alspec", 1)
+    uploads.subtract(per_layer("hf", 1))  # the model's own: its cache's empty tensors
+    assert not +uploads and not -uploads, f"uploads that grow with the layers: {dict(+uploads)}"
+    ops = per_layer("alspec", 2)
+    ops.subtract(per_layer("hf", 2))
     over_hf = sum(ops.values()) / (added * steps)
     grown = {name: n for name, n in ops.items() if n}
     assert over_hf <= STEP_OPS[kernel, approx], f"{over_hf} ops per layer and step over hf: {grown}"
     if kernel == "triton":
         assert ops["partial kernel"] == ops["reduce kernel"] == added * steps  # one launch each per layer and step
+
+
+APPROXIMATIONS = {"sink": {}, "quest": {"page": 4}, "topk": {}}
+ROW_LAYERS = (2, 4)  # a model, and the same with two layers more
+
+
+def deepened(model: torch.nn.Module, layers: int) -> torch.nn.Module:
+    """``model`` with layers appended that add nothing to the residual stream (their output projections zero):
+    the same tokens, so the same decode steps (self-speculation's included), and attention in every layer."""
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    deeper = type(model)(config).eval()
+    deeper.load_state_dict(model.state_dict(), strict=False)
+    with torch.no_grad():
+        for layer in deeper.model.layers[model.config.num_hidden_layers:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return deeper
+
+
+@pytest.mark.parametrize(("kernel", "approx"), [("model", a) for a in APPROXIMATIONS] + [("triton", "sink")])
+def test_no_row_kind_uploads_or_reads_back_per_layer(kernel, approx, monkeypatch, tmp_path):
+    """Every kind of row (row_kinds.py) run alone from its model_args, and the rows that share a prefill decoded as
+    one batch with a line of thresholds per row (a sweep's per-row lambdas), 4 requests per call: what a GPU would
+    pay per layer in stalls, none."""
+    launches = Launches(monkeypatch) if kernel == "triton" else None
+    per_row: list[bool] = []  # per layer call: whether its rows had thresholds of their own
+    layer = Plan.layer
+    monkeypatch.setattr(Plan, "layer", lambda self, *a: per_row.append(isinstance(out := layer(self, *a),
+                                                                                   torch.Tensor)) or out)
+    runs: dict[tuple[str, int], Counted] = {}
+    for layers in ROW_LAYERS:
+        model = deepened(tiny_model(layers=ROW_LAYERS[0]), layers)
+        hf = HFLM(pretrained=model, tokenizer=TOKENIZER, batch_size=4, max_length=1024, device="cpu")
+        runs["hf", layers] = _count(hf, None, batch=4)  # the model's own (its cache's empty tensors per layer)
+        (tmp_path / str(layers)).mkdir()
+        kinds = examples(0.3, layers=layers, folder=tmp_path / str(layers))
+        for example in kinds:
+            exact = example.row.exact_attention and example.row.kind == "baseline"
+            args = {**example.model_args, "kernel": kernel, **({} if exact else {"approx": approx,
+                                                                             **APPROXIMATIONS[approx]})}
+            runs[example.id, layers] = _count(alspec_lm(model, batch_size=4, **args), launches, batch=4)
+        variants = [e.row if e.row.kind == "baseline" else e.row.approximated(approx, APPROXIMATIONS[approx].get("page"))
+                    for e in kinds if e.row.shares_prefill]
+        lm = alspec_lm(model, batch_size=4, kernel=kernel)
+
+        def shared(requests: list[Instance]) -> object:
+            with lm.shared_prefill(variants) as fork, lm.answering(variants[1], shared=fork):  # every variant decodes
+                return lm.generate_until(requests)
+
+        per_row.clear()
+        runs["shared prefill", layers] = _count(lm, launches, shared, batch=4)
+        assert any(per_row), "the shared prefill's layers had one threshold for every row"
+    model_uploads = _grown(runs["hf", ROW_LAYERS[0]].uploads, runs["hf", ROW_LAYERS[1]].uploads)
+    for name in {name for name, _ in runs} - {"hf"}:
+        small, large = runs[name, ROW_LAYERS[0]], runs[name, ROW_LAYERS[1]]
+        assert large.steps == small.steps > 0, name
+        assert not _grown(small.reads, large.reads), (name, "read-backs per layer", _grown(small.reads, large.reads))
+        uploads = _grown(small.uploads, large.uploads)
+        assert uploads == model_uploads, (name, "uploads per layer over hf's", uploads, model_uploads)
+    speculated = {name: sum(s["speculated"] for s in sample_stats(run.requests)) for (name, layers), run in runs.items()
+                  if layers == ROW_LAYERS[1] and name != "hf"}
+    assert speculated["dynamic"] > 0 and speculated["sink"] > 0 and speculated["baseline"] == 0

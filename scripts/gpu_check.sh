@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The first thing to run on a CUDA machine (no network: the project and lm-eval come as wheels, docs/gpu.md):
+# the GPU tests, the kernel and adapter benchmarks on the Llama-3-8B shape, a shared-prefill sweep, and the
+# compile matrix for this GPU. Writes results/gpu_check/<device>.md: the device, the versions, every figure and
+# pass/fail per part. Exits 1 if a part failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+device=$("$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0).replace(' ', '_'))") || exit 1
+out="results/gpu_check/$device.md"
+mkdir -p results/gpu_check
+log=$(mktemp -d)
+status=0
+{
+    echo "# GPU check: ${device//_/ }"
+    echo
+    echo "$(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+    "$PY" -c "import torch, transformers, triton, lm_eval; print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, transformers {transformers.__version__}, triton {triton.__version__}, lm-eval {lm_eval.__version__}')" 2>&1
+} > "$out"
+part() {  # part NAME TARGET COMMAND...: runs it, appends its output and pass/fail to the report
+    local name=$1 target=$2
+    shift 2
+    local start=$SECONDS
+    "$@" > "$log/$name.txt" 2>&1
+    local rc=$?
+    [ $rc = 0 ] || status=1
+    {
+        echo
+        echo "## $name: $([ $rc = 0 ] && echo pass || echo "FAIL (exit $rc)") in $((SECONDS - start)) s"
+        echo
+        echo "Target: $target"
+        echo
+        echo '```'
+        tail -n 40 "$log/$name.txt"
+        echo '```'
+    } >> "$out"
+    echo "[gpu_check] $name: exit $rc"
+}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+part "tests" "tests/gpu and tests/kernels pass on CUDA (bf16 checked against the reference here only)" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/kernels
+part "compile-matrix" "every shape fits this GPU's architecture" \
+    "$PY" -m alspec_eval.kernels.triton_launch --arch "$("$PY" -c "import torch; m, n = torch.cuda.get_device_capability(); print(10 * m + n)")"
+part "kernels" "the Triton call <= 1.2x cuDNN SDPA at 32K, B = 1 and 8" \
+    "$PY" benchmarks/bench_kernels.py --device cuda --dtype bfloat16
+part "adapter" "alspec/hf wall <= 1.10 at batch 1 and 8 (8B shape, bf16)" \
+    "$PY" benchmarks/bench_adapter.py --device cuda --shape llama3-8b --batch-sizes 1,8
+part "sweep" "shared prefill of baseline + 5 lambdas, same generations as separate runs" \
+    "$PY" benchmarks/bench_sweep.py --device cuda
+echo "[gpu_check] wrote $out"
+exit $status
