@@ -1,5 +1,6 @@
 """Where alspec-eval meets versions of its libraries: the lm-eval versions the adapter is tested with (it relies on
-HFLM internals; see setup.cfg), transformers' name for the KV cache argument and for a config's dtype."""
+HFLM internals; see setup.cfg), and where transformers' API differs within the range setup.cfg admits (4.56 on):
+the name of the KV cache argument, a config's dtype, and cutting a KV cache back."""
 
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ def config_dtype(config: Any) -> torch.dtype:
     ``torch_dtype`` is the deprecated name), float32 where it names none."""
     found = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return getattr(torch, found) if isinstance(found, str) else found or torch.float32
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Keep the first ``length`` positions of ``cache`` (a ``DynamicCache``). Its ``crop`` differs between the
+    versions setup.cfg admits: a negative argument drops that many positions in all of them, but ``crop(0)`` drops
+    nothing in 5.x (the argument is how many to remove) and everything in 4.56/4.57 (the length to keep), and a
+    positive one is that length in 4.x and raises in 5.x. So only a negative count is passed, and nothing where
+    nothing is to be dropped."""
+    drop = cache.get_seq_length() - length
+    if drop > 0:
+        cache.crop(-drop)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
-from .compat import with_cache
+from .compat import crop_cache, with_cache
 from .config import ConfigError, SpeculationConfig
 from .hooks import sliding_layers
 from .region import DecodeRegion
@@ -54,8 +54,8 @@ def row_cache(model: PreTrainedModel, cache: DynamicCache, row: int, start: int)
 
 
 def truncate(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions (transformers' crop takes how many to drop, as a negative count)."""
-    cache.crop(min(length - cache.get_seq_length(), 0))
+    """Keep the first ``length`` positions (compat.crop_cache: transformers' crop differs between versions)."""
+    crop_cache(cache, length)
 
 
 @torch.no_grad()

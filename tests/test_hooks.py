@@ -100,3 +100,21 @@ def test_the_cache_goes_by_the_name_the_installed_forward_takes():
     cache = object()
     assert compat.with_cache(Before(), cache) == {"past_key_values": cache}
     assert compat.with_cache(From524(), cache) == {"cache": cache}
+
+
+def test_crop_cache_keeps_the_first_positions_and_nothing_dropped_is_a_no_op():
+    """transformers' ``crop(0)`` drops nothing in 5.x and everything in 4.56 (its argument was the length to keep
+    there): compat.crop_cache keeps the first ``length`` positions in both, the whole cache where it is not longer."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    keys = torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(1, 2, 5, 3)
+    for layer in range(2):
+        cache.update(keys + layer, -keys, layer)
+    compat.crop_cache(cache, 5)
+    compat.crop_cache(cache, 7)
+    assert cache.get_seq_length() == 5
+    compat.crop_cache(cache, 3)
+    assert cache.get_seq_length() == 3
+    assert all(torch.equal(layer.keys, keys[:, :, :3] + i) for i, layer in enumerate(cache.layers))
+
