@@ -1,6 +1,6 @@
 """Where alspec-eval meets versions of its libraries: the lm-eval versions the adapter is tested with (it relies on
 HFLM internals; see setup.cfg), and where transformers' API differs within the range setup.cfg admits (4.56 on):
-the name of the KV cache argument, a config's dtype, and cutting a KV cache back."""
+the name of the KV cache argument, a config's dtype, cutting a KV cache back, and a config's RoPE settings."""
 
 from __future__ import annotations
 
@@ -56,3 +56,27 @@ def crop_cache(cache: Any, length: int) -> None:
     drop = cache.get_seq_length() - length
     if drop > 0:
         cache.crop(-drop)
+
+
+def rope_config(config_class: type, parameters: dict[str, Any]) -> dict[str, Any]:
+    """RoPE settings, written as transformers 5.x's ``rope_parameters`` (``rope_theta`` inside; Gemma 3: one dict per
+    layer type), as keywords of ``config_class``: ``rope_parameters=`` where it takes them, else 4.x's
+    ``rope_theta=`` and ``rope_scaling=`` (and Gemma 3's ``rope_local_base_freq=`` for its sliding layers). A 4.x
+    config takes an unknown ``rope_parameters=`` silently and keeps its default RoPE, hence this."""
+    names = inspect.signature(config_class.__init__).parameters
+    if "rope_parameters" in names:
+        return {"rope_parameters": parameters}
+    if "full_attention" in parameters:  # one per layer type: full attention's is the model's, sliding's the local one
+        out = rope_config(config_class, parameters["full_attention"])
+        sliding = parameters.get("sliding_attention")
+        if sliding is not None:
+            if sliding.get("rope_type", "default") != "default" or "rope_local_base_freq" not in names:
+                raise ValueError(f"{config_class.__name__} in this transformers takes no RoPE of its own for the "
+                                 f"sliding-window layers but their theta: {sliding}")
+            out["rope_local_base_freq"] = sliding["rope_theta"]
+        return out
+    out = {"rope_theta": parameters["rope_theta"]} if "rope_theta" in parameters else {}
+    scaling = {k: v for k, v in parameters.items() if k != "rope_theta"}
+    if scaling.get("rope_type", "default") != "default":
+        out["rope_scaling"] = scaling
+    return out

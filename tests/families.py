@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import transformers
 
+from alspec_eval.compat import rope_config
+
 SLIDING = 16  # a sliding window shorter than the prompts (PROMPTS are 8 to 80 characters, one token each)
 
 
@@ -70,10 +72,20 @@ FAMILIES = [
 ]
 
 
+def make_config(family: Family) -> transformers.PretrainedConfig:
+    """The family's tiny config. Its RoPE is written as 5.x's ``rope_parameters``: compat.rope_config passes it as
+    the installed transformers takes it (4.x takes an unknown ``rope_parameters`` silently and keeps default RoPE)."""
+    config_class, kwargs = getattr(transformers, family.config), {**COMMON, **family.kwargs}
+    if "rope_parameters" in kwargs:
+        kwargs.update(rope_config(config_class, kwargs.pop("rope_parameters")))
+    config = config_class(**kwargs)
+    config._attn_implementation = family.attn
+    return config
+
+
 def build(family: Family, seed: int = 0) -> transformers.PreTrainedModel:
     """The family's tiny float32 model, q and k scaled up so that attention is peaked (a range of d/n ratios)."""
-    config = getattr(transformers, family.config)(**{**COMMON, **family.kwargs})
-    config._attn_implementation = family.attn
+    config = make_config(family)
     torch.manual_seed(seed)
     model = getattr(transformers, family.model)(config).eval()
     with torch.no_grad():

@@ -17,12 +17,13 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from alspec_eval.config import ConfigError
 from alspec_eval.region import DecodeRegion
 from alspec_eval.speculator import Speculator
-from families import FAMILIES, Family, build, table_markdown
+from families import FAMILIES, Family, build, make_config, table_markdown
 from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, stepwise_logprob
 
 WINDOW = 8
 pytestmark = pytest.mark.filterwarnings("ignore")
 BY_NAME = {f.name: f for f in FAMILIES}
+COMMON_HEAD_DIM = 16  # families.COMMON: hidden 64 over 4 heads
 
 
 @pytest.fixture(scope="module", params=[f.name for f in FAMILIES])
@@ -135,6 +136,25 @@ def test_fused_kernels_are_refused_where_the_family_changes_the_attention_formul
     f = BY_NAME[name]
     with pytest.raises(ConfigError, match=f"kernel={kernel} computes plain softmax attention"):
         alspec_lm(build(f), kernel=kernel)
+
+
+def test_llama3_family_has_llama3_rope_on_the_installed_transformers():
+    """The Llama 3 family's RoPE (rope_type llama3, theta 500000, factor 8) reaches the model whatever the
+    transformers version (compat.rope_config): its rotary frequencies are Llama 3's rule, worked out here."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    f = BY_NAME["Llama 3"]
+    rope, dim = f.kwargs["rope_parameters"], COMMON_HEAD_DIM
+    rotary = LlamaRotaryEmbedding(make_config(f))
+    assert rotary.rope_type == "llama3"
+    base = 1.0 / rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    old, factor = rope["original_max_position_embeddings"], rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    wavelen = 2 * torch.pi / base
+    smooth = (old / wavelen - low) / (high - low)
+    expected = torch.where(wavelen > old / low, base / factor,
+                           torch.where(wavelen < old / high, base, (1 - smooth) * base / factor + smooth * base))
+    assert torch.allclose(rotary.inv_freq.double(), expected, rtol=1e-5)
 
 
 def test_readme_family_table_is_the_matrix():

@@ -118,3 +118,29 @@ def test_crop_cache_keeps_the_first_positions_and_nothing_dropped_is_a_no_op():
     assert cache.get_seq_length() == 3
     assert all(torch.equal(layer.keys, keys[:, :, :3] + i) for i, layer in enumerate(cache.layers))
 
+
+def test_rope_settings_are_written_as_the_config_class_takes_them():
+    """5.x configs take ``rope_parameters`` (theta inside); 4.x configs ``rope_theta`` and ``rope_scaling`` (and
+    Gemma 3's ``rope_local_base_freq``), and would keep an unknown ``rope_parameters`` silently as an attribute."""
+    class Before:
+        def __init__(self, rope_theta=10000.0, rope_scaling=None, **kwargs):  # noqa: ANN001, ANN003
+            pass
+
+    class BeforeGemma3(Before):
+        def __init__(self, rope_theta=1e4, rope_scaling=None, rope_local_base_freq=1e4, **kwargs):  # noqa: ANN001, ANN003
+            pass
+
+    class From5:
+        def __init__(self, rope_parameters=None, **kwargs):  # noqa: ANN001, ANN003
+            pass
+
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}
+    assert compat.rope_config(From5, llama3) == {"rope_parameters": llama3}
+    assert compat.rope_config(Before, llama3) == {"rope_theta": 500000.0,
+                                                  "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert compat.rope_config(Before, {"rope_type": "default", "rope_theta": 1e6}) == {"rope_theta": 1e6}
+    per_type = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
+    assert compat.rope_config(BeforeGemma3, per_type) == {"rope_theta": 1e6, "rope_local_base_freq": 1e4}
+    with pytest.raises(ValueError, match="sliding-window layers"):
+        compat.rope_config(Before, per_type)
