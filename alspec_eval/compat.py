@@ -1,6 +1,7 @@
 """Where alspec-eval meets versions of its libraries: the lm-eval versions the adapter is tested with (it relies on
 HFLM internals; see setup.cfg), and where transformers' API differs within the range setup.cfg admits (4.56 on):
-the name of the KV cache argument, a config's dtype, cutting a KV cache back, and a config's RoPE settings."""
+the name of the KV cache argument, a config's dtype, cutting a KV cache back, a config's RoPE settings, and the
+folders it saves."""
 
 from __future__ import annotations
 
@@ -80,3 +81,12 @@ def rope_config(config_class: type, parameters: dict[str, Any]) -> dict[str, Any
     if scaling.get("rope_type", "default") != "default":
         out["rope_scaling"] = scaling
     return out
+
+
+def saved_model_suffix() -> str:
+    """The suffix of a model folder that alspec-eval converts once and caches (smollm2): transformers 4.x does not
+    read right what 5.x saves (the tokenizer's class, TokenizersBackend, is not in 4.x; the config's RoPE, as
+    ``rope_parameters``, a 4.x config ignores silently, default theta), so each major version keeps its own folder:
+    none for 5.x (the folder as before), ``-transformers4`` for 4.x."""
+    major = int(version("transformers").split(".")[0])
+    return "" if major >= 5 else f"-transformers{major}"

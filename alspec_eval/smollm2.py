@@ -11,6 +11,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from .compat import saved_model_suffix
+
 SMOLLM2 = "SmolLM2-135M-Instruct"
 SMOLLM2_ALIAS = "smollm2"  # `pretrained=smollm2` in model_args
 GGUF_NAME = f"{SMOLLM2}.Q4_1.gguf"
@@ -32,10 +34,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ALSPEC_CACHE", Path.home() / ".cache" / "alspec_eval"))
 
 
+def smollm2_folder() -> Path:
+    """Where the converted SmolLM2 is cached: one folder per transformers major version (compat.saved_model_suffix)."""
+    return cache_dir() / f"{SMOLLM2}{saved_model_suffix()}"
+
+
 def smollm2_path() -> Path:
     """A local folder with SmolLM2 as float32 safetensors and its tokenizer, converted on first use. Processes that
     ask at the same time (the ranks of ``accelerate launch``, test workers) convert it once: the others wait."""
-    target = cache_dir() / SMOLLM2
+    target = smollm2_folder()
     if (target / "model.safetensors").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

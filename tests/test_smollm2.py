@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from alspec_eval import compat
 from alspec_eval.smollm2 import smollm2_path
 
 LM_EVAL = str(Path(sys.executable).with_name("lm_eval"))  # the venv's script, activated or not
@@ -118,4 +119,15 @@ def test_processes_asking_at_once_convert_the_model_once(tmp_path, monkeypatch):
         caller.start()
     for caller in callers:
         caller.join()
-    assert found == [tmp_path / smollm2.SMOLLM2] * 3 and converted == [tmp_path / smollm2.SMOLLM2]
+    target = tmp_path / f"{smollm2.SMOLLM2}{compat.saved_model_suffix()}"
+    assert smollm2.smollm2_folder() == target
+    assert found == [target] * 3 and converted == [target]
+
+
+def test_each_transformers_major_version_keeps_its_own_converted_model(monkeypatch):
+    """A folder 5.x saved is not one 4.x reads right (its tokenizer class, its RoPE as rope_parameters): 5.x keeps
+    the folder name it had, 4.x one of its own."""
+    monkeypatch.setattr(compat, "version", lambda name: {"transformers": "5.24.0"}[name])
+    assert compat.saved_model_suffix() == ""
+    monkeypatch.setattr(compat, "version", lambda name: {"transformers": "4.56.0"}[name])
+    assert compat.saved_model_suffix() == "-transformers4"
