@@ -34,8 +34,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds 
 READ_BACKS = {"item", "__bool__", "__int__", "__float__", "__index__", "cpu", "tolist", "nonzero", "numpy"}
 NOT_LAUNCHES = {"empty", "empty_like", "empty_strided", "detach", "lift_fresh"}  # allocation and aliasing
 LAYERS = (2, 8)
-# at most, per layer and decode step over hf, by (kernel, approx): the other approximations choose keys per layer
-STEP_OPS = {("model", "sink"): 12, ("triton", "sink"): 4, ("model", "quest"): 56, ("model", "topk"): 26}
+# at most, per layer and decode step over hf, by (kernel, approx): the other approximations choose keys per layer.
+# quest: 55 on transformers 5.24, 59 on 4.56, whose sdpa copies K and V per query head (repeat_kv: a clone and a
+# view each) for a single-query GQA call with a mask, as Quest's A~ call is, where 5.x packs the query heads instead
+STEP_OPS = {("model", "sink"): 12, ("triton", "sink"): 4, ("model", "quest"): 60, ("model", "topk"): 26}
 
 
 class Count(TorchFunctionMode):
