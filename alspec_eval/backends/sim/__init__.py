@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 from ... import hooks
 from ...compat import config_dtype
 from ...config import ConfigError
-from ...kernels import DecodeKernel, select_kernel
+from ...kernels import select_kernel
 from ...speculator import Speculator
 from .. import Backend
 
