@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first thing to run on a CUDA machine (no network: the project and lm-eval come as wheels, docs/gpu.md):
-# the GPU tests, the kernel and adapter benchmarks on the Llama-3-8B shape, a shared-prefill sweep, and the
-# compile matrix for this GPU. Writes results/gpu_check/<device>.md: the device, the versions, every figure and
+# the GPU tests, the compile matrix for this GPU, and the kernel, adapter, shared-prefill sweep and rolling-scoring
+# memory benchmarks on the Llama-3-8B shape. Writes results/gpu_check/<device>.md: the device, the versions, every figure and
 # pass/fail per part. Exits 1 if a part failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +46,9 @@ part "kernels" "the Triton call <= 1.2x cuDNN SDPA at 32K, B = 1 and 8" \
     "$PY" benchmarks/bench_kernels.py --device cuda --dtype bfloat16
 part "adapter" "alspec/hf wall <= 1.10 at batch 1 and 8 (8B shape, bf16)" \
     "$PY" benchmarks/bench_adapter.py --device cuda --shape llama3-8b --batch-sizes 1,8
-part "sweep" "shared prefill of baseline + 5 lambdas, same generations as separate runs" \
-    "$PY" benchmarks/bench_sweep.py --device cuda
+part "sweep" "a shared-prefill sweep of baseline + 5 lambdas: the same generations as separate runs, faster" \
+    "$PY" benchmarks/bench_sweep.py --device cuda --shape llama3-8b
+part "memory" "rolling-scoring peak memory <= 1.10x hf (8K tokens, 8B shape)" \
+    "$PY" benchmarks/bench_memory.py --device cuda --shape llama3-8b --runs hf_rolling,alspec_rolling --repeats 1
 echo "[gpu_check] wrote $out"
 exit $status
