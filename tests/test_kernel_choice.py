@@ -82,3 +82,29 @@ def test_the_results_say_which_kernel_ran_and_why() -> None:
 
     stats = alspec_lm(tiny_model(layers=1)).statistics()
     assert stats["provenance"]["kernel"] == "model: kernel=auto runs triton on CUDA only, not on cpu"
+
+
+@pytest.mark.slow
+def test_the_adapter_refuses_kernel_triton_before_the_weights_load(tmp_path, monkeypatch, sm86) -> None:
+    """The adapter hands the backend its device and dtype before loading: kernel=triton off CUDA, and on a GPU where
+    the kernels do not fit, stop there."""
+    import transformers
+
+    from alspec_eval.adapter import ALSpecLM
+    from tiny import save_tiny
+
+    path = save_tiny(tmp_path / "tiny")
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="kernel=triton runs on CUDA"):
+        ALSpecLM(pretrained=path, kernel="triton", device="cpu")
+    seen = []
+    real = sim.SimBackend.check_model
+    monkeypatch.setattr(sim.SimBackend, "check_model", lambda self, *args: seen.append(args[2:]) or real(self, *args))
+    with pytest.raises(ValueError, match="kernel=triton runs on CUDA"):
+        ALSpecLM(pretrained=path, kernel="triton", device="cpu", dtype="bfloat16")
+    assert seen == [(torch.device("cpu"), torch.bfloat16)]
