@@ -53,12 +53,14 @@ def blocks(group: int, head_dim: int) -> tuple[int, int]:
 
 def launch_for(dtype: torch.dtype, head_dim: int) -> Launch:
     """Settings that fit every architecture in ARCHS (the compile test proves it), so they need no key by
-    architecture. fp32 tiles take twice the bytes of 16-bit ones and its dot runs without tensor cores, so it
-    streams its keys in 2 stages (64 keys in 3 stages at head_dim 128 need 143 KB of shared memory, more than sm_86
-    and sm_89 have), and 32 keys at a time at head_dim 256."""
+    architecture, and under which ptxas spills no register of the partial kernel on any of them (Triton 3.9):
+    fp32 tiles take twice the bytes of 16-bit ones and its dot runs without tensor cores, so it streams fewer keys
+    per step in 2 stages (64 keys in 3 stages at head_dim 128 need 143 KB of shared memory, more than sm_86 and
+    sm_89 have), and wide heads stream fewer keys than narrow ones."""
+    block_d = blocks(1, head_dim)[1]
     if dtype != torch.float32:
-        return Launch(64, 3)
-    return Launch(64, 2) if blocks(1, head_dim)[1] <= 128 else Launch(32, 2)
+        return Launch(64, 3) if block_d <= 128 else Launch(32, 3)
+    return Launch(32, 2) if block_d <= 64 else Launch(16, 2)
 
 
 def arch_of(device: torch.device) -> Arch:
@@ -77,6 +79,7 @@ class Resources:
     shared: int
     registers: int
     threads: int
+    spilled: int = 0  # bytes of stack per thread where registers ran out (slower, not a misfit)
 
     def misfit(self, arch: Arch) -> str | None:
         """Why this binary cannot launch on ``arch``, else None."""
@@ -114,8 +117,8 @@ def _signature(arg_names: list[str], dtype: torch.dtype, constants: dict) -> dic
             for name in arg_names}
 
 
-def _registers(cubin: bytes, name: str) -> int:
-    """Registers per thread of ``name`` in ``cubin``, as cuobjdump (shipped with Triton) reports them."""
+def _usage(cubin: bytes, name: str) -> tuple[int, int]:
+    """(registers, stack bytes) per thread of ``name`` in ``cubin``, as cuobjdump (shipped with Triton) reports."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -123,10 +126,10 @@ def _registers(cubin: bytes, name: str) -> int:
         f.write(cubin)
         f.flush()
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    found = re.search(rf"Function {name}:\s*REG:(\d+)", usage)
+    found = re.search(rf"Function {name}:\s*REG:(\d+) STACK:(\d+)", usage)
     if found is None:
         raise RuntimeError(f"cuobjdump reported no registers for {name}: {usage}")
-    return int(found.group(1))
+    return int(found.group(1)), int(found.group(2))
 
 
 def compile_kernels(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, capability: int,
@@ -154,7 +157,8 @@ def _compile(index: int, name: str, dtype: torch.dtype, constants: tuple, capabi
     source = ASTSource(fn, _signature(fn.arg_names, dtype, dict(constants)), dict(constants))
     binary = triton.compile(source, target=GPUTarget("cuda", capability, 32),
                             options={"num_stages": launch.num_stages, "num_warps": launch.num_warps})
-    return Resources(name, binary.metadata.shared, _registers(binary.asm["cubin"], fn.__name__), 32 * launch.num_warps)
+    registers, stack = _usage(binary.asm["cubin"], fn.__name__)
+    return Resources(name, binary.metadata.shared, registers, 32 * launch.num_warps, stack)
 
 
 def misfit(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, arch: Arch,
@@ -193,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         worst = max(worst, reason is not None)
         print(json.dumps({"triton": triton.__version__, "arch": capability, "dtype": DTYPES[dtype], "head_dim": head_dim, "group": group,
                           "per_row_lambda": per_row, "launch": vars(launch),
-                          "kernels": {r.kernel: {"shared": r.shared, "registers": r.registers} for r in found},
+                          "kernels": {r.kernel: {"shared": r.shared, "registers": r.registers, "spilled": r.spilled}
+                                      for r in found},
                           "misfit": reason}), flush=True)
     return worst
 
