@@ -144,3 +144,25 @@ def test_rope_settings_are_written_as_the_config_class_takes_them():
     assert compat.rope_config(BeforeGemma3, per_type) == {"rope_theta": 1e6, "rope_local_base_freq": 1e4}
     with pytest.raises(ValueError, match="sliding-window layers"):
         compat.rope_config(Before, per_type)
+
+
+def test_crop_cache_never_asks_a_cache_to_crop_zero_or_a_length():
+    """crop(0) empties a 4.x cache and drops nothing in 5.x; crop_cache passes only a negative count, on any version."""
+    from types import SimpleNamespace
+
+    calls = []
+    cache = SimpleNamespace(get_seq_length=lambda: 5, crop=calls.append)
+    for length in (5, 7, 3):
+        compat.crop_cache(cache, length)
+    assert calls == [-2]
+
+
+def test_a_configs_dtype_under_either_name():
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    assert compat.config_dtype(LlamaConfig(dtype="bfloat16")) == torch.bfloat16
+    assert compat.config_dtype(SimpleNamespace(torch_dtype="float16")) == torch.float16  # the name before 4.56
+    assert compat.config_dtype(SimpleNamespace(dtype=torch.bfloat16)) == torch.bfloat16
+    assert compat.config_dtype(SimpleNamespace()) == torch.float32

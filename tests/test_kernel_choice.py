@@ -69,6 +69,12 @@ def test_kernel_triton_that_cannot_run_is_refused_before_loading(sm86) -> None:
         backend.check_model(LLAMA3_8B_FP32, 1, CUDA, None)  # dtype=auto: the config's
 
 
+def test_dtype_auto_checks_the_configs_dtype(sm86) -> None:
+    bf16 = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, dtype="bfloat16")
+    sim.SimBackend(SpeculationConfig(kernel="triton")).check_model(bf16, 1, CUDA, None)  # fits: bf16, not fp32
+    assert {shape[0] for shape in sm86} == {torch.bfloat16}
+
+
 def test_kernel_triton_off_cuda_is_refused_before_loading(monkeypatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="kernel=triton runs on CUDA"):

@@ -148,3 +148,28 @@ def test_interpreter_decides_per_row_as_semantics_and_a_shared_geometry_changes_
     shared = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, lam, chunk_size=16, geometry=geometry)
     for a, b in zip(shared, out):
         assert torch.equal(a, b)
+
+
+def _check_defaults(q, k, v, cur_pos, window, align, chunk, atol=1e-5):
+    ref = speculative_flash_decode(q, k, v, cur_pos, window, 0.5, window_align=align)
+    out = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, window, 0.5, chunk_size=chunk,
+                                                        window_align=align)
+    torch.testing.assert_close(out.exact, ref.exact, atol=atol, rtol=atol)
+    torch.testing.assert_close(out.spec, ref.spec, atol=atol, rtol=atol)
+    torch.testing.assert_close(out.d, ref.d, atol=atol * 10, rtol=atol * 10)
+
+
+@pytest.mark.parametrize("dim", [24, 80])  # Qwen3 tiny family's 24; Phi/StableLM-like 80: BLOCK_D > head_dim
+def test_interpreter_head_dim_not_a_power_of_two(dim):
+    q, k, v, cur_pos = make_inputs(3, 6, 2, 160, dim, [150, 20, 97])
+    _check_defaults(q, k, v, cur_pos, 8, 1, 16)
+
+
+@pytest.mark.parametrize("align", [1, 32])
+def test_interpreter_many_middle_splits(align, monkeypatch):
+    """One row, one KV head: _num_splits asks for several middle splits, the middle not a multiple of them."""
+    monkeypatch.setattr(triton_decode, "_processors", lambda device: 16)
+    q, k, v, cur_pos = make_inputs(1, 4, 1, 300, 32, [283])
+    geometry_splits = triton_decode._num_splits(1, 300 - 8, 16, q.device)
+    assert geometry_splits > 3
+    _check_defaults(q, k, v, cur_pos, 8, align, 16)
