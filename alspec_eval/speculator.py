@@ -14,7 +14,9 @@ Backends (alspec_eval.backends) bring their decode kernel or subclass :class:`Sp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import ClassVar
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +59,19 @@ class _Pass:
     kernel_inputs: dict | None = None  # a fused decode step's positions (and kernel geometry), shared by its layers
     decisions: dict[int, Decision] = field(default_factory=dict)
     dense: bool = False  # decisions hold every batch row (a fused decode step), not only ``rows``
+    copies: dict = field(default_factory=dict, repr=False)  # the geometry on the other devices of a device map
+    TENSORS: ClassVar[tuple[str, ...]] = ("trivial", "rows", "cols", "index", "mask", "pos", "pad", "speculated")
+
+    def on(self, device: torch.device) -> _Pass:
+        """This pass's geometry on ``device`` (a layer of a device map), copied there once per pass; decisions are
+        recorded in this pass's own ``decisions`` whichever copy a layer uses."""
+        if self.trivial is None or self.trivial.device == device:
+            return self
+        if device not in self.copies:
+            moved = {name: getattr(self, name).to(device) for name in _Pass.TENSORS if getattr(self, name) is not None}
+            self.copies[device] = dataclasses.replace(self, **moved, kernel_inputs=None, decisions=self.decisions,
+                                                      copies={})
+        return self.copies[device]
 
 
 @dataclass
@@ -133,7 +148,8 @@ class Speculator:
         layer = module.layer_idx
         if not self.speculates(layer):
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        step = self.locate(query, key)
+        first = self.locate(query, key)
+        step = first.on(query.device)
         if step.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         exact_layer = self.session.plan.layer_kinds[layer] == EXACT_REJECTED  # nothing to measure: A, rejected
@@ -143,7 +159,7 @@ class Speculator:
                 step.decisions[layer] = None
                 return fused.exact[:, None], None
             # every batch row at once: A~ where the kernel accepted a speculated row (no gather per layer)
-            step.dense = True
+            first.dense = True
             step.decisions[layer] = (fused.accept, fused.d, fused.n)
             use = (fused.accept & step.speculated)[:, None, None]
             return torch.where(use, fused.spec, fused.exact)[:, None], None
