@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-SKIP_DIRS = {".git", "__pycache__", "build", "dist", "results", ".pytest_cache", ".cache"}
+SKIP_DIRS = {".git", "__pycache__", "build", "dist", "results", ".pytest_cache", ".cache", ".triton-floor"}
 OUTSIDE = re.compile("|".join([
     r"\.\./" + "shared",                  # the team's folder beside the clone
     r"/" + r"(?:root|home|work)/",          # one machine's home or work tree
@@ -18,7 +18,7 @@ OUTSIDE = re.compile("|".join([
 
 
 def repository_files() -> list[Path]:
-    """Every file of the checkout, outside version control's, build and virtual environments' folders (pruned
+    """Every file of the checkout, outside version control's, build and installed packages' folders (pruned
     while walking: a .venv holds hundreds of thousands of files)."""
     files = []
     for folder, dirs, names in os.walk(ROOT):
