@@ -4,7 +4,8 @@ Importing the package stays light (no torch): the lm-eval registration hook impo
 every interpreter start.
 """
 
+from .approximations import Approximation, register_approximation
 from .config import SpeculationConfig
 
 __version__ = "0.1.0"
-__all__ = ["SpeculationConfig", "__version__"]
+__all__ = ["Approximation", "SpeculationConfig", "__version__", "register_approximation"]

@@ -252,11 +252,12 @@ class ALSpecLM(HFLM):
         if self.spec_config.speculate_prefill:
             raise ConfigError("a shared prefill needs speculate_prefill=false (with a speculated prompt the KV cache "
                               "differs per lambda)")
-        approximations = {(v.approx, v.page) for v in variants if not v.exact_attention}
+        approximations = {v.approx for v in variants if not v.exact_attention}
         if len(approximations) > 1:  # one batch's passes gather one A~ (rows.prefill_groups splits a sweep's rows)
-            raise ValueError(f"rows of one shared prefill must share one approximation, not {sorted(approximations)}")
-        approx, page = approximations.pop() if approximations else (self.spec_config.approx, self.spec_config.page)
-        config = dataclasses.replace(self.spec_config, approx=approx, page=page)
+            raise ValueError("rows of one shared prefill must share one approximation, not "
+                             f"{sorted(a.label for a in approximations)}")
+        approx = approximations.pop() if approximations else self.spec_config.approx
+        config = dataclasses.replace(self.spec_config, approx=approx)
         yield SharedPrefill(list(variants), self.model, self.speculator, config, self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ results

@@ -31,9 +31,6 @@ REJECT = -math.inf  # exact attention, recorded as rejected (policy=static's exa
 ALWAYS = math.inf  # A~ always (sink; policy=static's approximated layers)
 # Settings fixed when the model loads (its hooks, kernel and device); the others may change from call to call.
 LOAD_TIME_SETTINGS: tuple[str, ...] = ("backend", "kernel", "tt")
-# Which 2S keys A~ attends to (approximations.py): the paper's sink windows, Quest's pages, or the top-scoring keys.
-APPROXIMATIONS: tuple[str, ...] = ("sink", "quest", "topk")
-DEFAULT_PAGE = 16  # approx=quest's page size P (tokens per page), as in Quest
 TT_ARGS = {"tt_mode": "mode", "tt_device_id": "device_id", "tt_kv_dtype": "kv_dtype", "tt_kernel": "kernel"}
 
 
@@ -42,7 +39,7 @@ MODEL_ARGS: dict[str, str] = {
     "backend": "backend", "window_align": "window_align", "speculate_prefill": "speculate_prefill",
     "trace_tokens": "trace_tokens", "kernel": "kernel", "stats_path": "stats_path",
     **{arg: arg for arg in TT_ARGS},  # backend=tt's own: TTSettings
-    "gamma": "gamma", "lambda_schedule": "lambda_schedule", "approx": "approx", "page": "page",
+    "gamma": "gamma", "lambda_schedule": "lambda_schedule", "approx": "approx", "approx_args": "approx_args",
 }
 
 
@@ -155,8 +152,8 @@ class SpeculationConfig:
     tt: TTSettings = TTSettings()
     gamma: int | None = None  # policy=selfspec only; DEFAULT_GAMMA when not given
     lambda_schedule: LambdaSchedule | str | None = None  # per-layer lambdas (a path, read here); schedule.py
-    approx: str = "sink"  # which 2S keys A~ attends to (approximations.py)
-    page: int | None = None  # approx=quest only; DEFAULT_PAGE when not given
+    approx: Any = "sink"  # which <= 2S keys A~ attends to: a name or an Approximation (alspec_eval.approximations)
+    approx_args: str | dict[str, Any] | None = None  # its parameters (page:16); folded into ``approx``
 
     def __post_init__(self) -> None:
         lam = self.lam
@@ -227,41 +224,21 @@ class SpeculationConfig:
             raise ConfigError(f"lambda_schedule only applies to policy=dynamic, not policy={self.policy}; drop it")
 
     def _check_approx(self) -> None:
-        if self.approx not in APPROXIMATIONS:
-            raise ConfigError(f"approx={self.approx!r} is unknown; use one of {', '.join(APPROXIMATIONS)}")
-        page = self.page
-        if self.approx != "quest":
-            if page is not None:
-                raise ConfigError(f"page={page} only applies to approx=quest; drop it or set approx=quest")
-        else:
-            if isinstance(page, str) and page.isdigit():
-                page = int(page)
-            page = DEFAULT_PAGE if page is None else page
-            if isinstance(page, bool) or not isinstance(page, int) or page < 1:
-                raise ConfigError(f"page={self.page!r} is invalid; use an integer >= 1 (tokens per Quest page), "
-                                  f"e.g. page={DEFAULT_PAGE}")
-            if page > self.window or (2 * self.window) % page:
-                fits = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= self.window and (2 * self.window) % p == 0]
-                raise ConfigError(f"page={page} does not divide the key budget 2S={2 * self.window} into pages of "
-                                  f"which two or more fit (page <= window={self.window}); use e.g. page={fits[-1]}")
-            object.__setattr__(self, "page", page)
-        if self.approx == "sink":
-            return
-        if self.backend != "sim":
-            raise ConfigError(f"approx={self.approx} runs on backend=sim only (the TT op computes the sink A~); "
-                              "drop approx or use backend=sim")
-        if self.window_align != 1:
-            raise ConfigError(f"approx={self.approx} with window_align={self.window_align}: an aligned last window "
-                              "is the sink's (the TT op's); use window_align=1")
-        if self.kernel in ("torch", "triton"):
-            raise ConfigError(f"approx={self.approx} has no fused decode kernel (kernel={self.kernel} computes the "
-                              "sink A~); use kernel=model or kernel=auto")
+        from .approximations import make_approximation  # torch-free; the built-ins load when used
 
-    @property
-    def selects_keys(self) -> bool:
-        """A~ attends to keys chosen per KV head from the query and the cache (quest, topk), not the fixed sink
-        windows that the fused kernels and the TT op compute."""
-        return self.approx != "sink"
+        approx = make_approximation(self.approx, self.approx_args)
+        approx.check(self.window)
+        object.__setattr__(self, "approx", approx)
+        object.__setattr__(self, "approx_args", None)
+        if self.backend != "sim" and not approx.tt_op:
+            raise ConfigError(f"approx={approx.name} runs on backend=sim only (the TT op computes the sink A~); "
+                              "drop approx or use backend=sim")
+        if self.window_align not in approx.window_aligns:
+            raise ConfigError(f"approx={approx.name} with window_align={self.window_align}: an aligned last window "
+                              "is the sink's (the TT op's); use window_align=1")
+        if self.kernel in ("torch", "triton") and not approx.fused_kernel:
+            raise ConfigError(f"approx={approx.name} has no fused decode kernel (kernel={self.kernel} computes the "
+                              "sink A~); use kernel=model or kernel=auto")
 
     def layer_lambda(self, layer: int) -> float:
         """The threshold of ``layer``: the schedule's, else ``lam``."""
@@ -332,7 +309,9 @@ class SpeculationConfig:
         for key, value in asdict(self).items():
             if key == "tt":
                 out.update(self.tt.to_dict())
-            elif key not in ("lam", "lambda_schedule"):
+            elif key == "approx":
+                out["approx"], out["approx_args"] = self.approx.name, self.approx.args()
+            elif key not in ("lam", "lambda_schedule", "approx_args"):
                 out[key] = value
         out["static_layers"] = list(self.static_layers)
         if self.lambda_schedule is not None:  # the schedule sets every threshold

@@ -90,6 +90,21 @@ class LatencyModel:
         """A rejected layer pays the whole speculative flash decode and then its own ops."""
         return self.per_layer_us + self.sfd_s_us
 
+    def hit_us_reading(self, keys: float, window: int) -> float:
+        """A hit whose A~ reads ``keys`` keys (and values) per KV head, against the sink's 2S that SFD_R prices.
+        Beyond 2S an ESTIMATE: decode attention is memory bound, FD reads K keys in FD us, so each extra key adds
+        FD / K to the partial the second device waits for; reading as much as A (K keys or more) gains nothing:
+        a miss's cost."""
+        if keys <= 2 * window:
+            return self.hit_us
+        if self.context_tokens is None:
+            raise LatencyError(f"latency table {self.name!r} has no context_tokens (K): give it to price an "
+                               "approximation that reads more keys than the sink's 2S")
+        partial = self.sfd_r_us + self.fd_us * (keys - 2 * window) / self.context_tokens
+        if keys >= self.context_tokens or partial >= self.sfd_s_us:
+            return self.miss_us
+        return partial + max(self.sfd_s_us - partial, self.per_layer_us)
+
     def full_tp_us(self) -> float:
         return self.fixed_us + self.num_layers * (self.per_layer_us + self.fd_us)
 
@@ -102,13 +117,15 @@ class LatencyModel:
         misses = math.ceil(self.num_layers * (1 - hit_rate) - 1e-9)
         return self.fixed_us + hits * self.hit_us + misses * self.miss_us
 
-    def per_layer_alspec_us(self, hit_rates: Sequence[float]) -> float:
-        """Token latency from measured per-layer hit rates (one per layer of this model)."""
+    def per_layer_alspec_us(self, hit_rates: Sequence[float], hit_us: float | None = None) -> float:
+        """Token latency from measured per-layer hit rates (one per layer of this model); ``hit_us``: a hit's cost
+        where A~ is not the sink's (:meth:`hit_us_reading`)."""
         if len(hit_rates) != self.num_layers:
             raise LatencyError(f"{len(hit_rates)} per-layer hit rates for a {self.num_layers}-layer latency table")
         for h in hit_rates:
             check_rate(h)
-        return self.fixed_us + sum(h * self.hit_us + (1 - h) * self.miss_us for h in hit_rates)
+        hit = self.hit_us if hit_us is None else hit_us
+        return self.fixed_us + sum(h * hit + (1 - h) * self.miss_us for h in hit_rates)
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any], default_name: str) -> "LatencyModel":
@@ -271,15 +288,19 @@ def full_tp(model: LatencyModel) -> Projection:
     return Projection(model.name, 0.0, model.full_tp_us(), model.full_tp_us(), model.estimates)
 
 
-def project_layers(model: LatencyModel, hit_rates: Sequence[float]) -> tuple[Projection, bool]:
+def project_layers(model: LatencyModel, hit_rates: Sequence[float], keys: float = 0.0,
+                   window: int = 0) -> tuple[Projection, bool]:
     """Measured per-layer hit rates; where the measured model has another number of layers than the table,
-    every layer gets the measured mean (the flag says so)."""
+    every layer gets the measured mean (the flag says so). ``keys``: what a hit's A~ reads per KV head with a
+    window of ``window`` (S) tokens; the default prices the sink's (:meth:`LatencyModel.hit_us_reading`)."""
     rates = list(hit_rates)
     averaged = len(rates) != model.num_layers
     if averaged:
         rates = [sum(rates) / len(rates) if rates else 0.0] * model.num_layers
     mean = sum(rates) / len(rates)
-    return Projection(model.name, mean, model.per_layer_alspec_us(rates), model.full_tp_us(), model.estimates), averaged
+    hit = model.hit_us_reading(keys, window)
+    return Projection(model.name, mean, model.per_layer_alspec_us(rates, hit), model.full_tp_us(),
+                      model.estimates), averaged
 
 
 # ---------------------------------------------------------------------------------------------- self-speculation
@@ -332,9 +353,12 @@ class SelfSpecProjection:
         return Projection(self.preset, 0.0, self.token_latency_us, self.verify_us, [*estimates, "draft_us", "verify_us"])
 
 
-def project_selfspec(model: LatencyModel, tau: float, gamma: int, window: int) -> SelfSpecProjection:
-    """Self-speculation with a sink of ``window`` (S) tokens at each end, at this model's context."""
-    keys = 2 * window if model.context_tokens is None else min(2 * window, model.context_tokens)
+def project_selfspec(model: LatencyModel, tau: float, gamma: int, window: int,
+                     keys: float | None = None) -> SelfSpecProjection:
+    """Self-speculation with a sink of ``window`` (S) tokens at each end, at this model's context; ``keys``: what
+    the draft's attention reads per KV head where it is not the sink's 2S."""
+    keys = 2 * window if keys is None else keys
+    keys = keys if model.context_tokens is None else min(keys, model.context_tokens)
     attention, source = model.attention_us(keys)
     draft = model.fixed_us + model.num_layers * (model.per_layer_us + attention)
     return SelfSpecProjection(model.name, tau, gamma, window, model.context_tokens, attention, source, draft,

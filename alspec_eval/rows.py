@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .config import APPROXIMATIONS, DEFAULT_PAGE, SpeculationConfig
+from .approximations import Approximation, make_approximation
+from .config import SpeculationConfig
 from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 
 # The paper's row order, then token-level self-speculation, then a tuned per-layer schedule (alspec-tune).
@@ -21,16 +22,15 @@ POLICY_OF_KIND = {"baseline": "exact", "dynamic": "dynamic", "sink": "sink", "st
 class Row:
     """Baseline (exact), one lambda (dynamic), pure sink (lambda = inf), the static layer baseline, token-level
     self-speculation with draft length ``gamma``, or a per-layer lambda ``schedule`` (tuned). Every kind but the
-    baseline takes A~ from an approximation ``approx`` (the sink windows by default; quest with pages of ``page``
-    tokens, topk)."""
+    baseline takes A~ from an approximation ``approx`` (the sink windows by default; a name or an
+    Approximation)."""
 
     kind: str
     lam: float | None = None  # dynamic rows only
     gamma: int | None = None  # selfspec rows only
     schedule: LambdaSchedule | None = field(default=None, compare=False)  # tuned rows only (compared by digest)
     digest: str | None = None  # the schedule's, which identifies a tuned row
-    approx: str = "sink"
-    page: int | None = None  # quest rows only (DEFAULT_PAGE when not given)
+    approx: Approximation | str = "sink"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -41,32 +41,29 @@ class Row:
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'selfspec' else 'takes no'} gamma")
         if (self.kind == "tuned") != (self.schedule is not None):
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'tuned' else 'takes no'} schedule")
-        if self.approx not in APPROXIMATIONS or (self.kind == "baseline" and self.approx != "sink"):
-            raise ValueError(f"a {self.kind} row cannot take approx {self.approx!r}")
-        if self.approx == "quest":
-            object.__setattr__(self, "page", int(self.page or DEFAULT_PAGE))
-        elif self.page is not None:
-            raise ValueError(f"a {self.approx} row takes no page")
+        object.__setattr__(self, "approx", make_approximation(self.approx))
+        if self.kind == "baseline" and not self.approx.paper:
+            raise ValueError(f"a baseline row cannot take approx {self.approx.label!r}")
         if self.lam is not None:
             object.__setattr__(self, "lam", float(self.lam))
         if self.schedule is not None:
             object.__setattr__(self, "digest", self.schedule.digest)
 
     @classmethod
-    def dynamic(cls, lam: float, approx: str = "sink", page: int | None = None) -> Row:
-        return cls("dynamic", lam=lam, approx=approx, page=page)
+    def dynamic(cls, lam: float, approx: Approximation | str = "sink") -> Row:
+        return cls("dynamic", lam=lam, approx=approx)
 
     @classmethod
-    def selfspec(cls, gamma: int, approx: str = "sink", page: int | None = None) -> Row:
-        return cls("selfspec", gamma=int(gamma), approx=approx, page=page)
+    def selfspec(cls, gamma: int, approx: Approximation | str = "sink") -> Row:
+        return cls("selfspec", gamma=int(gamma), approx=approx)
 
     @classmethod
-    def tuned(cls, schedule: LambdaSchedule, approx: str = "sink", page: int | None = None) -> Row:
-        return cls("tuned", schedule=schedule, approx=approx, page=page)
+    def tuned(cls, schedule: LambdaSchedule, approx: Approximation | str = "sink") -> Row:
+        return cls("tuned", schedule=schedule, approx=approx)
 
-    def approximated(self, approx: str, page: int | None = None) -> Row:
-        """The same row with A~ from ``approx`` (``page``: quest's)."""
-        return replace(self, approx=approx, page=page if approx == "quest" else None)
+    def approximated(self, approx: Approximation | str) -> Row:
+        """The same row with A~ from ``approx``."""
+        return replace(self, approx=approx)
 
     # ------------------------------------------------------------------ names
 
@@ -81,7 +78,7 @@ class Row:
             name = f"tuned_{self.digest[:10]}"
         else:
             name = self.kind
-        return name + self._approx_suffix("_", "_p")
+        return name + self._approx_suffix("_", label=False)
 
     @property
     def label(self) -> str:
@@ -94,12 +91,12 @@ class Row:
             label = f"tuned {self.digest[:6]}"
         else:
             label = self.kind
-        return label + self._approx_suffix(" · ", " P=")
+        return label + self._approx_suffix(" · ", label=True)
 
-    def _approx_suffix(self, sep: str, page_sep: str) -> str:
-        if self.approx == "sink":
+    def _approx_suffix(self, sep: str, label: bool) -> str:
+        if self.approx.paper:
             return ""
-        return f"{sep}{self.approx}" + (f"{page_sep}{self.page}" if self.page is not None else "")
+        return sep + (self.approx.label if label else self.approx.slug)
 
     @property
     def order(self) -> int:
@@ -124,7 +121,7 @@ class Row:
 
     def calibration(self, lam: float) -> Row:
         """The dynamic row a calibrated row reads its layers from."""
-        return Row.dynamic(lam, self.approx, self.page)
+        return Row.dynamic(lam, self.approx)
 
     @property
     def exact_attention(self) -> bool:
@@ -148,7 +145,7 @@ class Row:
         policy = "exact" if self.kind == "static" and not static_layers else self.policy
         return {"policy": policy, "static_layers": tuple(static_layers), "gamma": self.gamma,
                 "lambda_schedule": self.schedule, "lam": self.lam if self.kind == "dynamic" else DEFAULT_LAMBDA,
-                "approx": self.approx, "page": self.page}
+                "approx": self.approx, "approx_args": None}
 
     def config(self, base: SpeculationConfig, static_layers: tuple[int, ...] = ()) -> SpeculationConfig:
         """The row's own config: ``base``'s window, kernel and backend with the row's settings; its
@@ -163,18 +160,21 @@ class Row:
             out["gamma"] = self.gamma
         if self.kind == "tuned":
             out["lambda_schedule"] = self.schedule.to_dict()
-        if self.approx != "sink":
-            out["approx"], out["page"] = self.approx, self.page
+        if not self.approx.paper:
+            out["approx"], out["approx_args"] = self.approx.name, self.approx.args()
         return out
 
     # ------------------------------------------------------------------ reading cell files
 
     @classmethod
     def from_record(cls, policy: str, lam: Any = None, gamma: Any = None, schedule: Any = None,
-                    approx: str | None = None, page: int | None = None) -> Row:
+                    approx: str | None = None, approx_args: dict[str, Any] | None = None,
+                    page: int | None = None) -> Row:
         """The row a cell file records (``policy``, ``lambda``, ``gamma``, ``lambda_schedule``, ``approx``,
-        ``page``; cells before approximations were the sink's)."""
-        return cls._from_record(policy, lam, gamma, schedule).approximated(approx or "sink", page)
+        ``approx_args``; cells before approximations were the sink's, cells before the registry record quest's
+        ``page`` beside it)."""
+        args = approx_args if approx_args is not None else ({"page": page} if page is not None else None)
+        return cls._from_record(policy, lam, gamma, schedule).approximated(make_approximation(approx or "sink", args))
 
     @classmethod
     def _from_record(cls, policy: str, lam: Any, gamma: Any, schedule: Any) -> Row:
@@ -198,21 +198,21 @@ BASELINE, SINK, STATIC = Row("baseline"), Row("sink"), Row("static")
 
 
 def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, gammas: list[int] = (),
-               approximations: list[str] = ("sink",), page: int | None = None) -> list[Row]:
+               approximations: list[Approximation | str] = ("sink",)) -> list[Row]:
     """The rows of a sweep that share one exact prefill, in run order: the baseline, then per approximation its
     lambdas, its sink row (A~ always) and its self-speculation rows."""
     return [*([BASELINE] if baseline else []),
-            *(row.approximated(approx, page) for approx in approximations
+            *(row.approximated(approx) for approx in approximations
               for row in [*map(Row.dynamic, lambdas), *([SINK] if sink else []), *map(Row.selfspec, gammas)])]
 
 
 def prefill_groups(rows: list[Row]) -> list[list[Row]]:
     """The rows that share a prefill, grouped so that each group's forward passes use one approximation (the
     passes of a shared batch gather one A~); the baseline and self-speculation (which drafts alone) join the first."""
-    groups: dict[tuple[str, int | None], list[Row]] = {}
+    groups: dict[Approximation, list[Row]] = {}
     for row in rows:
         if row.shares_prefill:
             free = row.exact_attention
-            key = next(iter(groups), (row.approx, row.page)) if free else (row.approx, row.page)
+            key = next(iter(groups), row.approx) if free else row.approx
             groups.setdefault(key, []).append(row)
     return list(groups.values())

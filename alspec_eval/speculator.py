@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import torch
 
 from . import semantics
-from .approximations import KeySelection, key_selection
 from .config import SpeculationConfig
 from .plan import EXACT_REJECTED, IDLE, Plan
 from .kernels import DecodeKernel, SpecDecodeOutput
@@ -42,8 +41,8 @@ class _Pass:
     """The decode-region geometry of one forward pass, shared by all its layers, and their decisions.
 
     rows, cols: the speculated (batch row, query index) positions, ``pos`` their logical positions and ``pad`` their
-    rows' left padding; ``index``: each one's 2S sink window positions in the KV cache and ``mask`` the ones past the
-    current token (None when all are valid).
+    rows' left padding; ``keys``: what the approximation computes once per pass for them (the sink's window
+    positions; Approximation.per_pass).
     """
 
     q_len: int
@@ -51,16 +50,15 @@ class _Pass:
     trivial: torch.Tensor | None  # (B, q_len) bool; None for an idle pass (no position in the region)
     rows: torch.Tensor | None = None
     cols: torch.Tensor | None = None
-    index: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
     pos: torch.Tensor | None = None
     pad: torch.Tensor | None = None
     speculated: torch.Tensor | None = None  # (B,) bool of a decode step (q_len 1): the rows in ``rows``
     kernel_inputs: dict | None = None  # a fused decode step's positions (and kernel geometry), shared by its layers
     decisions: dict[int, Decision] = field(default_factory=dict)
     dense: bool = False  # decisions hold every batch row (a fused decode step), not only ``rows``
+    keys: tuple[torch.Tensor | None, ...] = ()
     copies: dict = field(default_factory=dict, repr=False)  # the geometry on the other devices of a device map
-    TENSORS: ClassVar[tuple[str, ...]] = ("trivial", "rows", "cols", "index", "mask", "pos", "pad", "speculated")
+    TENSORS: ClassVar[tuple[str, ...]] = ("trivial", "rows", "cols", "pos", "pad", "speculated")
 
     def on(self, device: torch.device) -> _Pass:
         """This pass's geometry on ``device`` (a layer of a device map), copied there once per pass; decisions are
@@ -69,8 +67,9 @@ class _Pass:
             return self
         if device not in self.copies:
             moved = {name: getattr(self, name).to(device) for name in _Pass.TENSORS if getattr(self, name) is not None}
-            self.copies[device] = dataclasses.replace(self, **moved, kernel_inputs=None, decisions=self.decisions,
-                                                      copies={})
+            keys = tuple(None if t is None else t.to(device) for t in self.keys)
+            self.copies[device] = dataclasses.replace(self, **moved, keys=keys, kernel_inputs=None,
+                                                      decisions=self.decisions, copies={})
         return self.copies[device]
 
 
@@ -83,10 +82,9 @@ class Session:
     ``first_speculated``: the region's smallest spec_start; passes that end before it are idle.
     """
 
-    config: SpeculationConfig
+    config: SpeculationConfig  # its ``approx`` chooses A~'s keys (alspec_eval.approximations)
     region: DecodeRegion
     plan: Plan
-    selection: KeySelection | None = None  # A~'s keys chosen per KV head (approximations.py); None: the sink windows
     passes: list[_Pass | None] = field(default_factory=list)
     trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
 
@@ -116,7 +114,7 @@ class Speculator:
         exit. Sessions nest (self-speculation drafts in a sink session inside its exact one): the innermost runs."""
         config.check_layers(self.num_layers)
         plan = region.plan or Plan.uniform(config.thresholds(self.num_layers), len(region.pad))
-        session = Session(config, region, plan.without(sorted(self.skipped_layers)), key_selection(config))
+        session = Session(config, region, plan.without(sorted(self.skipped_layers)))
         self._sessions.append(session)
         try:
             yield session.trace
@@ -179,7 +177,8 @@ class Speculator:
         return exact, weights
 
     def locate(self, query: torch.Tensor, key: torch.Tensor) -> _Pass:
-        """Which positions of this pass speculate, and their window keys (computed once, at its first layer)."""
+        """Which positions of this pass speculate, and what the approximation computes once per pass for them (at
+        the pass's first layer)."""
         session = self.session
         if session.passes[-1] is not None:
             return session.passes[-1]
@@ -196,13 +195,9 @@ class Speculator:
         trivial = in_region & semantics.is_trivial(pos, cfg.window)
         rows, cols = (in_region & ~trivial).nonzero(as_tuple=True)
         pos, pad = pos[rows, cols], pad[rows]
-        index = mask = None
-        if session.selection is None:  # the sink windows: the same for every layer and head
-            positions, valid = semantics.window_positions(pos, cfg.window, cfg.window_align)
-            index = (positions + pad[:, None]).clamp_max(k_len - 1)
-            mask = None if bool(valid.all()) else valid[:, None, None, :]
+        keys = cfg.approx.per_pass(pos, pad, k_len, cfg.window, cfg.window_align)
         speculated = (in_region & ~trivial)[:, 0] if q_len == 1 else None
-        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, index, mask, pos, pad, speculated)
+        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, speculated, keys=keys)
         return session.passes[-1]
 
     def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
@@ -214,7 +209,7 @@ class Speculator:
     def has_fused_decode(self) -> bool:
         """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call (the kernels
         compute the sink A~ only)."""
-        return self.decode_kernel is not None and self.session.selection is None
+        return self.decode_kernel is not None and self.session.config.approx.fused_kernel
 
     def fused_decode(self, layer: int, step: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
@@ -236,16 +231,13 @@ class Speculator:
     def approximate(self, module: torch.nn.Module, step: _Pass, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
         """A~ (R, Hq, D) of the speculated positions: the model's own attention function (with every term its family
-        applies: scaling, soft-capping, sinks) called on each position's query and its 2S window keys, gathered
-        from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model dtype. Positions go in chunks
-        (:func:`gather_chunk`), so scoring where every position speculates holds one chunk's window keys at a time."""
-        selection = self.session.selection
-        window_keys = 2 * self.session.config.window
-        if selection is None:
-            chunk, shared = gather_chunk(key, window_keys, query.shape[1]), None
-        else:
-            shared = selection.prepare(key, self.session.region.pad.to(key.device))
-            chunk = gather_chunk(key, window_keys, query.shape[1], selection.position_bytes(key, query.shape[1]))
+        applies: scaling, soft-capping, sinks) called on each position's query and the at most 2S keys its
+        approximation selects per KV head, gathered from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model
+        dtype. Positions go in chunks (:func:`gather_chunk`), so scoring where every position speculates holds one
+        chunk's selected keys at a time."""
+        cfg = self.session.config
+        shared = cfg.approx.prepare(key, self.session.region.pad.to(key.device), cfg.window)
+        chunk = gather_chunk(key, 2 * cfg.window, query.shape[1], cfg.approx.position_bytes(key, query.shape[1]))
         parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs, shared)
                  for lo in range(0, len(step.rows), chunk)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -253,22 +245,22 @@ class Speculator:
     def _approximate_rows(self, module: torch.nn.Module, step: _Pass, part: slice, query: torch.Tensor,
                           key: torch.Tensor, value: torch.Tensor, scaling: float, kwargs: dict,
                           shared: object = None) -> torch.Tensor:
-        """A~ of the speculated positions ``part`` (a slice of ``step.rows``): their 2S keys, the sink windows or the
-        session's selection per KV head (``shared``: what the selection computed for this layer)."""
+        """A~ of the speculated positions ``part`` (a slice of ``step.rows``): the keys the session's approximation
+        selects per KV head (``shared``: what it prepared for this layer)."""
         rows = step.rows[part]
         q = query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query per speculated position
-        selection = self.session.selection
-        if selection is None:
-            index = step.index[part]
-            k = key[rows[:, None], :, index].transpose(1, 2)  # (r, Hkv, 2S, D)
-            v = value[rows[:, None], :, index].transpose(1, 2)
-            mask = None if step.mask is None else step.mask[part]
+        cfg = self.session.config
+        passed = tuple(None if t is None else t[part] for t in step.keys)
+        index, valid = cfg.approx.select(q[:, :, 0], key, rows, step.pos[part], step.pad[part], cfg.window, passed,
+                                         shared)
+        if index.shape[1] == 1:  # one selection for every KV head (keys fixed by position): no copy per head
+            k, v = key[rows[:, None], :, index[:, 0]].transpose(1, 2), value[rows[:, None], :, index[:, 0]].transpose(1, 2)
         else:
-            index, valid = selection.select(q[:, :, 0], key, rows, step.pos[part], step.pad[part], shared)
             heads = torch.arange(key.shape[1], device=key.device)[None, :, None]
             k, v = key[rows[:, None, None], heads, index], value[rows[:, None, None], heads, index]  # (r, Hkv, 2S, D)
-            group = query.shape[1] // key.shape[1]  # a KV head's mask for each of its query heads
-            mask = None if valid is None else valid[:, :, None, :].repeat_interleave(group, 1)
+        mask = None if valid is None else valid[:, :, None, :]  # (r, 1, 1, 2S) holds for every head
+        if mask is not None and mask.shape[1] > 1:  # a KV head's mask for each of its query heads
+            mask = mask.repeat_interleave(query.shape[1] // key.shape[1], 1)
         if mask is not None and self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
         out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **kwargs)

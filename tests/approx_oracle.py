@@ -1,10 +1,14 @@
-"""An independent reference for attention-level speculation's approximations (sink, quest, topk), written from
-their rule text alone, position by position with plain Python loops (no batching, no masks, no gathers).
+"""An independent reference for attention-level speculation's approximations (sink, quest, topk, local, snapkv),
+written from their rule text alone, position by position with plain Python loops (no batching, no masks, no gathers).
 
 Notation (one sequence, no padding): the query at logical position ``pos`` has Hq heads ``q[h]`` (post-RoPE);
 the cache has Hkv KV heads with keys ``K[kvh, t]`` and values ``V[kvh, t]`` (post-RoPE keys). ``g = Hq // Hkv``
 and query head ``h`` uses KV head ``h // g`` (repeat_kv). Only keys ``t <= pos`` exist for the query: anything
 past ``pos`` in ``K``/``V`` is never read. The budget is ``2 * window`` keys.
+
+snapkv also needs the prompt's observation queries (the prompt is logical positions ``[0, P)``), so it is not in
+``APPROXES`` / ``kept_keys``: ``snapkv_prompt_scores`` scores the prompt once per layer, ``snapkv_kept_keys`` picks
+the keys for a decode query from those scores, ``snapkv_output`` / ``snapkv_ratio`` give A~ and d / n.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import math
 
 import torch
 
-APPROXES = ("sink", "quest", "topk")
+APPROXES = ("sink", "quest", "topk", "local")
 
 
 def _lists(t: torch.Tensor) -> list:
@@ -44,6 +48,11 @@ def _sink(pos: int, window: int) -> list[int]:
     """sink: "every KV head keeps keys {0..S-1} ∪ {pos-S+1..pos}"."""
     keep = set(range(0, window)) | set(range(pos - window + 1, pos + 1))
     return sorted(t for t in keep if 0 <= t <= pos)
+
+
+def _local(pos: int, window: int) -> list[int]:
+    """local: "every KV head keeps keys {pos-2S+1 .. pos} ∩ {0..pos}"."""
+    return [t for t in range(pos - 2 * window + 1, pos + 1) if 0 <= t <= pos]
 
 
 def page_min_max(K_kvh: list[list[float]], lo: int, hi: int) -> tuple[list[float], list[float]]:
@@ -139,6 +148,8 @@ def kept_keys(q: torch.Tensor, K: torch.Tensor, pos: int, window: int, approx: s
         return [list(range(pos + 1)) for _ in K]
     if approx == "sink":
         return [_sink(pos, window) for _ in K]
+    if approx == "local":
+        return [_local(pos, window) for _ in K]
     if approx == "quest":
         return _quest(q, K, pos, window, page)
     return _topk(q, K, pos, window)
@@ -184,6 +195,143 @@ def ratio(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pos: int, window: i
     """d / n with d = ||A~ - A||_2 and n = ||A||_2 over all query heads and head dims of the position together."""
     exact = exact_output(q, K, V, pos, scaling).flatten().tolist()
     approx_ = approx_output(q, K, V, pos, window, approx, scaling, page).flatten().tolist()
+    d = math.sqrt(sum((a - e) ** 2 for a, e in zip(approx_, exact, strict=True)))
+    n = math.sqrt(sum(e * e for e in exact))
+    return d / n
+
+
+# ---------------------------------------------------------------- snapkv (needs the prompt's observation queries)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_observe_pool(observe: int, pool: int) -> None:
+    if not _is_int(observe) or observe < 1:
+        raise ValueError(f"invalid snapkv observe {observe!r}: need w_max >= 1")
+    if not _is_int(pool) or pool < 1 or pool % 2 != 1:
+        raise ValueError(f"invalid snapkv pool {pool!r}: need an odd k >= 1")
+
+
+def _check_recent(window: int, recent: int) -> None:
+    if not _is_int(recent) or recent < 1 or recent >= 2 * window:
+        raise ValueError(f"invalid snapkv recent {recent!r} for window {window}: need 1 <= R < 2S")
+
+
+def check_snapkv(window: int, observe: int, pool: int, recent: int) -> None:
+    """snapkv(observe=w_max, pool=k, recent=R): "k odd >= 1, 1 <= R < 2S, w_max >= 1"."""
+    _check_observe_pool(observe, pool)
+    _check_recent(window, recent)
+
+
+def observation_window(prompt_len: int, observe: int) -> tuple[int, int]:
+    """[P - w, P) with w = min(w_max, P)."""
+    if not _is_int(prompt_len) or prompt_len < 1:
+        raise ValueError(f"invalid prompt length {prompt_len!r}: need P >= 1")
+    w = min(observe, prompt_len)
+    return prompt_len - w, prompt_len
+
+
+def snapkv_pool(raw: list[float], pool: int) -> list[float]:
+    """pooled[t] = (1/k) * sum of raw[j] over j in [t - k//2, t + k//2] with 0 <= j < len(raw): zero padding,
+    always divided by k (avg_pool1d with count_include_pad=True)."""
+    n, half = len(raw), pool // 2
+    pooled = []
+    for t in range(n):
+        total = 0.0
+        for j in range(t - half, t + half + 1):
+            if 0 <= j < n:
+                total += raw[j]
+        pooled.append(total / pool)
+    return pooled
+
+
+def _softmax(logits: list[float]) -> list[float]:
+    top = max(logits)
+    weights = [math.exp(x - top) for x in logits]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def snapkv_prompt_scores(obs_q, K, prompt_len: int, observe: int, pool: int, scaling: float
+                         ) -> list[list[float]]:
+    """The per-layer prompt scores s[kvh][t], t in [0, P): +inf for the observation window [P - w, P); for
+    t in [0, P - w) the pooled (``snapkv_pool``) raw[kvh][t] = sum over the group's query heads h and the
+    observation queries q in [P - w, P) (all >= t) of softmax over keys 0..q of scaling * q_vec[h][q] . K[t].
+
+    obs_q: (Hq, n, D) as a tensor or nested lists, either the w observation queries only (n == w: entry i is
+    position P - w + i) or the queries of positions 0..n-1 with n >= P (only [P - w, P) is read).
+    K: (Hkv, L, D) with L >= P (keys past P are never read)."""
+    _check_observe_pool(observe, pool)
+    lo, hi = observation_window(prompt_len, observe)
+    w = hi - lo
+    obs_q, K = _lists(obs_q), [row[:prompt_len] for row in _lists(K)]
+    hq, hkv = len(obs_q), len(K)
+    if hq % hkv != 0:
+        raise ValueError("Hq must be a multiple of Hkv")
+    if any(len(row) < prompt_len for row in K):
+        raise ValueError(f"K holds fewer than P = {prompt_len} keys")
+    g = hq // hkv
+    queries = []  # queries[h][i]: the query of head h at position lo + i
+    for rows in obs_q:
+        if len(rows) == w:
+            queries.append(rows)
+        elif len(rows) >= prompt_len:
+            queries.append(rows[lo:hi])
+        else:
+            raise ValueError(f"need the w = {w} observation queries or the queries of positions 0..P-1")
+    scores = []
+    for kvh in range(hkv):
+        raw = [0.0] * lo
+        for h in range(hq):
+            if h // g != kvh:
+                continue
+            for i in range(w):
+                q = lo + i
+                weights = _softmax([scaling * _dot(queries[h][i], K[kvh][t]) for t in range(q + 1)])
+                for t in range(lo):  # q >= lo > t
+                    raw[t] += weights[t]
+        scores.append(snapkv_pool(raw, pool) + [math.inf] * w)
+    return scores
+
+
+def snapkv_kept_keys(scores: list[list[float]], pos: int, prompt_len: int, window: int, recent: int
+                     ) -> list[list[int]]:
+    """Per KV head, the sorted positions snapkv keeps for the decode query at ``pos``: trivial positions
+    (pos + 1 <= 2S) keep all of 0..pos; otherwise (pos >= P) the newest R keys pos-R+1..pos plus the 2S - R prompt
+    keys t in [0, P) not among them with the largest scores[kvh][t] (ties, +inf included: smaller t first), all
+    of them if fewer."""
+    _check_recent(window, recent)
+    if any(len(row) != prompt_len for row in scores):
+        raise ValueError(f"scores must hold P = {prompt_len} entries per KV head")
+    if is_trivial(pos, window):
+        return [list(range(pos + 1)) for _ in scores]
+    if pos < prompt_len:
+        raise ValueError(f"pos {pos} is inside the prompt [0, {prompt_len}): snapkv selects for decode queries")
+    newest = list(range(pos - recent + 1, pos + 1))
+    kept = []
+    for row in scores:
+        candidates = sorted((t for t in range(prompt_len) if t < newest[0]), key=lambda t: (-row[t], t))
+        kept.append(sorted(set(candidates[:2 * window - recent]) | set(newest)))
+    return kept
+
+
+def snapkv_output(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pos: int, scores: list[list[float]],
+                  prompt_len: int, window: int, recent: int, scaling: float) -> torch.Tensor:
+    """A~ of snapkv for the query at ``pos``: every query head attends to its KV head's kept keys only.
+    q: (Hq, D); K, V: (Hkv, L, D) with L > pos. (Hq, D), float64."""
+    keys = snapkv_kept_keys(scores, pos, prompt_len, window, recent)
+    q, K = _prepare(q, K, pos)
+    V = [row[:pos + 1] for row in _lists(V)]
+    return torch.tensor(_output(q, K, V, keys, scaling), dtype=torch.float64)
+
+
+def snapkv_ratio(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pos: int, scores: list[list[float]],
+                 prompt_len: int, window: int, recent: int, scaling: float) -> float:
+    """d / n of snapkv (as ``ratio``)."""
+    exact = exact_output(q, K, V, pos, scaling).flatten().tolist()
+    approx_ = snapkv_output(q, K, V, pos, scores, prompt_len, window, recent, scaling).flatten().tolist()
     d = math.sqrt(sum((a - e) ** 2 for a, e in zip(approx_, exact, strict=True)))
     n = math.sqrt(sum(e * e for e in exact))
     return d / n

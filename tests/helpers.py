@@ -69,7 +69,7 @@ def median_ratio(lm: ALSpecLM, text: str) -> float:
 
 def _measuring(config):
     """lambda 0 (every position measured, exact commits) with the config's window and approximation."""
-    return type(config)(lam=0.0, window=config.window, approx=config.approx, page=config.page)
+    return type(config)(lam=0.0, window=config.window, approx=config.approx)
 
 
 def stepwise_logprob(lm: ALSpecLM, context: list[int], continuation: list[int]):

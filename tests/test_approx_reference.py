@@ -138,6 +138,206 @@ def test_topk_ties_take_the_smaller_position():
     assert oracle.kept_keys(q, K, 40, WINDOW, "topk") == [list(range(2 * WINDOW))] * 2
 
 
+def test_local_keeps_exactly_the_last_2s():
+    q, K, _ = _random_case(11)
+    for pos in range(2 * WINDOW, 60):
+        expected = list(range(pos - 2 * WINDOW + 1, pos + 1))
+        assert oracle.kept_keys(q, K, pos, WINDOW, "local") == [expected, expected]
+    for pos in range(2 * WINDOW):  # trivial: everything
+        assert oracle.kept_keys(q, K, pos, WINDOW, "local") == [list(range(pos + 1))] * 2
+
+
+def _snapkv_case(seed: int, hq: int = 4, hkv: int = 2, length: int = 60, d: int = 16):
+    """The decode query q plus the queries of every position (prompt queries included), keys and values."""
+    gen = torch.Generator().manual_seed(seed)
+    Q = torch.randn(hq, length, d, generator=gen)
+    K = torch.randn(hkv, length, d, generator=gen)
+    V = torch.randn(hkv, length, d, generator=gen)
+    return Q, K, V
+
+
+def test_snapkv_pooling_at_the_edges_divides_by_k():
+    assert oracle.snapkv_pool([1.0, 2.0, 3.0, 4.0], 3) == pytest.approx([3 / 3, 6 / 3, 9 / 3, 7 / 3], abs=0)
+    assert oracle.snapkv_pool([1.0, 2.0, 3.0, 4.0], 5) == pytest.approx([6 / 5, 10 / 5, 10 / 5, 9 / 5], abs=0)
+    assert oracle.snapkv_pool([2.0], 7) == [2.0 / 7]
+    assert oracle.snapkv_pool([1.0, 5.0], 1) == [1.0, 5.0]
+    gen = torch.Generator().manual_seed(12)
+    for n in (1, 2, 5, 13):
+        raw = torch.rand(n, generator=gen, dtype=torch.float64)
+        for k in (1, 3, 5, 7, 9):
+            expected = F.avg_pool1d(raw[None, None], k, stride=1, padding=k // 2, count_include_pad=True)[0, 0]
+            assert oracle.snapkv_pool(raw.tolist(), k) == pytest.approx(expected.tolist(), rel=1e-12, abs=1e-15)
+    # end to end: a constant raw score pools to less at the edges (fewer real neighbours, still divided by k)
+    Q, K, _ = _snapkv_case(13, hq=1, hkv=1, d=2)
+    K = torch.zeros_like(K)  # uniform attention: raw[t] = sum over q of 1 / (q + 1), the same for every t
+    scores = oracle.snapkv_prompt_scores(Q, K, 20, 4, 5, 1.0)[0]
+    raw = sum(1 / (q + 1) for q in range(16, 20))
+    assert scores[:16] == pytest.approx([3 * raw / 5, 4 * raw / 5] + [raw] * 12 + [4 * raw / 5, 3 * raw / 5],
+                                        rel=1e-12)
+    assert scores[16:] == [math.inf] * 4
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_snapkv_scores_equal_torch(seed):
+    """The prompt scores against a batched torch computation (causal softmax, group sum, avg_pool1d)."""
+    Q, K, _ = _snapkv_case(seed, hq=6, hkv=2)  # g = 3
+    scaling = 16 ** -0.5
+    for prompt_len, observe, pool in ((30, 8, 5), (30, 1, 1), (17, 4, 7), (5, 8, 3), (12, 12, 3), (40, 3, 9)):
+        w = min(observe, prompt_len)
+        lo = prompt_len - w
+        scores = oracle.snapkv_prompt_scores(Q, K, prompt_len, observe, pool, scaling)
+        obs_only = oracle.snapkv_prompt_scores(Q[:, lo:prompt_len], K, prompt_len, observe, pool, scaling)
+        assert scores == obs_only
+        for kvh in range(2):
+            assert len(scores[kvh]) == prompt_len and scores[kvh][lo:] == [math.inf] * w
+            if lo == 0:
+                continue
+            raw = torch.zeros(lo, dtype=torch.float64)
+            for h in range(3 * kvh, 3 * kvh + 3):
+                logits = scaling * Q[h, lo:prompt_len].double() @ K[kvh, :prompt_len].double().T  # (w, P)
+                causal = torch.arange(prompt_len)[None, :] > torch.arange(lo, prompt_len)[:, None]
+                raw += logits.masked_fill(causal, -math.inf).softmax(-1).sum(0)[:lo]
+            pooled = F.avg_pool1d(raw[None, None], pool, stride=1, padding=pool // 2, count_include_pad=True)[0, 0]
+            assert scores[kvh][:lo] == pytest.approx(pooled.tolist(), rel=1e-10, abs=1e-14)
+
+
+def test_snapkv_keeps_the_newest_recent_always():
+    Q, K, _ = _snapkv_case(14)
+    prompt_len = 30
+    scores = oracle.snapkv_prompt_scores(Q, K, prompt_len, 6, 3, 0.25)
+    for recent in (1, 4, 8, 15):
+        for pos in range(prompt_len, 60):
+            kept = oracle.snapkv_kept_keys(scores, pos, prompt_len, WINDOW, recent)
+            newest = set(range(pos - recent + 1, pos + 1))
+            for kvh, keys in enumerate(kept):
+                assert keys == sorted(set(keys)) and len(keys) == 2 * WINDOW and max(keys) == pos
+                assert newest <= set(keys)
+                others = set(keys) - newest
+                assert all(t < prompt_len for t in others)  # the rest are prompt keys
+                rest = [t for t in range(min(prompt_len, pos - recent + 1)) if t not in others]
+                if rest:
+                    assert min(scores[kvh][t] for t in others) >= max(scores[kvh][t] for t in rest)
+
+
+def test_snapkv_observation_window_outranks_everything():
+    Q, K, _ = _snapkv_case(15, hq=2, hkv=1, d=4)
+    prompt_len, observe = 30, 4
+    K[0, 3] = 50 * Q[0, 26:30].sum(0)  # key 3 takes nearly all of the observation queries' attention
+    scores = oracle.snapkv_prompt_scores(Q, K, prompt_len, observe, 1, 1.0)[0]
+    assert max(range(26), key=lambda t: scores[t]) == 3 and scores[3] > 3.9  # head 0's 4 queries alone give ~4
+    assert scores[26:] == [math.inf] * 4
+    for pos in (40, 50, 59):  # 2S - R = 12 prompt slots: the window first, then key 3
+        kept = oracle.snapkv_kept_keys([scores], pos, prompt_len, WINDOW, 4)[0]
+        assert set(range(26, 30)) | {3} <= set(kept)
+    # 2S - R = 2 slots < w = 4: the two smallest window positions (ties between +inf), not key 3
+    assert oracle.snapkv_kept_keys([scores], 50, prompt_len, WINDOW, 14)[0] == [26, 27] + list(range(37, 51))
+    # the newest R = 3 cover part of the window: of the 13 slots, 26..28 first, then key 3 and the next best 9
+    best = sorted(range(26), key=lambda t: (-scores[t], t))
+    assert best[0] == 3
+    assert oracle.snapkv_kept_keys([scores], 31, prompt_len, WINDOW, 3)[0] == \
+        sorted({26, 27, 28} | set(range(29, 32)) | set(best[:10]))
+
+
+def test_snapkv_hand_built_case():
+    """P = 10, w = 3 (observation queries at 7, 8, 9, all q = [1, 0]), k = 3, S = 3 (2S = 6), R = 2, one KV
+    head, one query head, D = 2, scaling 1. Keys K[t] = [x_t, 0] with x = [2, 0, 10, 1, -3, 4, 0, 0, 0, 0], so the
+    logit of key t is x_t and key 2 takes almost all attention. With E = e^10, each observation query gives key 2
+    about 1 (0.997), key t != 2 about e^{x_t} / E; summed over the 3 queries (eps = 3 / E ~ 1.36e-4):
+        raw ~ [7.39 eps, eps, 3, 2.72 eps, 0.05 eps, 54.6 eps, eps]             (t = 0..6)
+    pooled * 3 (zero padding at both ends, always divided by 3):
+        t=0: raw0 + raw1            ~ 8.39 eps
+        t=1: raw0 + raw1 + raw2     ~ 3 + 8.39 eps    <- first
+        t=2: raw1 + raw2 + raw3     ~ 3 + 3.72 eps    <- second
+        t=3: raw2 + raw3 + raw4     ~ 3 + 2.77 eps    <- third
+        t=4: raw3 + raw4 + raw5     ~ 57.4 eps
+        t=5: raw4 + raw5 + raw6     ~ 55.7 eps
+        t=6: raw5 + raw6            ~ 55.6 eps
+    and keys 7, 8, 9 score +inf. 2S - R = 4 prompt slots:
+        pos = 10: newest {9, 10}; slots: 7, 8 (+inf), then 1, 2         -> [1, 2, 7, 8, 9, 10]
+        pos = 11: newest {10, 11}; slots: 7, 8, 9 (+inf), then 1        -> [1, 7, 8, 9, 10, 11]
+        pos = 14: newest {13, 14}; the same 4 prompt slots              -> [1, 7, 8, 9, 13, 14]
+    (key 1 outranks key 2, the key with the attention: pooling gives it key 0's and key 2's scores).
+    """
+    x = [2.0, 0.0, 10.0, 1.0, -3.0, 4.0, 0.0, 0.0, 0.0, 0.0]
+    K = torch.tensor([[[v, 0.0] for v in x] + [[0.5, 0.5]] * 6], dtype=torch.float64)  # 6 decode keys 10..15
+    obs_q = [[[1.0, 0.0]] * 3]
+    scores = oracle.snapkv_prompt_scores(obs_q, K, 10, 3, 3, 1.0)
+    E = math.exp(10)
+    raw = [sum(math.exp(x[t]) / sum(math.exp(v) for v in x[:q + 1]) for q in (7, 8, 9)) for t in range(7)]
+    assert raw[2] == pytest.approx(3, abs=2e-2) and raw[1] == pytest.approx(3 / E, rel=1e-2)
+    padded = [0.0] + raw + [0.0]
+    assert scores[0][:7] == pytest.approx([sum(padded[t:t + 3]) / 3 for t in range(7)], rel=1e-12)
+    assert scores[0][1] > scores[0][2] > scores[0][3] > max(scores[0][t] for t in (0, 4, 5, 6))
+    assert scores[0][7:] == [math.inf] * 3
+    assert oracle.snapkv_kept_keys(scores, 10, 10, 3, 2) == [[1, 2, 7, 8, 9, 10]]
+    assert oracle.snapkv_kept_keys(scores, 11, 10, 3, 2) == [[1, 7, 8, 9, 10, 11]]
+    assert oracle.snapkv_kept_keys(scores, 14, 10, 3, 2) == [[1, 7, 8, 9, 13, 14]]
+    for pos in range(6):  # trivial
+        assert oracle.snapkv_kept_keys(scores, pos, 10, 3, 2) == [list(range(pos + 1))]
+
+
+def test_snapkv_with_fewer_prompt_keys_than_slots_keeps_them_all():
+    Q, K, _ = _snapkv_case(16)
+    scores = oracle.snapkv_prompt_scores(Q, K, 3, 8, 3, 0.25)
+    assert scores == [[math.inf] * 3] * 2  # w = min(8, 3) = 3: the whole prompt is the observation window
+    for pos in (16, 30, 59):
+        assert oracle.snapkv_kept_keys(scores, pos, 3, WINDOW, 4) == [[0, 1, 2] + list(range(pos - 3, pos + 1))] * 2
+    scores = oracle.snapkv_prompt_scores(Q, K, 9, 2, 3, 0.25)  # window 7, 8; keys 0..6 pooled scores
+    for pos in (16, 30, 59):  # 2S - R = 12 slots, 9 prompt keys: all of them, 13 keys in all
+        expected = list(range(9)) + list(range(pos - 3, pos + 1))
+        assert oracle.snapkv_kept_keys(scores, pos, 9, WINDOW, 4) == [expected, expected]
+    # pos 20, R = 12: newest 9..20; 4 slots for the 9 prompt keys: the window 7, 8 and the best 2 of 0..6
+    for kvh, keys in enumerate(oracle.snapkv_kept_keys(scores, 20, 9, WINDOW, 12)):
+        best = sorted(range(7), key=lambda t: (-scores[kvh][t], t))[:2]
+        assert keys == sorted(best) + [7, 8] + list(range(9, 21))
+    # pos 16, R = 12: newest 5..16 (the window among them); 4 slots for the 5 candidates 0..4: the best 4
+    for kvh, keys in enumerate(oracle.snapkv_kept_keys(scores, 16, 9, WINDOW, 12)):
+        best = sorted(range(5), key=lambda t: (-scores[kvh][t], t))[:4]
+        assert keys == sorted(best) + list(range(5, 17))
+
+
+def test_snapkv_invalid_parameters_raise():
+    Q, K, _ = _snapkv_case(17)
+    scores = oracle.snapkv_prompt_scores(Q, K, 20, 4, 3, 0.25)
+    for pool in (0, 2, 4, -1, True):
+        with pytest.raises(ValueError):
+            oracle.snapkv_prompt_scores(Q, K, 20, 4, pool, 0.25)
+    for observe in (0, -3):
+        with pytest.raises(ValueError):
+            oracle.snapkv_prompt_scores(Q, K, 20, observe, 3, 0.25)
+    with pytest.raises(ValueError):
+        oracle.snapkv_prompt_scores(Q, K, 0, 4, 3, 0.25)
+    for recent in (0, 2 * WINDOW, 2 * WINDOW + 1):
+        with pytest.raises(ValueError):
+            oracle.snapkv_kept_keys(scores, 30, 20, WINDOW, recent)
+    for args in ((0, 3, 4), (4, 2, 4), (4, 3, 0), (4, 3, 2 * WINDOW)):
+        with pytest.raises(ValueError):
+            oracle.check_snapkv(WINDOW, *args)
+    oracle.check_snapkv(WINDOW, 1, 1, 1)
+    oracle.check_snapkv(WINDOW, 64, 7, 2 * WINDOW - 1)
+    with pytest.raises(ValueError):  # a non-trivial position inside the prompt
+        oracle.snapkv_kept_keys(scores, 18, 20, WINDOW, 4)
+
+
+def test_snapkv_output_equals_masked_sdpa():
+    Q, K, V = _snapkv_case(18)
+    scaling = 16 ** -0.5
+    prompt_len = 25
+    scores = oracle.snapkv_prompt_scores(Q, K, prompt_len, 5, 3, scaling)
+    Kr, Vr = K.double().repeat_interleave(2, 0), V.double().repeat_interleave(2, 0)
+    for pos in (10, 25, 41, 59):
+        q = Q[:, pos]
+        kept = oracle.snapkv_kept_keys(scores, pos, prompt_len, WINDOW, 6)
+        mask = torch.zeros(4, 1, K.shape[1], dtype=torch.bool)
+        for h in range(4):
+            mask[h, 0, kept[h // 2]] = True
+        expected = F.scaled_dot_product_attention(q.double()[:, None], Kr, Vr, attn_mask=mask, scale=scaling)[:, 0]
+        got = oracle.snapkv_output(q, K, V, pos, scores, prompt_len, WINDOW, 6, scaling)
+        assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12)
+        ratio = oracle.snapkv_ratio(q, K, V, pos, scores, prompt_len, WINDOW, 6, scaling)
+        assert (ratio == 0.0) == oracle.is_trivial(pos, WINDOW) and ratio >= 0.0
+
+
 @pytest.mark.parametrize("approx", oracle.APPROXES)
 def test_keys_past_pos_are_never_read(approx):
     q, K, V = _random_case(8, length=45)
@@ -208,7 +408,7 @@ def _plain_layers(model, ids, **kwargs):
 def _speculator_ratios(model, approx, ids, region, **kwargs):
     args = {"window": WINDOW, "approx": approx, "lambda": 0.0}
     if approx == "quest":
-        args["page"] = PAGE
+        args["approx_args"] = f"page:{PAGE}"
     spec = alspec_lm(model, **args)
     with torch.no_grad(), spec.speculator.speculating(region, spec.spec_config) as trace:
         spec.model(ids, **kwargs)

@@ -6,15 +6,18 @@ key, a selection's per-KV-head mask reaches each query head as HF's repeat_kv ma
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from alspec_eval import semantics
+from alspec_eval.approximations import Approximation
 from alspec_eval.config import SpeculationConfig
 from alspec_eval.plan import Plan
 from alspec_eval.region import DecodeRegion
+from default_approximations import APPROXIMATIONS, approx_args
 from alspec_eval.speculator import Session, Speculator, _Pass
 
 
@@ -39,19 +42,15 @@ def test_topk_positions_ties_take_the_earlier_keys():
 
 
 # P1: a selection's valid mask is per KV head; query head h must use KV head h // g's mask (repeat_kv)
-class _HeadMask:
+@dataclass(frozen=True)
+class _HeadMask(Approximation):
     """Keys 0..2S-1 for every KV head; KV head 1 marks its first 5 keys invalid, KV head 0 none."""
-    def prepare(self, key, pad):
-        return None
 
-    def select(self, query, key, rows, pos, pad, shared):
-        index = torch.arange(16).expand(len(rows), key.shape[1], -1)
+    def select(self, query, key, rows, pos, pad, window, passed, prepared):
+        index = torch.arange(2 * window).expand(len(rows), key.shape[1], -1)
         valid = torch.ones_like(index, dtype=torch.bool)
         valid[:, 1, :5] = False
         return index, valid
-
-    def position_bytes(self, key, query_heads):
-        return 0
 
 
 def test_selection_masks_follow_repeat_kv():
@@ -59,9 +58,9 @@ def test_selection_masks_follow_repeat_kv():
     hq, hkv, length, d = 4, 2, 40, 8
     q, k, v = torch.randn(1, hq, 1, d), torch.randn(1, hkv, length, d), torch.randn(1, hkv, length, d)
     spec = Speculator(1, {}, sdpa_attention_forward)
-    config = SpeculationConfig(window=8, approx="topk")
+    config = SpeculationConfig(window=8, approx=_HeadMask())
     region = DecodeRegion.build([0], [0])
-    spec._sessions.append(Session(config, region, Plan.uniform([0.0], 1), _HeadMask()))
+    spec._sessions.append(Session(config, region, Plan.uniform([0.0], 1)))
     step = _Pass(1, length - 1, None, rows=torch.tensor([0]), cols=torch.tensor([0]), pos=torch.tensor([length - 1]),
                  pad=torch.tensor([0]))
     module = types.SimpleNamespace(is_causal=False, training=False, num_key_value_groups=hq // hkv)
@@ -78,7 +77,8 @@ def test_fused_decode_is_the_sinks_only():
     from alspec_eval.kernels import select_kernel
     spec = Speculator(1, {}, sdpa_attention_forward, decode_kernel=select_kernel("torch", torch.device("cpu")))
     region = DecodeRegion.build([0], [0])
-    for approx, fused in (("sink", True), ("quest", False), ("topk", False)):
-        config = SpeculationConfig(window=8, approx=approx, **({"page": 4} if approx == "quest" else {}))
+    for approx in APPROXIMATIONS:
+        config = SpeculationConfig(window=8, **approx_args(approx, 8))
+        fused = approx == "sink"
         with spec.speculating(region, config):
             assert spec.has_fused_decode() == fused, approx

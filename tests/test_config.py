@@ -28,12 +28,16 @@ BAD = [
     ({"lamda": 0.1}, "did you mean 'lambda'"),
     ({"windows": 64}, "did you mean 'window'"),
     ({"polciy": "sink"}, "did you mean 'policy'"),
-    ({"approx": "snapkv"}, "approx='snapkv'"),
-    ({"page": 16}, "page=16 only applies to approx=quest"),
-    ({"approx": "quest", "page": 0}, "page=0"),
-    ({"approx": "quest", "page": "x"}, "page='x'"),
-    ({"approx": "quest", "window": 8, "page": 16}, "page=16"),  # one past the window: use e.g. page=8
-    ({"approx": "quest", "window": 12, "page": 5}, "page=5"),  # does not divide 2S
+    ({"approx": "snapkvv"}, "approx='snapkvv'"),
+    ({"approx": "no.such.module:Class"}, "cannot load no.such.module:Class"),
+    ({"approx": "alspec_eval.config:SpeculationConfig"}, "is not a subclass of alspec_eval.Approximation"),
+    ({"approx_args": "page:16"}, "sink has no parameter 'page'"),
+    ({"approx": "quest", "approx_args": "page:0"}, "page:0"),
+    ({"approx": "quest", "approx_args": "page:x"}, "page='x'"),
+    ({"approx": "quest", "approx_args": "page"}, "'page' is not key:value"),
+    ({"approx": "quest", "approx_args": "pag:4"}, "quest has no parameter 'pag'; its parameters: page (default 16)"),
+    ({"approx": "quest", "window": 8, "approx_args": "page:16"}, "page:16"),  # one past the window: use e.g. page:8
+    ({"approx": "quest", "window": 12, "approx_args": "page:5"}, "page:5"),  # does not divide 2S
     ({"approx": "quest", "backend": "tt", "window": 128}, "backend=sim only"),
     ({"approx": "topk", "kernel": "triton"}, "kernel=triton"),
     ({"approx": "topk", "kernel": "torch"}, "kernel=torch"),
@@ -42,13 +46,15 @@ BAD = [
 
 
 def test_page_at_exactly_the_window_is_accepted_and_the_default_is_quests():
-    assert SpeculationConfig(approx="quest", window=8, page=8).page == 8  # page 0 and the current page: 2S keys
-    assert SpeculationConfig(approx="quest", window=8, page="4").page == 4
-    assert SpeculationConfig(approx="quest").page == 16 and SpeculationConfig().page is None
-    with pytest.raises(ConfigError, match="use e.g. page=8"):
-        SpeculationConfig(approx="quest", window=8, page=9)
+    quest = SpeculationConfig(approx="quest", window=8, approx_args="page:8").approx  # page 0 and the current: 2S
+    assert (quest.name, quest.page) == ("quest", 8)
+    assert SpeculationConfig(approx="quest", window=8, approx_args={"page": "4"}).approx.page == 4
+    assert SpeculationConfig(approx="quest").approx.page == 16 and SpeculationConfig().approx.args() == {}
+    with pytest.raises(ConfigError, match="use e.g. page:8"):
+        SpeculationConfig(approx="quest", window=8, approx_args="page:9")
     config = SpeculationConfig(approx="topk", lam=0.2)
-    assert config.to_dict()["approx"] == "topk" and config.sink_draft().approx == "topk"
+    assert config.to_dict()["approx"] == "topk" and config.sink_draft().approx.name == "topk"
+    assert SpeculationConfig(approx="quest", approx_args="page:8").to_dict()["approx_args"] == {"page": 8}
 
 
 @pytest.mark.parametrize(("args", "named"), BAD)
@@ -106,7 +112,7 @@ def test_a_key_nobody_takes_is_one_line(key, meant):
 
     line = unknown_model_arg(key, 1, "LlamaForCausalLM", _HFLM_ARGS)
     assert "\n" not in line and f"{key}=1" in line and "LlamaForCausalLM does not take" in line
-    assert "lambda, lambda_schedule, page, policy" in line and "from_pretrained" in line
+    assert "lambda, lambda_schedule, policy" in line and "from_pretrained" in line
     assert (f"did you mean {meant!r}" in line) if meant else "did you mean" not in line
 
 

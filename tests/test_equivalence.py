@@ -13,18 +13,12 @@ from alspec_eval.region import DecodeRegion
 from alspec_eval.stats import ACCEPTED, REJECTED
 from helpers import (PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, sample_stats,
                      stepwise_logprob)
+from default_approximations import APPROXIMATIONS, BEYOND_SINK, approx_args
 from row_kinds import Example, examples
 from tiny import ARCHS, tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 KINDS = [e.id for e in examples(0.1)]
-APPROXIMATIONS = ["sink", "quest", "topk"]
-
-
-def approx_args(approx: str, window: int) -> dict:
-    """model_args of an approximation; Quest with pages of S/2 tokens (two pages chosen by bound besides the first
-    and the current one)."""
-    return {"approx": approx, **({"page": window // 2} if approx == "quest" else {})}
 
 
 def _example(kind: str, lam: float, model: torch.nn.Module, folder) -> Example:
@@ -98,7 +92,7 @@ def test_window_covering_context_is_exact_and_trivial(model, approx):
 
 
 @pytest.mark.parametrize(("kind", "approx"), [(kind, "sink") for kind in KINDS] +
-                         [(kind, approx) for kind in ("dynamic", "sink") for approx in APPROXIMATIONS[1:]])
+                         [(kind, approx) for kind in ("dynamic", "sink") for approx in BEYOND_SINK])
 def test_teacher_forcing_equals_token_by_token_decoding(model, chunks, kind, approx, tmp_path):
     """Every kind of row (row_kinds.py), run from its own model_args: scoring a continuation in one pass gives the
     log-probability and the per-layer decisions of decoding it token by token with a KV cache, and each layer
@@ -151,7 +145,7 @@ def test_exactly_the_kinds_that_never_accept_at_lambda_zero_equal_hf(model, kind
 
 @pytest.mark.parametrize(("kind", "trace_tokens", "approx"),
                          [(kind, True, "sink") for kind in KINDS] + [("dynamic", False, "sink")] +
-                         [(kind, True, approx) for kind in ("dynamic", "selfspec") for approx in APPROXIMATIONS[1:]])
+                         [(kind, True, approx) for kind in ("dynamic", "selfspec") for approx in BEYOND_SINK])
 def test_batch_size_and_left_padding_do_not_change_decisions(model, kind, trace_tokens, approx, tmp_path):
     probe = alspec_lm(model, **approx_args(approx, 8))
     lam = median_ratio(probe, PROMPT_FOR_LAMBDA)

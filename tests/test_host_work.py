@@ -24,7 +24,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from alspec_eval.kernels import triton_decode
+from alspec_eval.config import SpeculationConfig
 from alspec_eval.plan import Plan
+from default_approximations import APPROXIMATIONS, approx_args
 from helpers import PROMPTS, TOKENIZER, alspec_lm, sample_stats
 from row_kinds import examples
 from tiny import tiny_model
@@ -37,7 +39,9 @@ LAYERS = (2, 8)
 # at most, per layer and decode step over hf, by (kernel, approx): the other approximations choose keys per layer.
 # quest: 55 on transformers 5.24, 59 on 4.56, whose sdpa copies K and V per query head (repeat_kv: a clone and a
 # view each) for a single-query GQA call with a mask, as Quest's A~ call is, where 5.x packs the query heads instead
-STEP_OPS = {("model", "sink"): 12, ("triton", "sink"): 4, ("model", "quest"): 60, ("model", "topk"): 26}
+# ops per layer and decode step over hf's, at most: each registered approximation's (default_approximations.py)
+STEP_OPS = {("model", "sink"): 12, ("triton", "sink"): 4, ("model", "local"): 12, ("model", "quest"): 60,
+            ("model", "topk"): 26}
 
 
 class Count(TorchFunctionMode):
@@ -201,7 +205,7 @@ def test_a_decode_layer_reads_nothing_back_and_launches_few_ops(kernel, approx, 
         model = tiny_model(layers=layers)
         hf = HFLM(pretrained=model, tokenizer=TOKENIZER, batch_size=2, max_length=1024, device="cpu")
         runs["hf", layers] = _count(hf, None)
-        args = {"approx": approx, **({"page": 4} if approx == "quest" else {})}
+        args = approx_args(approx, 8)
         runs["alspec", layers] = _count(alspec_lm(model, batch_size=2, window=8, kernel=kernel, **args), launches)
         assert sum(s["speculated"] for s in sample_stats(runs["alspec", layers].requests)) > 0, "nothing speculated"
     steps = runs["alspec", LAYERS[1]].steps
@@ -227,7 +231,6 @@ def test_a_decode_layer_reads_nothing_back_and_launches_few_ops(kernel, approx, 
         assert ops["partial kernel"] == ops["reduce kernel"] == added * steps  # one launch each per layer and step
 
 
-APPROXIMATIONS = {"sink": {}, "quest": {"page": 4}, "topk": {}}
 ROW_LAYERS = (2, 4)  # a model, and the same with two layers more
 
 
@@ -264,10 +267,10 @@ def test_no_row_kind_uploads_or_reads_back_per_layer(kernel, approx, monkeypatch
         kinds = examples(0.3, layers=layers, folder=tmp_path / str(layers))
         for example in kinds:
             exact = example.row.exact_attention and example.row.kind == "baseline"
-            args = {**example.model_args, "kernel": kernel, **({} if exact else {"approx": approx,
-                                                                             **APPROXIMATIONS[approx]})}
+            args = {**example.model_args, "kernel": kernel, **({} if exact else approx_args(approx, 8))}
             runs[example.id, layers] = _count(alspec_lm(model, batch_size=4, **args), launches, batch=4)
-        variants = [e.row if e.row.kind == "baseline" else e.row.approximated(approx, APPROXIMATIONS[approx].get("page"))
+        made = SpeculationConfig(**approx_args(approx, 8)).approx
+        variants = [e.row if e.row.kind == "baseline" else e.row.approximated(made)
                     for e in kinds if e.row.shares_prefill]
         lm = alspec_lm(model, batch_size=4, kernel=kernel)
 

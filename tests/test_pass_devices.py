@@ -11,8 +11,8 @@ from alspec_eval.speculator import _Pass
 
 def _pass() -> _Pass:
     return _Pass(q_len=1, offset=7, trivial=torch.zeros(2, 1, dtype=torch.bool), rows=torch.tensor([0, 1]),
-                 cols=torch.tensor([0, 0]), index=torch.arange(8).repeat(2, 1), pos=torch.tensor([7, 5]),
-                 pad=torch.tensor([0, 2]), speculated=torch.ones(2, dtype=torch.bool))
+                 cols=torch.tensor([0, 0]), pos=torch.tensor([7, 5]), pad=torch.tensor([0, 2]),
+                 speculated=torch.ones(2, dtype=torch.bool), keys=(torch.arange(8).repeat(2, 1), None))
 
 
 def test_a_pass_on_its_own_device_is_itself():
@@ -29,6 +29,7 @@ def test_a_pass_on_another_device_is_copied_there_once_and_shares_its_decisions(
         value = getattr(moved, name)
         assert value is None if getattr(step, name) is None else (value.device == meta and value.shape ==
                                                                    getattr(step, name).shape), name
+    assert moved.keys[0].device == meta and moved.keys[1] is None  # the approximation's per-pass tensors too
     assert step.rows.device.type == "cpu" and moved.kernel_inputs is None
     moved.decisions[3] = None
     assert step.decisions == {3: None}

@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from alspec_eval.approximations.quest import Quest
+from alspec_eval.approximations.sink import Sink
 from alspec_eval.config import SpeculationConfig
 from alspec_eval.plan import EXACT_REJECTED, IDLE, MEASURED, Plan
 from alspec_eval.rows import BASELINE, KINDS, SINK, STATIC, Row, prefill_groups, sweep_rows
@@ -26,7 +28,7 @@ def test_names_labels_and_records_round_trip(row, name, label):
 
 def test_settings_are_what_each_row_runs_with():
     assert Row.dynamic(0.2).settings() == {"policy": "dynamic", "lam": 0.2, "static_layers": (), "gamma": None,
-                                           "lambda_schedule": None, "approx": "sink", "page": None}
+                                           "lambda_schedule": None, "approx": Sink(), "approx_args": None}
     assert BASELINE.exact_attention and Row.selfspec(2).exact_attention and not SINK.exact_attention
     assert STATIC.settings((2, 3))["policy"] == "static" and STATIC.settings(())["policy"] == "exact"
     assert STATIC.record([2, 3]) == {"policy": "static", "lambda": None, "static_layers": [2, 3]}
@@ -44,34 +46,34 @@ def test_rows_are_checked_and_ordered():
 
 def test_rows_of_each_approximation_are_named_run_recorded_and_read_back_apart():
     base = SpeculationConfig(window=8)
-    quest, topk = Row.dynamic(0.1, "quest", 4), Row.dynamic(0.1).approximated("topk")
+    quest, topk = Row.dynamic(0.1, Quest(page=4)), Row.dynamic(0.1).approximated("topk")
     assert (quest.name, topk.name, SINK.approximated("quest").name) == ("lambda_0.1_quest_p4", "lambda_0.1_topk",
                                                                         "sink_quest_p16")
-    assert len({Row.dynamic(0.1), quest, topk, Row.dynamic(0.1, "quest", 8)}) == 4  # four cells, four names
+    assert len({Row.dynamic(0.1), quest, topk, Row.dynamic(0.1, Quest(page=8))}) == 4  # four cells, four names
+    assert len({r.name for r in (Row.dynamic(0.1), quest, topk, Row.dynamic(0.1, Quest(page=8)))}) == 4
     assert quest.label == "λ = 0.1 · quest P=4" and Row.dynamic(0.1).label == "λ = 0.1"
     config = quest.config(base)
-    assert (config.approx, config.page, config.lam) == ("quest", 4, 0.1)
-    assert Row.dynamic(0.1).config(replace(base, approx="topk")).approx == "sink"  # a row never keeps another's
-    for row in (quest, topk, STATIC.approximated("topk"), Row.selfspec(2, "quest", 4), SINK, BASELINE):
+    assert (config.approx, config.lam) == (Quest(page=4), 0.1)
+    assert Row.dynamic(0.1).config(replace(base, approx="topk")).approx == Sink()  # a row never keeps another's
+    for row in (quest, topk, STATIC.approximated("topk"), Row.selfspec(2, Quest(page=4)), SINK, BASELINE):
         record = row.record([1] if row.calibrated else None)
         assert Row.from_record(record["policy"], record["lambda"], record.get("gamma"), None, record.get("approx"),
-                               record.get("page")) == row
+                               record.get("approx_args")) == row
+    assert Row.from_record("dynamic", 0.1, approx="quest", page=4) == quest  # a cell from before the registry
     assert "approx" not in Row.dynamic(0.1).record()  # a sink cell reads as before approximations
-    with pytest.raises(ValueError, match="baseline row cannot take approx 'quest'"):
+    with pytest.raises(ValueError, match="baseline row cannot take approx 'quest P=16'"):
         BASELINE.approximated("quest")
-    with pytest.raises(ValueError, match="topk row takes no page"):
-        Row("sink", approx="topk", page=4)
 
 
 def test_prefill_groups_share_one_approximation():
-    rows = sweep_rows([0.1, 0.2], gammas=[2], approximations=["sink", "quest", "topk"], page=4)
+    rows = sweep_rows([0.1, 0.2], gammas=[2], approximations=["sink", Quest(page=4), "topk"])
     groups = prefill_groups([*rows, STATIC])
     assert [[r.name for r in g] for g in groups] == [
         ["baseline", "lambda_0.1", "lambda_0.2", "sink", "selfspec_g2", "selfspec_g2_quest_p4", "selfspec_g2_topk"],
         ["lambda_0.1_quest_p4", "lambda_0.2_quest_p4", "sink_quest_p4"],
         ["lambda_0.1_topk", "lambda_0.2_topk", "sink_topk"]]
     for group in groups:
-        assert len({(r.approx, r.page) for r in group if not r.exact_attention}) == 1
+        assert len({r.approx for r in group if not r.exact_attention}) == 1
 
 
 def test_every_kind_has_an_example():

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from alspec_eval.config import ConfigError
+from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.rows import BASELINE, SINK, Row
 from alspec_eval.sweep.config import load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
+from default_approximations import BEYOND_SINK, approx_args
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, read_cells, sample_stats
 from row_kinds import examples
 from tiny import save_tiny, tiny_model
@@ -36,14 +37,16 @@ def test_shipped_configs_are_valid(name):
     ({"window": 0}, "window=0 must be an integer >= 1"),
     ({"gammas": [4, 0]}, "gammas must be a list of draft lengths"),
     ({"lambdas": []}, "lambdas is empty ([]), but the static baseline calibrates"),
-    ({"approx": ["sink", "snapkv"]}, "approx='snapkv' is unknown"),
+    ({"approx": ["sink", "snapkvv"]}, "approx='snapkvv' is unknown"),
     ({"approx": []}, "approx must be a list of approximations"),
-    ({"page": 8}, "page=8 only applies to approx quest"),
-    ({"approx": ["quest"], "window": 8, "page": 16}, "page=16 does not divide"),
-    ({"approx": ["quest"], "window": 8}, "page=16 does not divide"),  # quest's default page, one past S = 8
+    ({"page": 8}, "a sweep gives quest's page as approx_args: {quest: {page: 8}}"),
+    ({"approx_args": {"quest": {"page": 8}}}, "must map approximations of approx (sink)"),
+    ({"approx": ["quest"], "window": 8, "approx_args": {"quest": {"page": 16}}}, "page:16 does not divide"),
+    ({"approx": ["quest"], "window": 8}, "page:16 does not divide"),  # quest's default page, one past S = 8
     ({"approx": ["topk"], "model_args": {"kernel": "triton"}}, "kernel=triton"),
     ({"approx": ["quest"], "model_args": {"backend": "tt"}, "window": 128}, "backend=sim only"),
     ({"model_args": {"approx": "topk"}}, "move them there"),
+    ({"model_args": {"approx_args": "page:4"}}, "move them there"),
 ])
 def test_config_errors_name_the_key_and_fix(change, message):
     raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.2], **change}
@@ -52,8 +55,8 @@ def test_config_errors_name_the_key_and_fix(change, message):
 
 
 def test_a_sweep_of_approximations_has_each_approximations_rows_and_static_calibrated_on_its_own():
-    config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "window": 8, "page": 4,
-                           "approx": ["quest", "sink", "quest"]})
+    config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "window": 8,
+                           "approx": ["quest", "sink", "quest"], "approx_args": {"quest": "page:4"}})
     assert [row.name for row in config.rows()] == [
         "baseline", "lambda_0.1_quest_p4", "sink_quest_p4", "lambda_0.1", "sink", "static_quest_p4", "static"]
     assert config.rows()[-2].calibration(0.1).name == "lambda_0.1_quest_p4"
@@ -107,19 +110,18 @@ def test_shared_prefill_equals_separate_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("approx", ["quest", "topk"])
+@pytest.mark.parametrize("approx", BEYOND_SINK)
 def test_shared_prefill_of_an_approximation_equals_separate_runs(approx):
     """A prefill group of another approximation (and self-speculation drafting with it) answers as runs of its own
     model_args would; a group mixing two approximations is refused."""
     model = tiny_model()
-    args = {"approx": approx, **({"page": 4} if approx == "quest" else {})}
+    args = approx_args(approx, 8)
     lam = median_ratio(alspec_lm(model, **args), PROMPTS[0])
-    page = args.get("page")
-    variants = [BASELINE, Row.dynamic(lam, approx, page), SINK.approximated(approx, page),
-                Row.selfspec(2, approx, page)]
+    made = SpeculationConfig(**args).approx
+    variants = [BASELINE, Row.dynamic(lam, made), SINK.approximated(made), Row.selfspec(2, made)]
     shared_lm = alspec_lm(model, batch_size=2)
     with pytest.raises(ValueError, match="share one approximation"), \
-            shared_lm.shared_prefill([Row.dynamic(lam), Row.dynamic(lam, approx, page)]):
+            shared_lm.shared_prefill([Row.dynamic(lam), Row.dynamic(lam, made)]):
         pass
     shared = {}
     with shared_lm.shared_prefill(variants) as fork:

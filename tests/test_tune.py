@@ -141,8 +141,8 @@ def test_a_config_of_other_approximations_is_refused(tmp_path):
     from alspec_eval.tune.cli import parser, plan_from_args
 
     config = tmp_path / "c.yaml"
-    config.write_text("name: c\ntasks: [alspec_recall]\nlambdas: [0.1]\nwindow: 16\napprox: [sink, quest]\npage: 4\n")
-    with pytest.raises(ConfigError, match=r"approx \['sink', 'quest'\]: alspec-tune tunes the sink's lambdas"):
+    config.write_text("name: c\ntasks: [alspec_recall]\nlambdas: [0.1]\nwindow: 16\napprox: [sink, quest]\napprox_args: {quest: {page: 4}}\n")
+    with pytest.raises(ConfigError, match=r"approx \['sink', 'quest P=4'\]: alspec-tune tunes the sink's lambdas"):
         plan_from_args(parser().parse_args([str(config), "--max_drop", "0.02"]))
 
 

@@ -50,8 +50,19 @@ def niah_config(args: argparse.Namespace) -> SweepConfig:
         "shared_prefill": not args.no_shared_prefill,
         "gen_kwargs": {"max_gen_toks": args.max_gen_toks, "until": ["\n\n"]},
         "metadata": metadata, "output": args.output or f"results/niah_{args.mode}", "seed": args.seed,
-        "approx": [a for a in args.approx.split(",") if a], **({"page": args.page} if args.page is not None else {}),
+        "approx": [a for a in args.approx.split(",") if a], "approx_args": _approx_args(args.approx_args),
     }, source="needle run")
+
+
+def _approx_args(given: list[str]) -> dict[str, str]:
+    """--approx_args quest=page:8 (repeated) as the sweep config's {name: args}."""
+    out = {}
+    for item in given:
+        name, sep, args = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--approx_args {item!r} is not NAME=ARGS; write e.g. --approx_args quest=page:8")
+        out[name] = args
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,8 +76,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gammas", default="", help="self-speculation cells (policy=selfspec), one per draft length, "
                                                 "e.g. 2,4; none by default")
     p.add_argument("--approx", default="sink", help="approximations of A~, each with its rows: sink (the paper's), "
-                   "quest (Quest's pages), topk (an oracle ceiling: the top-scoring keys)")
-    p.add_argument("--page", type=int, default=None, help="approx quest's page size in tokens (default 16)")
+                   "local, quest (Quest's pages), topk (an oracle ceiling: the top-scoring keys), a registered name "
+                   "or pkg.module:Class")
+    p.add_argument("--approx_args", "--approx-args", dest="approx_args", action="append", default=[],
+                   metavar="NAME=ARGS", help="one approximation's parameters, e.g. quest=page:8 (repeat per name)")
     p.add_argument("--samples", type=int, default=1, help="prompts per length (and depth)")
     p.add_argument("--needle", choices=["passkey", "fact"], default="passkey", help="single mode's needle")
     p.add_argument("--model_args", "--model-args", dest="model_args", default="pretrained=smollm2,dtype=float32",

@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 
+from ..approximations import Approximation, make_approximation
 from ..report.figures import _figure, save
+from ..report.styles import approx_label
 from ..report.cells import BASELINE, SINK, Sweep, load_sweep
 from ..rows import Row
 
@@ -33,7 +35,7 @@ def _score(sample: dict[str, Any]) -> float:
 
 def _row(cell: dict[str, Any]) -> Row:
     return Row.from_record(cell["policy"], cell.get("lambda"), cell.get("gamma"), cell.get("lambda_schedule"),
-                           cell.get("approx"), cell.get("page"))
+                           cell.get("approx"), cell.get("approx_args"), cell.get("page"))
 
 
 def _label(cell: dict[str, Any]) -> str:
@@ -41,13 +43,14 @@ def _label(cell: dict[str, Any]) -> str:
     return _row(cell).label
 
 
-def needles_vs_lambda(sweep: Sweep, task: str, approx: str = "sink") -> Any:
+def needles_vs_lambda(sweep: Sweep, task: str, approx: Approximation | str = "sink") -> Any:
     """Figure 3a: score and hit rate per lambda of one approximation, baseline and its sink row (A~ always) as
     references. Needle runs have few prompts, so each score carries its Wilson 95% interval and n."""
     from ..report.frames import wilson
 
     fig = _figure(6.4, 4.6)
     ax = fig.add_subplot()
+    approx = make_approximation(approx)
     dynamic = sweep.dynamic_cells(task, approx)
     lams = [c.lam for c in dynamic]
     n = max((c.samples or 0 for c in dynamic), default=0)
@@ -55,7 +58,7 @@ def needles_vs_lambda(sweep: Sweep, task: str, approx: str = "sink") -> Any:
     err = [[c.score - lo for c, (lo, _) in zip(dynamic, intervals)], [hi - c.score for c, (_, hi) in zip(dynamic, intervals)]]
     ax.errorbar(lams, [c.score for c in dynamic], yerr=err, fmt="o-", color="tab:blue", capsize=3,
                 label=f"needles found (dynamic), 95% interval, n = {n}")
-    for row, style in ((BASELINE, "--"), (SINK.approximated(approx, sweep.page_of(approx)), ":")):
+    for row, style in ((BASELINE, "--"), (SINK.approximated(approx), ":")):
         if (cell := sweep.cell(task, row)) is not None and cell.score is not None:
             ax.axhline(cell.score, linestyle=style, color="tab:blue", alpha=0.7, label=f"{row.label} score")
     ax.set_xscale("log")
@@ -75,15 +78,16 @@ def needles_vs_lambda(sweep: Sweep, task: str, approx: str = "sink") -> Any:
     return fig
 
 
-def _approx_title(approx: str) -> str:
-    return "" if approx == "sink" else f" ({approx}{', an oracle ceiling' if approx == 'topk' else ''})"
+def _approx_title(approx: Approximation) -> str:
+    return "" if approx.paper else f" ({approx_label(approx)})"
 
 
-def acceptance_per_layer(sweep: Sweep, task: str, approx: str = "sink") -> Any:
+def acceptance_per_layer(sweep: Sweep, task: str, approx: Approximation | str = "sink") -> Any:
     """Figure 3b: average acceptance of each layer, one line per lambda of one approximation."""
     fig = _figure(6.4, 4.0)
     ax = fig.add_subplot()
     cmap = colormaps["viridis"]
+    approx = make_approximation(approx)
     dynamic = sweep.dynamic_cells(task, approx)
     for i, cell in enumerate(dynamic):
         ax.plot(range(len(cell.layers)), [100 * (h or 0.0) for h in (l.hit_rate for l in cell.layers)], "o-",
@@ -166,8 +170,8 @@ def write_niah_figures(outdir: Path, tokenizer: Any = None) -> list[Path]:
     figures.mkdir(exist_ok=True)
     written = []
     for task in sweep.tasks:
-        for approx, _ in sweep.approximations:
-            suffix = "" if approx == "sink" else f"_{approx}"  # the sink's files keep their names
+        for approx in sweep.approximations:
+            suffix = "" if approx.paper else f"_{approx.slug}"  # the sink's files keep their names
             written.append(save(needles_vs_lambda(sweep, task, approx), figures / f"{task}_needles_vs_lambda{suffix}.png"))
             written.append(save(acceptance_per_layer(sweep, task, approx),
                                 figures / f"{task}_acceptance_per_layer{suffix}.png"))

@@ -46,10 +46,10 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     written = [report / "table1.md", write_table1_csv(sweep, report / "table1.csv", cells)]
     written[0].write_text(table1_markdown(sweep, cells))
 
-    heatmaps = [save(acceptance_heatmap(sweep, task, approx, page), report / f"heatmap_{_slug(task)}{suffix}.png")
-                for approx, page in sweep.approximations  # the sink's named as before, the others' "_quest_p16"
-                for suffix in [SINK.approximated(approx, page).name.removeprefix(SINK.name)]
-                for task in sweep.tasks if sweep.dynamic_cells(task, approx, page)]
+    heatmaps = [save(acceptance_heatmap(sweep, task, approx), report / f"heatmap_{_slug(task)}{suffix}.png")
+                for approx in sweep.approximations  # the sink's named as before, the others' "_quest_p16"
+                for suffix in [SINK.approximated(approx).name.removeprefix(SINK.name)]
+                for task in sweep.tasks if sweep.dynamic_cells(task, approx)]
     score_fig = [save(score_vs_hit_rate(sweep), report / "score_vs_hit_rate.png")]
     by_approx = []
     if len(sweep.approximations) > 1 and sweep.lambdas:
@@ -78,7 +78,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
                        report / f"alspec_vs_selfspec_{_slug(task)}.png")
                   for task in sweep.tasks if projections and any(
                       (c := sweep.cell(task, r)) is not None and c.tau is not None for r in sweep.rows
-                      if r.drafts_tokens and r.approx == "sink")]
+                      if r.drafts_tokens and r.approx.paper)]
     if comparison:
         figures["Attention-level against token-level speculation"] = comparison
     profiles = [save(schedule_profile(sweep, row), report / f"schedule_{row.name}.png")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alspec_eval.config import APPROXIMATIONS
+from alspec_eval.approximations import Approximation, make_approximation, order
 from alspec_eval.rows import BASELINE, SINK, STATIC, Row
 from alspec_eval.stats import RATIO_EDGES, SCHEMA_VERSION
 
@@ -63,12 +63,14 @@ class Cell:
     draft: dict[str, Any] | None = None  # selfspec with generations: gamma, steps, drafted, accepted, tau, hist
     schedule: dict[str, Any] | None = None  # a tuned row's per-layer lambdas: schedule, path, sha256
     approx: str = "sink"  # which 2S keys A~ attended to (cells before approximations: the sink's)
-    page: int | None = None  # approx=quest's page size
+    approx_args: dict[str, Any] | None = None  # its parameters
+    page: int | None = None  # quest's page, as cells before the registry of approximations record it
 
     @functools.cached_property
     def row(self) -> Row:
         """The row the cell file records (read once: every property below asks it)."""
-        return Row.from_record(self.policy, self.lam, self.gamma, self.schedule, self.approx, self.page)
+        return Row.from_record(self.policy, self.lam, self.gamma, self.schedule, self.approx, self.approx_args,
+                               self.page)
 
     @property
     def hit_rate(self) -> float | None:
@@ -130,20 +132,16 @@ class Sweep:
         return sorted(found | set(self.meta.get("gammas") or []))
 
     @property
-    def approximations(self) -> list[tuple[str, int | None]]:
-        """Every approximation of A~ the sweep declares (sweep.json's ``approx`` and ``page``; sweeps before
-        approximations: the sink) or has a cell for, as (approx, page) in the order of config.APPROXIMATIONS."""
-        declared = {self._approximation(a) for a in self.meta.get("approx") or ["sink"]}
-        found = {(c.row.approx, c.row.page) for c in self.cells if c.row != BASELINE}
-        return sorted(declared | found, key=lambda a: (APPROXIMATIONS.index(a[0]), a[1] or 0))
-
-    def _approximation(self, approx: str) -> tuple[str, int | None]:
-        row = SINK.approximated(approx, self.meta.get("page"))  # quest's default page where sweep.json has none
-        return row.approx, row.page
-
-    def page_of(self, approx: str) -> int | None:
-        """The page of the sweep's ``approx`` rows (quest's; None for the others)."""
-        return next((p for a, p in self.approximations if a == approx), self._approximation(approx)[1])
+    def approximations(self) -> list[Approximation]:
+        """Every approximation of A~ the sweep declares (sweep.json's ``approx`` and ``approx_args``; sweeps before
+        approximations: the sink; before the registry: quest's ``page``) or has a cell for, in the registry's
+        order."""
+        args = self.meta.get("approx_args") or {}
+        page = self.meta.get("page")
+        declared = {make_approximation(a, args.get(a, {"page": page} if page is not None and a == "quest" else None))
+                    for a in self.meta.get("approx") or ["sink"]}
+        found = {c.row.approx for c in self.cells if c.row != BASELINE}
+        return sorted(declared | found, key=order)
 
     @property
     def rows(self) -> list[Row]:
@@ -152,20 +150,17 @@ class Sweep:
         stand together (a sweep run with ``static: false`` declares no static row; rows only found in cells, such
         as tuned ones, by name)."""
         static = [STATIC] if self.meta.get("static_p", 0.8) is not None else []
-        declared = [row.approximated(approx, page) for approx, page in self.approximations
+        declared = [row.approximated(approx) for approx in self.approximations
                     for row in [*map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas)]]
         rows = {BASELINE, *declared, *(c.row for c in self.cells)}
-        return sorted(rows, key=lambda r: (r.order, r.lam or 0.0, r.gamma or 0, APPROXIMATIONS.index(r.approx),
-                                           r.page or 0, r.name))
+        return sorted(rows, key=lambda r: (r.order, r.lam or 0.0, r.gamma or 0, order(r.approx), r.name))
 
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))
 
-    def dynamic_cells(self, task: str, approx: str = "sink", page: int | None = None) -> list[Cell]:
-        """The task's lambda cells of one approximation (the sink's unless named; quest's page: the sweep's unless
-        given), by increasing lambda."""
-        page = self.page_of(approx) if page is None else page
-        return [c for lam in self.lambdas if (c := self.cell(task, Row.dynamic(lam, approx, page))) is not None]
+    def dynamic_cells(self, task: str, approx: Approximation | str = "sink") -> list[Cell]:
+        """The task's lambda cells of one approximation (the sink's unless given), by increasing lambda."""
+        return [c for lam in self.lambdas if (c := self.cell(task, Row.dynamic(lam, approx))) is not None]
 
 
 def _as_lambda(value: Any) -> float | None:
@@ -197,7 +192,8 @@ def load_cell(path: Path) -> Cell:
                 score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
                 samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),
                 gamma=d.get("gamma", (stats.get("selfspec") or {}).get("gamma")), draft=stats.get("selfspec"),
-                schedule=d.get("lambda_schedule"), approx=d.get("approx") or "sink", page=d.get("page"))
+                schedule=d.get("lambda_schedule"), approx=d.get("approx") or "sink",
+                approx_args=d.get("approx_args"), page=d.get("page"))
 
 
 def _same_edges(edges: list[float]) -> bool:

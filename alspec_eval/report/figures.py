@@ -8,7 +8,6 @@ global backend (the notebook keeps its inline one).
 from __future__ import annotations
 
 import math
-import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from alspec_eval.report.cells import BASELINE, Row, Sweep
-from alspec_eval.report.styles import NO_COST_MODEL, approx_label, approx_style, style
+from alspec_eval.approximations import Approximation, make_approximation
+from alspec_eval.report.styles import approx_label, style
 from alspec_eval.report.table import beyond_sink
 from alspec_eval.stats import OPEN_LOOP_GRID, open_loop
 
@@ -85,11 +85,11 @@ def _task_colours(sweep: Sweep) -> dict[str, tuple[float, ...]]:
     return {task: cmap(i % 10) for i, task in enumerate(sweep.tasks)}
 
 
-def acceptance_heatmap(sweep: Sweep, task: str, approx: str = "sink", page: int | None = None) -> Figure:
+def acceptance_heatmap(sweep: Sweep, task: str, approx: Approximation | str = "sink") -> Figure:
     """Per-layer hit rate (layers x lambda) of the task's dynamic cells of one approximation (the sink's unless
-    named; quest's page: the sweep's unless given); skipped layers stay blank."""
-    page = sweep.page_of(approx) if page is None else page
-    cells = sweep.dynamic_cells(task, approx, page)
+    given); skipped layers stay blank."""
+    approx = make_approximation(approx)
+    cells = sweep.dynamic_cells(task, approx)
     num_layers = max((len(c.layers) for c in cells), default=0)
     grid = np.full((num_layers, len(cells)), np.nan)
     for j, cell in enumerate(cells):
@@ -103,7 +103,7 @@ def acceptance_heatmap(sweep: Sweep, task: str, approx: str = "sink", page: int 
     ax.set_yticks(range(num_layers), [str(i) for i in range(num_layers)], fontsize=7 if num_layers > 16 else 9)
     ax.set_xlabel("λ")
     ax.set_ylabel("layer")
-    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx == "sink" else f", {approx_label(approx, page)}"))
+    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx.paper else f", {approx_label(approx)}"))
     if grid.size <= 240:
         for (i, j), v in np.ndenumerate(grid):
             if not math.isnan(v):
@@ -141,7 +141,7 @@ def schedule_profile(sweep: Sweep, row: Row) -> Figure:
 def score_vs_hit_rate(sweep: Sweep) -> Figure:
     """One panel per task (so tasks whose sink points coincide stay apart): the lambda cells as a line, the baseline
     dashed, the kinds whose style has a hit-rate legend (sink, static) as markers. A sweep of several
-    approximations draws each one's lambda line and markers in its own colour (report.styles.APPROX_STYLES),
+    approximations draws each one's lambda line and markers in its own colour (its class's marker and colour),
     labelled with it."""
     tasks = sweep.tasks
     cols = min(3, len(tasks))
@@ -151,22 +151,22 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
     colours = _task_colours(sweep)
     several = beyond_sink(sweep)  # a sweep of the sink alone: as before
 
-    def colour_of(approx: str, task: str) -> Any:
-        return approx_style(approx).colour if several else colours[task]
+    def colour_of(approx: Approximation, task: str) -> Any:
+        return approx.colour if several else colours[task]
 
-    def named(text: str, approx: str, page: int | None) -> str:
-        return f"{text} · {approx_label(approx, page)}" if several else text
+    def named(text: str, approx: Approximation) -> str:
+        return f"{text} · {approx_label(approx)}" if several else text
 
     labels: list[Label] = []
     for ax, task in zip(axes.flat, tasks):
         colour = colours[task]
-        for approx, page in sweep.approximations:
-            points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task, approx, page)
+        for approx in sweep.approximations:
+            points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task, approx)
                       if c.hit_rate is not None and c.score is not None]
             if points:
                 xs, ys, _ = zip(*points)
-                line = f"{approx_style(approx).marker}-" if several else "o-"
-                ax.plot(xs, ys, line, color=colour_of(approx, task), label=named("dynamic (λ)", approx, page))
+                line = f"{approx.marker}-" if several else "o-"
+                ax.plot(xs, ys, line, color=colour_of(approx, task), label=named("dynamic (λ)", approx))
                 labels += [(ax, x, y, f"λ={lam:g}", {"fontsize": 7, "color": colour_of(approx, task)})
                            for x, y, lam in points]
         base = sweep.cell(task, BASELINE)
@@ -178,7 +178,7 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
             if look.hit_rate_legend and cell is not None and cell.hit_rate is not None and cell.score is not None:
                 ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour_of(row.approx, task),
                         markersize=8, markeredgecolor="black", linestyle="",
-                        label=named(look.hit_rate_legend, row.approx, row.page))
+                        label=named(look.hit_rate_legend, row.approx))
         ax.set_xlim(0, 105)
         ax.set_xlabel("speculation hit rate (%)")
         ax.set_ylabel("score")
@@ -209,15 +209,15 @@ def hit_rate_by_approximation(sweep: Sweep, lam: float | None = None) -> Figure:
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
     for ax, task in zip(axes.flat, tasks):
         num_layers = 0
-        for approx, page in sweep.approximations:
-            cell = sweep.cell(task, Row.dynamic(lam, approx, page))
+        for approx in sweep.approximations:
+            cell = sweep.cell(task, Row.dynamic(lam, approx))
             if cell is None or cell.hit_rate is None:
                 continue
             hits = [math.nan if layer.hit_rate is None else 100 * layer.hit_rate for layer in cell.layers]
             num_layers = max(num_layers, len(hits))
-            look = approx_style(approx)
+            look = approx
             ax.plot(range(len(hits)), hits, f"{look.marker}-", color=look.colour, markersize=5,
-                    label=f"{approx_label(approx, page)}: {100 * cell.hit_rate:.1f}%")
+                    label=f"{approx_label(approx)}: {100 * cell.hit_rate:.1f}%")
         ax.set_xticks(range(0, num_layers, math.ceil(num_layers / 16) or 1))  # at most 16 ticks
         ax.set_ylim(-5, 105)
         ax.set_xlabel("layer")
@@ -236,7 +236,7 @@ def hit_rate_by_approximation(sweep: Sweep, lam: float | None = None) -> Figure:
 def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     """Per task, the open-loop acceptance read off each lambda cell's histogram, with its measured hit rate: the
     sink's cells (a sweep without the sink: its first approximation's, named in the title)."""
-    approx, page = sweep.approximations[0]
+    approx = sweep.approximations[0]
     tasks = sweep.tasks
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
@@ -245,7 +245,7 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     cmap = colormaps["viridis"]
     lams = sweep.lambdas
     for ax, task in zip(axes.flat, tasks):
-        for cell in sweep.dynamic_cells(task, approx, page):
+        for cell in sweep.dynamic_cells(task, approx):
             colour = cmap(lams.index(cell.lam) / max(len(lams) - 1, 1))
             curve = open_loop(cell.total.hist)
             if not curve.decisions:
@@ -264,7 +264,7 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     fig.suptitle("Open-loop acceptance from the d/n histograms (dots: measured hit rate of each run)"
-                 + ("" if approx == "sink" else f", {approx_label(approx, page)}"))
+                 + ("" if approx.paper else f", {approx_label(approx)}"))
     return fig
 
 
@@ -292,7 +292,7 @@ def speedup_vs_score(sweep: Sweep, projection: "SweepProjection") -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     estimate = " (with estimates: " + ", ".join(projection.spec.estimates) + ")" if projection.spec.estimates else ""
-    fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}{_unmodelled(projection, fig, 12)}")
+    fig.suptitle(f"Projected speedup against score, {projection.spec.name}{estimate}")
     place_labels(fig, labels)
     return fig
 
@@ -302,12 +302,12 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
     cell; filled points are not significantly worse, so the right-most filled point is the cheapest safe choice.
 
     A sweep of several approximations of A~ adds, per task, a panel of the same difference against the hit rate,
-    each approximation's lambda rows as its own labelled curve: the latency model prices the sink's rows only, so the
-    speed panel has no others (its title says so)."""
+    each approximation's lambda rows as its own labelled curve, and draws each approximation's points in the speed
+    panel in its own colour (the latency model prices each from the keys its A~ reads)."""
     from alspec_eval.report.frames import not_worse
 
     tasks = list(dict.fromkeys(cells["task"]))
-    several = "approx" in cells and set(cells["approx"]) - {"sink"} != set()  # a sweep of the sink alone: as before
+    several = "approx" in cells and cells["approx"].nunique() > 1  # a sweep of the sink alone: as before
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
     fig = _figure(4.6 * cols + 0.6, 3.6 * rows * (2 if several else 1))
@@ -321,8 +321,9 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
             if entry is None:
                 continue
             err = [[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]]
-            ax.errorbar(entry.speedup, r["diff"], yerr=err, fmt="o", color="tab:blue", capsize=3,
-                        markerfacecolor="tab:blue" if good else "white")
+            look = _approximation_of(r) if several else make_approximation("sink")
+            ax.errorbar(entry.speedup, r["diff"], yerr=err, fmt=look.marker, color=look.colour, capsize=3,
+                        markerfacecolor=look.colour if good else "white")
             labels.append((ax, entry.speedup, r["diff"], r["row"], {"fontsize": 7}))
         ax.axhline(0, color="black", linewidth=0.8, linestyle="--")
         ax.set_title(task, fontsize=10)
@@ -334,8 +335,7 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
             labels += _difference_by_hit_rate(ax, cells[cells["task"] == task], task)
     for ax in [*list(axes[:rows].flat)[len(tasks):], *list(axes[rows:].flat)[len(tasks) if several else 0:]]:
         ax.set_visible(False)
-    fig.suptitle("Speed against score (filled: not significantly worse than the baseline)"
-                 + _unmodelled(projection, fig, 9), fontsize=9)
+    fig.suptitle("Speed against score (filled: not significantly worse than the baseline)", fontsize=9)
     place_labels(fig, labels)
     return fig
 
@@ -348,12 +348,11 @@ def _difference_by_hit_rate(ax: "Axes", group: "pd.DataFrame", task: str) -> lis
     group = group[group["diff"].notna() & group["hit_rate"].notna() & (group["policy"] == "dynamic")
                   & group["lambda"].notna()]  # the lambda rows (a tuned row decides by a schedule)
     labels: list[Label] = []
-    for (approx, page), curve in group.groupby(["approx", "page"], sort=False, dropna=False):
-        look = approx_style(approx)
+    for _, curve in group.groupby(["approx", "approx_args"], sort=False, dropna=False):
+        look = _approximation_of(curve.iloc[0])
         curve = curve.sort_values("lambda")
         xs = 100 * curve["hit_rate"]
-        ax.plot(xs, curve["diff"], f"{look.marker}-", color=look.colour, linewidth=1,
-                label=approx_label(approx, None if page != page else int(page)))
+        ax.plot(xs, curve["diff"], f"{look.marker}-", color=look.colour, linewidth=1, label=approx_label(look))
         for x, (_, r), good in zip(xs, curve.iterrows(), not_worse(curve)):
             ax.errorbar(x, r["diff"], yerr=[[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]],
                         fmt=look.marker, color=look.colour, capsize=3, markerfacecolor=look.colour if good else "white")
@@ -369,14 +368,9 @@ def _difference_by_hit_rate(ax: "Axes", group: "pd.DataFrame", task: str) -> lis
     return labels
 
 
-def _unmodelled(projection: "SweepProjection", fig: Figure, fontsize: float) -> str:
-    """A figure title's note on the rows the latency model cannot price, wrapped to the figure's width ("" where
-    it prices every row)."""
-    if not projection.unmodelled:
-        return ""
-    names = "/".join(projection.unmodelled)
-    note = f"{names} rows have no projected speedup ({NO_COST_MODEL.format(names=names)})"
-    return "\n" + textwrap.fill(note, width=int(fig.get_figwidth() * 130 / fontsize))
+def _approximation_of(r: "pd.Series") -> Approximation:
+    """The approximation of a frame's cell (its ``approx`` and ``approx_args`` columns)."""
+    return make_approximation(r["approx"] or "sink", r["approx_args"] or None)
 
 
 def _row_of(r: "pd.Series", rows: list[Row]) -> Row:

@@ -2,7 +2,7 @@
 
 ``load(outdir)`` gives three frames:
 
-- ``cells``: one row per (task, cell): policy, lambda, the approximation of A~ (``approx``; quest's ``page``),
+- ``cells``: one row per (task, cell): policy, lambda, the approximation of A~ (``approx``, its ``approx_args``),
   window, metric, score, lm-eval's stderr, n, decisions, hit rate with a document-level 95% interval
   (``hit_low``, ``hit_high``: a cluster bootstrap over documents, since one document's decisions move together;
   NaN for cells without per-document counts) and the Wilson interval that treats every decision as independent
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from alspec_eval.config import APPROXIMATIONS
+from alspec_eval.approximations import names
 from alspec_eval.report.cells import BASELINE, Cell, load_sweep
 
 BOOTSTRAP_RESAMPLES = 10_000
@@ -146,7 +146,8 @@ def load(outdir: str | Path) -> Frames:
         low, high = cluster_bootstrap_ratio(*document_decisions(c)) if c.hit_rate is not None else nan2
         low_d, high_d = wilson(c.total.accepted, c.total.speculated) if c.hit_rate is not None else nan2
         row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.order, "policy": c.policy,
-               "lambda": c.lam, "approx": c.row.approx, "page": math.nan if c.row.page is None else c.row.page,
+               "lambda": c.lam, "approx": c.row.approx.name,
+               "approx_args": ";".join(f"{k}:{v}" for k, v in c.row.approx.args().items()),
                "window": window, "metric": c.metric, "score": c.score,
                "stderr": stderr if isinstance(stderr, (int, float)) else math.nan, "n": len(docs) or c.samples,
                "speculated": c.total.speculated, "accepted": c.total.accepted,
@@ -160,14 +161,16 @@ def load(outdir: str | Path) -> Frames:
                            "accepted": layer.accepted, "trivial": layer.trivial,
                            "hit_rate": layer.hit_rate if layer.hit_rate is not None else math.nan,
                            "skipped": layer.skipped})
-    frame = pd.DataFrame(cells).sort_values(["task", "rank", "lambda", "gamma", "approx", "page"], na_position="first",
+    frame = pd.DataFrame(cells).sort_values(["task", "rank", "lambda", "gamma", "approx", "approx_args"], na_position="first",
                                             kind="stable", key=_approximations_in_order)
     return Frames(frame.reset_index(drop=True), pd.DataFrame(layers), pd.DataFrame(documents))
 
 
 def _approximations_in_order(column: pd.Series) -> pd.Series:
-    """Sort key: approximations in config.APPROXIMATIONS order (sink, quest, topk), other columns as they are."""
-    return column.map(APPROXIMATIONS.index) if column.name == "approx" else column
+    """Sort key: approximations in the registry's order (sink, local, quest, topk, ...), other columns as they
+    are."""
+    order = {name: i for i, name in enumerate(names())}
+    return column.map(lambda name: order.get(name, len(order))) if column.name == "approx" else column
 
 
 def _baseline_name(sweep, task: str) -> str | None:  # noqa: ANN001 (report.cells.Sweep)

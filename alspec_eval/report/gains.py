@@ -13,15 +13,15 @@ import numpy as np
 
 from .cells import Row, Sweep
 from .frames import decisions_by_document, document_scores, paired_bootstrap, paired_ratio_difference
-from .styles import approx_style
+from ..approximations import Approximation
+from .styles import ORACLE_MARK, oracle_note
 
 
 @dataclass(frozen=True)
 class Gain:
     task: str
     lam: float
-    approx: str
-    page: int | None
+    approx: Approximation
     documents: int
     sink_hit: float
     hit: float
@@ -39,9 +39,9 @@ def approximation_gains(sweep: Sweep) -> list[Gain]:
     for task in sweep.tasks:
         for lam in sweep.lambdas:
             sink = sweep.cell(task, Row.dynamic(lam))
-            for approx, page in sweep.approximations:
-                other = sweep.cell(task, Row.dynamic(lam, approx, page))
-                if approx == "sink" or sink is None or other is None:
+            for approx in sweep.approximations:
+                other = sweep.cell(task, Row.dynamic(lam, approx))
+                if approx.paper or sink is None or other is None:
                     continue
                 ours, theirs = decisions_by_document(other), decisions_by_document(sink)
                 docs = sorted(set(ours) & set(theirs))
@@ -50,7 +50,7 @@ def approximation_gains(sweep: Sweep) -> list[Gain]:
                 scores = document_scores(other), document_scores(sink)
                 common = scores[0].index.intersection(scores[1].index)
                 score = paired_bootstrap((scores[0][common] - scores[1][common]).to_numpy())
-                gains.append(Gain(task, lam, approx, page, len(docs), _rate(pairs[1]), _rate(pairs[0]), *hit, *score))
+                gains.append(Gain(task, lam, approx, len(docs), _rate(pairs[1]), _rate(pairs[0]), *hit, *score))
     return gains
 
 
@@ -72,7 +72,7 @@ def gains_rows(gains: list[Gain]) -> list[list[str]]:
     approximation."""
     rows = [["task", "λ", "approximation", "n", "hit rate, sink → it", "Δ hit rate [95% CI]", "Δ score [95% CI]"]]
     for g in gains:
-        name = f"{g.approx}" + (f" P={g.page}" if g.page is not None else "") + approx_style(g.approx).mark
+        name = g.approx.label + (ORACLE_MARK if g.approx.oracle else "")
         rows.append([g.task, f"{g.lam:g}", name, str(g.documents), f"{100 * g.sink_hit:.1f}% → {100 * g.hit:.1f}%",
                      f"{_points(g.hit_diff)} [{_points(g.hit_low)}, {_points(g.hit_high)}]",
                      f"{_points(g.score_diff)} [{_points(g.score_low)}, {_points(g.score_high)}]"])
@@ -80,8 +80,7 @@ def gains_rows(gains: list[Gain]) -> list[list[str]]:
 
 
 def gains_notes(gains: list[Gain]) -> list[str]:
-    marks = {approx_style(g.approx).mark: approx_style(g.approx).note for g in gains if approx_style(g.approx).mark}
-    return [f"{mark} {note}" for mark, note in marks.items()]
+    return [f"{ORACLE_MARK} {note}" for note in dict.fromkeys(oracle_note(g.approx) for g in gains if g.approx.oracle)]
 
 
 def gains_markdown(gains: list[Gain]) -> str:
@@ -93,7 +92,9 @@ def gains_markdown(gains: list[Gain]) -> str:
 
 def write_gains_csv(gains: list[Gain], path: Path) -> Path:
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(Gain.__dataclass_fields__))
+        writer = csv.DictWriter(handle, fieldnames=["task", "lam", "approx", "approx_args",
+                                                    *list(Gain.__dataclass_fields__)[3:]])
         writer.writeheader()
-        writer.writerows(asdict(g) for g in gains)
+        writer.writerows({**asdict(g), "approx": g.approx.name,
+                          "approx_args": ";".join(f"{k}:{v}" for k, v in g.approx.args().items())} for g in gains)
     return path

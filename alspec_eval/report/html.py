@@ -48,7 +48,7 @@ def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Seque
                 paper: PaperSection | None = None, gains: Sequence[Gain] = ()) -> str:
     """The report page; ``figures`` maps a section title to its PNG files."""
     meta = sweep.meta
-    approximations = ", ".join(f"{a}" + (f" P={p}" if p is not None else "") for a, p in sweep.approximations)
+    approximations = ", ".join(a.label for a in sweep.approximations)
     facts = ", ".join(f"{k} {html.escape(str(v))}" for k, v in
                       (("model", sweep.model), ("window", meta.get("window")), ("static_p", meta.get("static_p")),
                        ("approx", approximations if beyond_sink(sweep) else None)) if v is not None)

@@ -5,8 +5,9 @@ approximate); the baseline row is full tensor parallelism. A self-speculation ce
 the draft/verify cost ratio (:func:`alspec_eval.latency.project_selfspec`, inputs stated in the note). Where the sweep's model has another number
 of layers than the latency table, every layer gets the cell's mean per-layer hit rate (said in the note).
 
-The model prices the sink's A~ (SFD over 2S fixed keys): rows of another approximation (quest, topk) get no
-projection, a dash in the tables and a note that says why; there is no cost model of theirs to apply.
+The model prices the sink's A~ (SFD over 2S fixed keys); a row of another approximation is priced from the keys its
+A~ reads per decode step (``Approximation.keys_read`` at the table's context K: an ESTIMATE beyond 2S,
+:meth:`LatencyModel.hit_us_reading`), so an oracle that reads every key projects no gain, and the note says so.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from alspec_eval.latency import (DEFAULT_PRESET, LatencyModel, Projection, SelfSpecProjection, full_tp,
+from alspec_eval.approximations import Approximation
+from alspec_eval.latency import (DEFAULT_PRESET, LatencyError, LatencyModel, Projection, SelfSpecProjection, full_tp,
                                  project_layers, project_selfspec)
 from alspec_eval.report.cells import BASELINE, Row, Sweep
-from alspec_eval.report.styles import NO_COST_MODEL, row_columns, table_label
+from alspec_eval.report.styles import row_columns, table_label
 from alspec_eval.report.table import MISSING, markdown_table
 
-__all__ = ["DEFAULT_PRESET", "SweepProjection", "has_cost_model", "project_sweep", "projection_markdown",
+__all__ = ["DEFAULT_PRESET", "SweepProjection", "keys_read", "project_sweep", "projection_markdown",
            "projection_note", "projection_rows", "write_projection_csv"]
 
 
@@ -37,15 +39,25 @@ class SweepProjection:
     averaged: bool  # hit rates were averaged over layers (layer counts differ)
     selfspec: dict[tuple[Row, str], SelfSpecProjection] = field(default_factory=dict)
 
+    window: int = 0  # the sweep's S
+
     @property
-    def unmodelled(self) -> list[str]:
-        """The approximations whose rows the model cannot price (no entries: a dash in the tables)."""
-        return list(dict.fromkeys(row.approx for row in self.rows if not has_cost_model(row)))
+    def approximations(self) -> list[Approximation]:
+        """The approximations of the rows that speculate attention, each once."""
+        return list(dict.fromkeys(row.approx for row in self.rows if not row.exact_attention or row.drafts_tokens))
 
 
-def has_cost_model(row: Row) -> bool:
-    """Whether the paper's latency model prices the row: the sink's A~ only (the baseline is exact attention)."""
-    return row.approx == "sink"
+def keys_read(spec: LatencyModel, approx: Approximation, window: int) -> float:
+    """Keys and values a decode step's A~ reads per KV head at the table's context K (2S where the table has no K
+    and the approximation reads no more at any context)."""
+    context = spec.context_tokens
+    if context is None:
+        keys = approx.keys_read(2**40, window)
+        if keys > 2 * window:
+            raise LatencyError(f"latency table {spec.name!r} has no context_tokens (K): give it to price "
+                               f"{approx.label}, whose A~ reads more keys than the sink's 2S at long contexts")
+        return keys
+    return approx.keys_read(context, window)
 
 
 def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
@@ -54,20 +66,22 @@ def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
     entries: dict[tuple[Row, str], Projection] = {}
     selfspec: dict[tuple[Row, str], SelfSpecProjection] = {}
     averaged = False
+    window = int(sweep.meta["window"])
     for task in sweep.tasks:
         entries[(BASELINE, task)] = full_tp(spec)
         for row in sweep.rows[1:]:
             cell = sweep.cell(task, row)
-            if cell is None or not has_cost_model(row):
+            if cell is None:
                 continue
+            keys = keys_read(spec, row.approx, window)
             if row.drafts_tokens:  # a task that only scores (no generations) has no tau: nothing to project
                 if cell.tau is not None:
-                    ss = selfspec[(row, task)] = project_selfspec(spec, cell.tau, row.gamma, int(sweep.meta["window"]))
+                    ss = selfspec[(row, task)] = project_selfspec(spec, cell.tau, row.gamma, window, keys)
                     entries[(row, task)] = ss.as_projection(spec.estimates)
                 continue
-            entries[(row, task)], avg = project_layers(spec, cell.layer_hit_rates())
+            entries[(row, task)], avg = project_layers(spec, cell.layer_hit_rates(), keys, window)
             averaged |= avg
-    return SweepProjection(spec, sweep.tasks, sweep.rows, entries, averaged, selfspec)
+    return SweepProjection(spec, sweep.tasks, sweep.rows, entries, averaged, selfspec, window)
 
 
 def projection_rows(p: SweepProjection) -> list[list[str]]:
@@ -94,9 +108,14 @@ def projection_note(p: SweepProjection) -> str:
                  f"draft step's attention reads 2S = {2 * ss.window} keys instead of K = {ss.context_tokens or '?'} "
                  f"and takes {ss.draft_attention_us:.4g} µs per layer ({ss.draft_attention_source}), "
                  "and verifying γ + 1 tokens costs one exact decode step.")
-    if p.unmodelled:
-        text = NO_COST_MODEL.format(names="/".join(p.unmodelled))
-        note += f" {text[0].upper()}{text[1:]}; their rows show {MISSING}, no speedup."
+    others = [a for a in p.approximations if keys_read(s, a, p.window) > 2 * p.window]
+    if others:
+        reads = "; ".join(f"{a.label} {keys_read(s, a, p.window):.0f}" + (" (an oracle: it reads every key, so it "
+                                                                         "gains nothing)" if a.oracle else "")
+                          for a in others)
+        note += (f" Keys a hit's A~ reads per KV head at K = {s.context_tokens} against the sink's 2S = "
+                 f"{2 * p.window}: {reads}; ESTIMATE: each extra key adds FD / K to the hit, reading K keys costs a "
+                 "miss.")
     return note
 
 

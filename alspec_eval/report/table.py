@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 
 from alspec_eval.report.cells import BASELINE, Row, Sweep
-from alspec_eval.report.styles import approx_description, approx_style, row_columns, table_label
+from alspec_eval.report.styles import ORACLE_MARK, oracle_note, row_columns, table_label
 
 MISSING = "–"
-APPROX_COLUMNS = ("approx", "page", "oracle")  # the CSV files' columns of a sweep beyond the sink (styles.row_columns)
+APPROX_COLUMNS = ("approx", "approx_args", "oracle")  # the CSV files' columns of a sweep beyond the sink (styles.row_columns)
 
 
 def format_cell(cell: pd.Series | None, row: Row) -> str:
@@ -43,7 +43,7 @@ def table1_rows(sweep: Sweep, cells: pd.DataFrame | None = None) -> list[list[st
 
 def beyond_sink(sweep: Sweep) -> bool:
     """Whether the sweep has rows of an approximation other than the sink (its tables then say which is which)."""
-    return sweep.approximations != [("sink", None)]
+    return [a.paper for a in sweep.approximations] != [True]
 
 
 def approximation_notes(sweep: Sweep) -> list[str]:
@@ -51,9 +51,8 @@ def approximation_notes(sweep: Sweep) -> list[str]:
     if not beyond_sink(sweep):
         return []
     lines = ["Approximations of A~ (the row's label names it; unnamed: sink): "
-             + "; ".join(approx_description(a, p) for a, p in sweep.approximations) + "."]
-    marks = {approx_style(a).mark: approx_style(a).note for a, _ in sweep.approximations if approx_style(a).mark}
-    return lines + [f"{mark} {note}" for mark, note in marks.items()]
+             + "; ".join(a.caption() for a in sweep.approximations) + "."]
+    return lines + [f"{ORACLE_MARK} {oracle_note(a)}" for a in sweep.approximations if a.oracle]
 
 
 def frames_of(sweep: Sweep) -> pd.DataFrame:

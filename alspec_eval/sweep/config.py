@@ -5,12 +5,13 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ..approximations import Approximation, make_approximation
 from ..config import MODEL_ARGS, ConfigError, SpeculationConfig
 from ..rows import STATIC, Row, sweep_rows
 from ..schedule import LambdaSchedule
@@ -37,8 +38,8 @@ class SweepConfig:
     static: StaticBaseline | None = field(default_factory=StaticBaseline)
     gammas: list[int] = field(default_factory=list)  # a policy=selfspec row per draft length
     schedules: list[str] = field(default_factory=list)  # a tuned row per lambda_schedule file (alspec-tune)
-    approx: list[str] = field(default_factory=lambda: ["sink"])  # the rows of each approximation of A~ (model_args approx)
-    page: int | None = None  # approx quest's page size (DEFAULT_PAGE when not given)
+    # the rows of each approximation of A~ (model_args approx), with the config's approx_args {name: args} folded in
+    approx: list[Approximation | str] = field(default_factory=lambda: ["sink"])
     shared_prefill: bool = True
     device: str = "cpu"
     batch_size: int = 1
@@ -56,12 +57,17 @@ class SweepConfig:
     def output_dir(self) -> Path:
         return Path(self.output or f"results/{self.name}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """sweep.json's form: approximations by name, their parameters in ``approx_args``, as a config gives them."""
+        approx = [make_approximation(a) for a in self.approx]
+        return {**asdict(self), "approx": [a.name for a in approx],
+                "approx_args": {a.name: a.args() for a in approx if a.args()}}
+
     def rows(self) -> list[Row]:
         """Rows per task, in run order: the shared-prefill group first, static last (it calibrates on them)."""
         tuned = [Row.tuned(LambdaSchedule.load(path)) for path in self.schedules]
-        static = [STATIC.approximated(approx, self.page) for approx in self.approx] if self.static else []
-        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas, self.approx, self.page), *tuned,
-                *static]
+        static = [STATIC.approximated(approx) for approx in self.approx] if self.static else []
+        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas, self.approx), *tuned, *static]
 
 
 def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
@@ -76,8 +82,11 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
     """Validate a config dict: unknown keys, types and ranges, each with the fix."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of keys to values, got {type(raw).__name__}")
+    if "page" in raw:
+        raise ConfigError(f"{source}: page={raw['page']!r}: a sweep gives quest's page as approx_args: "
+                          f"{{quest: {{page: {raw['page']}}}}}; move it there")
     names = [f.name for f in fields(SweepConfig)]
-    _check_keys(source, raw, names)
+    _check_keys(source, raw, [*names, "approx_args"])
     for key in ("name", "tasks", "lambdas"):
         if key not in raw:
             raise ConfigError(f"{source}: missing {key!r}; see configs/demo.yaml for a complete example")
@@ -153,27 +162,31 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
 
 
 def _check_approximations(raw: dict[str, Any], source: str) -> None:
-    """approx: a list of approximations, each valid with the sweep's window, page and model_args (backend, kernel)."""
+    """approx: a list of approximations (names or pkg.module:Class), approx_args: {name: their arguments}, each
+    valid with the sweep's window and model_args (backend, kernel); ``raw["approx"]`` becomes the objects."""
     approx = raw.get("approx", ["sink"])
     if isinstance(approx, str):
         approx = [approx]
     if not isinstance(approx, list) or not approx or not all(isinstance(a, str) for a in approx):
         raise ConfigError(f"{source}: approx must be a list of approximations, e.g. [sink, quest, topk], got {approx!r}")
-    raw["approx"] = list(dict.fromkeys(approx))
-    page = raw.get("page")
-    if page is not None and "quest" not in raw["approx"]:
-        raise ConfigError(f"{source}: page={page!r} only applies to approx quest; drop it or add quest to approx")
+    approx = list(dict.fromkeys(approx))
+    given = raw.pop("approx_args", None) or {}
+    if not isinstance(given, dict) or set(given) - set(approx):
+        raise ConfigError(f"{source}: approx_args={given!r} must map approximations of approx ({', '.join(approx)}) "
+                          "to their arguments, e.g. approx_args: {quest: {page: 16}}")
     ours = {k: v for k, v in raw.get("model_args", {}).items() if k in MODEL_ARGS}
-    if "approx" in ours or "page" in ours:
-        raise ConfigError(f"{source}: model_args approx/page: a sweep's approximations are its approx and page keys; "
-                          "move them there")
-    for name in raw["approx"]:
+    if "approx" in ours or "approx_args" in ours:
+        raise ConfigError(f"{source}: model_args approx/approx_args: a sweep's approximations are its approx and "
+                          "approx_args keys; move them there")
+    made = []
+    for name in approx:
         args = {**ours, "window": raw.get("window", 128), "window_align": raw.get("window_align", 1), "approx": name,
-                **({"page": page} if name == "quest" and page is not None else {})}
+                "approx_args": given.get(name)}
         try:
-            SpeculationConfig.from_model_args(args)
+            made.append(SpeculationConfig.from_model_args(args)[0].approx)
         except ConfigError as err:
             raise ConfigError(f"{source}: {err}") from None
+    raw["approx"] = made
 
 
 def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:

@@ -8,7 +8,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -236,7 +235,7 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
     missing = existing_cells(config, recompute)
     barrier()  # every rank has read which cells exist before the main one writes any
     if is_main_process():
-        write_json_atomic(out / "sweep.json", {**asdict(config), "static_p": config.static.p if config.static else None,
+        write_json_atomic(out / "sweep.json", {**config.to_dict(), "static_p": config.static.p if config.static else None,
                                                "cells": [row.name for row in rows]})
     if not missing:
         return out

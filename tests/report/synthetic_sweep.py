@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from alspec_eval.approximations import make_approximation
 from alspec_eval.rows import Row
 from alspec_eval.schedule import LambdaSchedule
 from alspec_eval.stats import RATIO_EDGES
@@ -154,7 +155,8 @@ def write_sweep(outdir: Path, documents: bool = False, extra_kinds: Sequence[str
     meta = {"name": "synthetic", "model": "tiny-4-layer", "window": 64, "lambdas": LAMBDAS, "tasks": TASKS,
             "static_p": 0.8}
     if list(approximations) != ["sink"]:
-        meta.update(approx=list(approximations), page=PAGE if "quest" in approximations else None)
+        meta.update(approx=list(approximations),
+                    approx_args={"quest": {"page": PAGE}} if "quest" in approximations else {})
     (outdir / "sweep.json").write_text(json.dumps(meta))
     empty = [0] * (len(RATIO_EDGES) + 1)
     for task in TASKS:
@@ -162,28 +164,28 @@ def write_sweep(outdir: Path, documents: bool = False, extra_kinds: Sequence[str
         cells["baseline"] = cell_json(task, "baseline", "exact", None,
                                       [layer_entry(i, 0, 0, empty) for i in range(NUM_LAYERS)], SCORES[task]["baseline"])
         for approx in approximations:
-            page = PAGE if approx == "quest" else None
+            made = make_approximation(approx, {"page": PAGE} if approx == "quest" else None)
             approximated: dict[str, dict[str, Any]] = {}
             for lam in LAMBDAS:
                 layers = [layer_entry(i, SPECULATED, a, hist_of(ratios_for(a, lam)))
                           for i, a in enumerate(approx_accepted(task, lam, approx))]
-                row = Row.dynamic(lam, approx, page)
+                row = Row.dynamic(lam, made)
                 approximated[row.name] = cell_json(task, row.name, "dynamic", lam, layers,
                                                    approx_score(task, lam, approx))
             wide = hist_of(ratios_for(10, 0.05))
-            row = Row("sink").approximated(approx, page)
+            row = Row("sink").approximated(made)
             every = [layer_entry(i, SPECULATED, SPECULATED, wide) for i in range(NUM_LAYERS)]
             approximated[row.name] = cell_json(task, row.name, "sink", "inf", every, approx_score(task, "sink", approx))
-            row = Row("static").approximated(approx, page)
+            row = Row("static").approximated(made)
             static = [layer_entry(i, SPECULATED, SPECULATED, wide) if i in STATIC_LAYERS
                       else layer_entry(i, SPECULATED, 0, empty) for i in range(NUM_LAYERS)]
             approximated[row.name] = cell_json(task, row.name, "static", None, static,
                                                approx_score(task, "static", approx), STATIC_LAYERS)
             if approx != "sink":
                 for data in approximated.values():
-                    data.update(approx=approx, page=page)
+                    data.update(approx=approx, approx_args=made.args())
             cells.update(approximated)
-            for row in (example_row(kind).approximated(approx, page) for kind in extra_kinds):
+            for row in (example_row(kind).approximated(made) for kind in extra_kinds):
                 cells[row.name] = row_cell(task, row)
         for name, data in cells.items():
             if documents:

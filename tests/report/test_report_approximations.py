@@ -1,6 +1,6 @@
 """A sweep of several approximations of A~ (approx: [sink, quest, topk]) in the report: each approximation's rows in
-Table 1 with their own paired score differences, topk marked as an oracle ceiling, no projected speedup but the
-sink's, the per-layer hit rate by approximation (only where a sweep has more than one), and each approximation's
+Table 1 with their own paired score differences, topk marked as an oracle ceiling, a projected speedup priced from
+the keys each A~ reads, the per-layer hit rate by approximation (only where a sweep has more than one), and each approximation's
 lambda rows as their own curve where figures draw score against hit rate."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from synthetic_sweep import (DOCUMENTS, LAMBDAS, PAGE, SCORES, SPECULATED, TASKS, approx_accepted, approx_score,
                              write_sweep)
 
-from alspec_eval.config import APPROXIMATIONS
+from alspec_eval.approximations import make_approximation, names
 from alspec_eval.latency import DEFAULT_PRESET, preset
 from alspec_eval.report.build import write_report
 from alspec_eval.report.cells import BASELINE, SINK, STATIC, Row, load_sweep
@@ -24,14 +24,12 @@ from alspec_eval.report.figures import (frontier, hit_rate_by_approximation, ope
                                         score_vs_hit_rate, speedup_vs_score)
 from alspec_eval.report.frames import load, paired_bootstrap
 from alspec_eval.report.latency import project_sweep
-from alspec_eval.report.styles import APPROX_STYLES
-from alspec_eval.report.table import MISSING
+from default_approximations import APPROXIMATIONS
 
 APPROX = ["sink", "quest", "topk"]
-PAGES = {"sink": None, "quest": PAGE, "topk": None}
+MADE = {a: make_approximation(a, {"page": PAGE} if a == "quest" else None) for a in APPROX}
 LABEL = {"sink": "", "quest": f" · quest P={PAGE}", "topk": " · topk"}  # rows.Row's label suffixes
 MARK = {"sink": "", "quest": "", "topk": " †"}  # Table 1 marks the oracle's rows
-NO_COST_MODEL = "No cost model for quest/topk: the paper's latency model is the sink's"
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +54,22 @@ def rows_of(table: str) -> dict[str, list[str]]:
 
 
 def test_every_approximation_has_a_style_and_only_topk_is_an_oracle():
-    assert set(APPROX_STYLES) == set(APPROXIMATIONS)
-    assert [a for a in APPROXIMATIONS if APPROX_STYLES[a].oracle] == ["topk"]
-    assert len({(s.marker, s.colour) for s in APPROX_STYLES.values()}) == len(APPROX_STYLES)
+    made = [make_approximation(a) for a in names()]
+    assert [a.name for a in made] == APPROXIMATIONS
+    assert [a.name for a in made if a.oracle] == ["topk"]
+    assert len({(a.marker, a.colour) for a in made}) == len(made)
 
 
 def test_rows_stand_together_per_lambda(approx_dir: Path):
     sweep = load_sweep(approx_dir)
-    assert sweep.approximations == [("sink", None), ("quest", PAGE), ("topk", None)]
+    assert sweep.approximations == [MADE[a] for a in APPROX]
     expected = ["baseline", *(f"λ = {lam:g}{LABEL[a]}" for lam in LAMBDAS for a in APPROX),
                 *(f"{kind}{LABEL[a]}" for kind in ("sink", "static", "selfspec γ = 2") for a in APPROX)]
     assert [row.label for row in sweep.rows] == expected
     for task in TASKS:
         assert [c.name for c in sweep.dynamic_cells(task)] == [f"lambda_{lam:g}" for lam in LAMBDAS]
-        assert [c.name for c in sweep.dynamic_cells(task, "quest")] == [f"lambda_{lam:g}_quest_p{PAGE}" for lam in LAMBDAS]
+        assert [c.name for c in sweep.dynamic_cells(task, MADE["quest"])] == [f"lambda_{lam:g}_quest_p{PAGE}"
+                                                                              for lam in LAMBDAS]
         assert [c.row for c in sweep.dynamic_cells(task, "topk")] == [Row.dynamic(lam, "topk") for lam in LAMBDAS]
     # the frames keep the same order within a task
     cells = load(approx_dir).cells
@@ -131,41 +131,49 @@ def test_table1_csv_names_each_rows_approximation(written: dict[str, Path]):
     with written["table1.csv"].open() as f:
         rows = {r["row"]: r for r in csv.DictReader(f)}
     quest = rows[f"λ = 0.1 · quest P={PAGE}"]
-    assert (quest["policy"], quest["lambda"], quest["approx"], quest["page"], quest["oracle"]) == (
-        "dynamic", "0.1", "quest", str(PAGE), "")
+    assert (quest["policy"], quest["lambda"], quest["approx"], quest["approx_args"], quest["oracle"]) == (
+        "dynamic", "0.1", "quest", f"page:{PAGE}", "")
     assert (rows["sink · topk"]["approx"], rows["sink · topk"]["oracle"]) == ("topk", "yes")
     assert rows["baseline"]["approx"] == "" and rows["λ = 0.1"]["approx"] == "sink"
+    assert rows["λ = 0.1"]["approx_args"] == "" and rows["λ = 0.1 · topk"]["approx_args"] == ""
     assert float(quest["alspec_gsm8k_cot score"]) == approx_score("alspec_gsm8k_cot", 0.1, "quest")
     assert float(quest["alspec_gsm8k_cot diff"]) == pytest.approx(approx_score("alspec_gsm8k_cot", 0.1, "quest") - 0.3)
 
 
-def test_only_the_sinks_rows_get_a_projected_speedup(approx_dir: Path, written: dict[str, Path]):
+def test_every_row_gets_a_projected_speedup_priced_from_the_keys_it_reads(approx_dir: Path,
+                                                                          written: dict[str, Path]):
+    """The sink's rows as the paper prices them; quest's A~ reads its page bounds besides its 2S keys (a hit costs
+    FD x (K / P) / K more); topk reads every key, so a hit costs a miss: no gain, said so in the note."""
     sweep = load_sweep(approx_dir)
-    p = project_sweep(sweep, preset(DEFAULT_PRESET))
-    assert p.unmodelled == ["quest", "topk"]
+    spec = preset(DEFAULT_PRESET)
+    p = project_sweep(sweep, spec)
     for task in TASKS:
         for row in sweep.rows:
             entry = p.entries.get((row, task))
-            if row.approx == "sink":
-                assert entry is not None and math.isfinite(entry.speedup), row.label
-            else:
-                assert entry is None, row.label
-    assert p.entries[(Row.dynamic(0.1), TASKS[0])].speedup > 1
+            if row.drafts_tokens:
+                continue
+            assert entry is not None and math.isfinite(entry.speedup), row.label
+            measured = sweep.cell(task, row).layer_hit_rates() if row != BASELINE else [0.0]
+            hits = [sum(measured) / len(measured)] * spec.num_layers  # 4 measured layers, 32 in the table: the mean
+            if row.approx.name == "topk" and row != BASELINE:  # an oracle: every key read, a hit is a miss
+                assert entry.speedup == pytest.approx(1.0), row.label
+            elif row.approx.name == "quest":
+                partial = spec.sfd_r_us + spec.fd_us * (spec.context_tokens / PAGE) / spec.context_tokens
+                hit = partial + max(spec.sfd_s_us - partial, spec.per_layer_us)
+                expected = spec.fixed_us + sum(h * hit + (1 - h) * spec.miss_us for h in hits)
+                assert entry.token_latency_us == pytest.approx(expected), row.label
+            else:  # the sink: the paper's hit cost
+                expected = spec.fixed_us + sum(h * spec.hit_us + (1 - h) * spec.miss_us for h in hits)
+                assert entry.token_latency_us == pytest.approx(expected), row.label
+    quest_01, sink_01 = (p.entries[(Row.dynamic(0.1, MADE[a]), TASKS[0])] for a in ("quest", "sink"))
+    assert sink_01.speedup > 1 and quest_01.speedup > 1
     md = written["latency.md"].read_text()
-    assert NO_COST_MODEL in md and html.escape(NO_COST_MODEL) in written["report.html"].read_text()
+    assert "an oracle: it reads every key, so it gains nothing" in md and f"quest P={PAGE} {128 + 32768 // PAGE}" in md
     rows = rows_of(md)
     for row in sweep.rows:
-        cells = rows[row.label + MARK[row.approx]]
-        if row.approx == "sink":
-            assert all("tok/s" in c for c in cells), row.label
-        else:
-            assert cells == [MISSING] * len(TASKS), row.label
+        assert all("tok/s" in c for c in rows[row.label + MARK[row.approx.name]]), row.label
     with written["latency.csv"].open() as f:
-        assert {r["row"] for r in csv.DictReader(f)} == {r.label for r in sweep.rows if r.approx == "sink"}
-    # the frontier's choice can only name a row with a projected speedup
-    for line in written["table1.md"].read_text().splitlines():
-        if "largest projected speedup" in line:
-            assert "quest" not in line and "topk" not in line
+        assert {r["row"] for r in csv.DictReader(f)} == {r.label for r in sweep.rows}
 
 
 def test_hit_rate_by_approximation_draws_each_at_one_lambda(approx_dir: Path):
@@ -183,8 +191,7 @@ def test_hit_rate_by_approximation_draws_each_at_one_lambda(approx_dir: Path):
             for line, approx in zip(ax.lines, APPROX):
                 np.testing.assert_allclose(line.get_ydata(), [100 * a / SPECULATED
                                                               for a in approx_accepted(task, expect, approx)])
-                assert (line.get_marker(), line.get_color()) == (APPROX_STYLES[approx].marker,
-                                                                 APPROX_STYLES[approx].colour)
+                assert (line.get_marker(), line.get_color()) == (MADE[approx].marker, MADE[approx].colour)
 
 
 def test_the_figure_only_for_more_than_one_approximation(tmp_path: Path):
@@ -213,22 +220,23 @@ def test_score_against_hit_rate_has_a_curve_per_approximation(approx_dir: Path):
             np.testing.assert_allclose(line.get_xdata(), [100 * sum(approx_accepted(task, lam, approx)) / 200
                                                           for lam in LAMBDAS])
             np.testing.assert_allclose(line.get_ydata(), [approx_score(task, lam, approx) for lam in LAMBDAS])
-            assert line.get_color() == APPROX_STYLES[approx].colour
+            assert line.get_color() == MADE[approx].colour
         points = ax.get_legend_handles_labels()[1]
         assert {f"sink (λ = ∞) · quest P={PAGE}", "static layers · topk (oracle ceiling)"} <= set(points)
 
 
-def test_frontier_has_sink_speeds_and_every_approximation_against_hit_rate(approx_dir: Path):
+def test_frontier_has_every_approximations_speeds_and_curves_against_hit_rate(approx_dir: Path):
     sweep, cells = load_sweep(approx_dir), load(approx_dir).cells
     projection = project_sweep(sweep, preset(DEFAULT_PRESET))
     fig = frontier(cells, projection)
-    assert "no cost model for quest/topk" in fig._suptitle.get_text()
     speed = [ax for ax in fig.axes if ax.get_title() in TASKS]
     by_hit = [ax for ax in fig.axes if ax.get_title().endswith("by approximation of A~")]
     assert len(speed) == len(by_hit) == len(TASKS)
-    sink_rows = [r for r in sweep.rows if r.approx == "sink" and r != BASELINE]
-    for ax in speed:  # one point per sink row with a paired difference (every one here), no other
-        assert len([c for c in ax.containers]) == len(sink_rows)
+    for ax, task in zip(speed, TASKS):  # a point per row with a projection and a paired difference, in its colour
+        priced = [r for r in sweep.rows if r != BASELINE and (r, task) in projection.entries]
+        assert len(priced) > 3 * len(LAMBDAS)
+        colours = [c.lines[0].get_color() for c in ax.containers]
+        assert sorted(colours) == sorted(r.approx.colour for r in priced)
     for ax, task in zip(by_hit, TASKS):
         curves = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
         assert list(curves) == ["sink", f"quest P={PAGE}", "topk (oracle ceiling)"]
@@ -237,17 +245,16 @@ def test_frontier_has_sink_speeds_and_every_approximation_against_hit_rate(appro
                                                           for lam in LAMBDAS])
             np.testing.assert_allclose(line.get_ydata(), [approx_score(task, lam, approx) - SCORES[task]["baseline"]
                                                           for lam in LAMBDAS])
-    # speed against score: the sink's rows only, its title says why
+    # speed against score: every priced row and the baseline
     fig = speedup_vs_score(sweep, projection)
-    assert "no cost model for quest/topk" in fig._suptitle.get_text()
-    assert len(fig.axes[0].lines) == len(sink_rows) + 1  # and the baseline
+    assert len(fig.axes[0].lines) == len([r for r in sweep.rows if (r, TASKS[0]) in projection.entries])
 
 
 def test_an_older_cell_without_approx_is_the_sinks(approx_dir: Path, tmp_path: Path):
     """Cells before approximations record no approx: they are the sink's rows, wherever the sweep has others."""
     cell = json.loads((approx_dir / "cells" / TASKS[0] / "lambda_0.1.json").read_text())
-    assert "approx" not in cell and "page" not in cell
+    assert "approx" not in cell and "approx_args" not in cell
     sweep = load_sweep(approx_dir)
     assert sweep.cell(TASKS[0], Row.dynamic(0.1)).name == "lambda_0.1"
-    assert sweep.cell(TASKS[0], SINK.approximated("quest", PAGE)).name == f"sink_quest_p{PAGE}"
+    assert sweep.cell(TASKS[0], SINK.approximated(MADE["quest"])).name == f"sink_quest_p{PAGE}"
     assert sweep.cell(TASKS[0], STATIC.approximated("topk")).name == "static_topk"

@@ -1,0 +1,136 @@
+"""The contract's properties, each a function of an approximation and a tiny model that returns what broke (one
+line each; empty: it holds). They run the approximation through the adapter, as lm-eval does."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.models.huggingface import HFLM
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerFast
+
+from ..adapter import ALSpecLM
+from ..approximations import Approximation
+from ..compat import with_cache
+from ..region import DecodeRegion
+from .watch import watched
+
+PROMPTS = [
+    "It was the best of times, it was the worst of times, it was the age of wisdom",
+    "A wonderful fact to reflect upon, that every human creature is constituted to be",
+    "There were a king with a large jaw and a queen with a plain face, on the throne",
+    "Hundreds",
+]
+GEN_KWARGS = {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False}
+CONTEXT, CONTINUATION = "It was the best of times, it was the", " worst of times, it was the age of wisdom"
+
+
+class Contract:
+    """One approximation and one tiny model: the lm-eval instances and requests its properties share."""
+
+    def __init__(self, approx: Approximation, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
+                 window: int) -> None:
+        self.approx, self.model, self.tokenizer, self.window = approx, model, tokenizer, window
+        self.broken_keys: list[str] = []
+        self.lam = 0.0
+        self.lam = self._median_ratio()
+
+    def lm(self, batch_size: int = 1, **args: Any) -> ALSpecLM:
+        """The adapter on a copy of the model, the approximation watched (key_rules)."""
+        args = {"lambda": self.lam, "window": self.window, "device": "cpu", **args}
+        return ALSpecLM(pretrained=copy.deepcopy(self.model), tokenizer=self.tokenizer, batch_size=batch_size,
+                        max_length=1024, approx=watched(self.approx, self.broken_keys), **args)
+
+    def _median_ratio(self) -> float:
+        """A lambda that accepts about half of the decisions on a prompt, so that both branches run."""
+        lm = self.lm()
+        ids = torch.tensor([self.tokenizer(CONTEXT + CONTINUATION)["input_ids"]])
+        with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3]),
+                                                        lm.spec_config) as trace:
+            lm.model(ids)
+        ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
+        if not len(ratios):
+            return 0.1
+        middle = len(ratios) // 2
+        return float(ratios[max(middle - 1, 0)] + ratios[middle]) / 2
+
+
+def generate_requests() -> list[Instance]:
+    return [Instance("generate_until", {}, (p, dict(GEN_KWARGS)), i, ("gen", i, 1)) for i, p in enumerate(PROMPTS)]
+
+
+def loglikelihood_requests() -> list[Instance]:
+    pairs = [(p[:30], p[30:]) for p in PROMPTS[:3]] + [("Hundreds", " of people went by")]
+    return [Instance("loglikelihood", {}, pair, i, ("ll", i, 1)) for i, pair in enumerate(pairs)]
+
+
+def _stats(requests: list[Instance]) -> list[dict[str, Any]]:
+    return [r.arguments[-1]["alspec"] for r in requests]
+
+
+def lambda_zero_is_the_model(c: Contract) -> list[str]:
+    """At lambda 0 every position is measured and A committed: the outputs of --model hf, exactly."""
+    hf = HFLM(pretrained=copy.deepcopy(c.model), tokenizer=c.tokenizer, batch_size=2, device="cpu", max_length=1024)
+    spec = c.lm(batch_size=2, **{"lambda": 0.0})
+    broken = []
+    if spec.generate_until(generate_requests(), True) != hf.generate_until(generate_requests(), True):
+        broken.append("lambda 0 generates other text than --model hf")
+    if spec.loglikelihood(loglikelihood_requests(), True) != hf.loglikelihood(loglikelihood_requests(), True):
+        broken.append("lambda 0 scores other log-likelihoods than --model hf")
+    if not spec.statistics()["tasks"]["gen"]["total"]["speculated"]:
+        broken.append("nothing speculated at lambda 0 (the prompts are longer than 2S)")
+    return broken
+
+
+def teacher_forcing_is_token_by_token(c: Contract) -> list[str]:
+    """A continuation scored in one pass gives the log-probability and the per-layer decisions of decoding it one
+    token at a time with a KV cache (each position's keys chosen from the cache as it stood then)."""
+    lm = c.lm()
+    context, continuation = (c.tokenizer(t)["input_ids"] for t in (CONTEXT, CONTINUATION))
+    ids = torch.tensor([context + continuation[:-1]])  # as lm-eval scores it: the last token is never fed
+    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [len(context)]), lm.spec_config) as tf:
+        logits = lm.model(ids).logits[0, len(context) - 1:].double().log_softmax(-1)
+    teacher = float(logits.gather(-1, torch.tensor(continuation)[:, None]).sum())
+    cache, stepwise = DynamicCache(config=lm.model.config), 0.0
+    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [len(context)]), lm.spec_config) as tb:
+        out = lm.model(torch.tensor([context]), **with_cache(lm.model, cache), use_cache=True).logits[0, -1]
+        for i, token in enumerate(continuation):
+            stepwise += float(out.double().log_softmax(-1)[token])
+            if i + 1 < len(continuation):
+                out = lm.model(torch.tensor([[token]]), **with_cache(lm.model, cache), use_cache=True).logits[0, -1]
+    broken = []
+    if abs(teacher - stepwise) > 1e-4:
+        broken.append(f"teacher forcing scores {teacher:.6f}, token by token {stepwise:.6f}")
+    decided = tf.codes[0, len(context):], tb.codes[0, len(context):]
+    if decided[0].shape != decided[1].shape or not torch.equal(*decided):
+        broken.append("teacher forcing decides other layers than token-by-token decoding")
+    return broken
+
+
+def batch_and_padding_change_nothing(c: Contract) -> list[str]:
+    """Requests alone and four to a left-padded batch: the same text, log-likelihoods and decisions."""
+    runs = []
+    for batch_size in (1, 4):
+        lm = c.lm(batch_size=batch_size, trace_tokens=True)
+        gen, ll = generate_requests(), loglikelihood_requests()
+        runs.append((lm.generate_until(gen, True), _stats(gen), lm.loglikelihood(ll, True), _stats(ll)))
+    (text1, gen1, ll1, llstats1), (text4, gen4, ll4, llstats4) = runs
+    broken = []
+    if text1 != text4:
+        broken.append("batch size 4 with left padding generates other text than batch size 1")
+    if gen1 != gen4 or llstats1 != llstats4:
+        broken.append("batch size 4 with left padding decides other layers than batch size 1")
+    if any(abs(a[0] - b[0]) > 1e-4 for a, b in zip(ll1, ll4)):
+        broken.append("batch size 4 with left padding scores other log-likelihoods than batch size 1")
+    return broken
+
+
+PROPERTIES: dict[str, Callable[[Contract], list[str]]] = {
+    "lambda 0 is --model hf": lambda_zero_is_the_model,
+    "teacher forcing is token-by-token decoding": teacher_forcing_is_token_by_token,
+    "batch size and left padding change nothing": batch_and_padding_change_nothing,
+}
+KEY_RULES = "never a future or padding key, at most 2S keys, none twice"

@@ -1,0 +1,8 @@
+"""Which at most 2S keys A~ attends to (model_args ``approx=`` and ``approx_args=``): a registry of
+approximations, each one small class (sink.py, local.py, quest.py, topk.py). Torch-free to import."""
+
+from .base import Approximation, Selected
+from .registry import approximation_class, make_approximation, name_of, names, order, register_approximation
+
+__all__ = ["Approximation", "Selected", "approximation_class", "make_approximation", "name_of", "names", "order",
+           "register_approximation"]

@@ -1,0 +1,163 @@
+"""What every approximation of A is: a frozen dataclass whose fields are its parameters (``Quest(page=16)``), the
+way kvpress's presses are, and whose class says what the rest of the code would otherwise ask by its name: whether
+a fused kernel or the TT op computes it, whether it is an oracle, what a decode step reads (the latency model's
+cost), and how reports draw it. docs/design.md, "Approximations", is the contract.
+
+Torch-free on purpose: the package imports this module at every interpreter start (the lm-eval hook).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+# What ``select`` returns: per speculated position and KV head (or one row for every head), physical key indices
+# into the layer's (B, Hkv, L, D) cache, (r, Hkv or 1, at most 2S), and which of them count (None: all of them).
+Selected = tuple["torch.Tensor", "torch.Tensor | None"]
+
+
+@dataclass(frozen=True)
+class Approximation:
+    """One way to choose the at most 2S keys that A~ attends to, under ALSpec's verification.
+
+    Subclass it as a frozen dataclass, its parameters as fields with defaults, and register it
+    (``alspec_eval.register_approximation``, the ``alspec_eval.approximations`` entry points, or
+    ``approx=pkg.module:Class``). The speculator calls, per forward pass: :meth:`per_pass` once, then per layer
+    :meth:`prepare` once and :meth:`select` per chunk of speculated positions; it gathers the selected keys and
+    values and calls the model's own attention on them. Positions given are logical (from each row's first real
+    token); indices returned are physical (``logical + pad``).
+    """
+
+    description: ClassVar[str] = "a user's approximation"  # what A~ attends to, for captions; may name fields
+    marker: ClassVar[str] = "o"  # its lambda rows' marker and colour where figures tell approximations apart
+    colour: ClassVar[str] = "tab:gray"
+    oracle: ClassVar[bool] = False  # it reads every exact score: a ceiling, marked wherever reported
+    paper: ClassVar[bool] = False  # the paper's sink windows: its rows and files keep the paper's names
+    fused_kernel: ClassVar[bool] = False  # kernel=torch|triton compute its A~ in the decode step's one call
+    tt_op: ClassVar[bool] = False  # the authors' TT op computes its A~ (backend=tt)
+    window_aligns: ClassVar[tuple[int, ...]] = (1,)  # the window_align values it defines A~ for
+    prompt_keys: ClassVar[bool] = False  # it scores the prompt once after prefill (SnapKV's family)
+
+    # ------------------------------------------------------------------ settings
+
+    def check(self, window: int) -> None:
+        """Raise ConfigError (naming the value and the fix) where the parameters do not fit the budget 2S."""
+
+    def args(self) -> dict[str, Any]:
+        """Its parameters, as ``approx_args`` and the results record them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def name(self) -> str:
+        from .registry import name_of
+        return name_of(type(self))
+
+    @property
+    def label(self) -> str:
+        """How tables and legends name it: "sink", "quest P=16"."""
+        parts = [f"{_short(f, 'label')}={getattr(self, f.name)}" for f in dataclasses.fields(self)]
+        return " ".join([self.name, *parts])
+
+    @property
+    def slug(self) -> str:
+        """Its part of a cell's file name: "quest_p16" (any name made file-safe)."""
+        parts = [f"{_short(f, 'short')}{getattr(self, f.name)}" for f in dataclasses.fields(self)]
+        return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join([self.name, *parts]))
+
+    def caption(self) -> str:
+        """"quest P=16: Quest's query-aware pages of 16 tokens"."""
+        return f"{self.label}: {self.description.format(**self.args())}"
+
+    # ------------------------------------------------------------------ the cost (the latency model)
+
+    def keys_read(self, context: int, window: int) -> float:
+        """Keys and values A~ reads per KV head and decode step at context ``context`` (L), in units of one key
+        and its value (2 D elements): what the latency model prices a verified hit from. An approximation that
+        reads every key (an oracle) says ``context``: it can start no earlier than A, so it buys nothing."""
+        raise NotImplementedError(f"{self.name} declares no cost (keys_read)")
+
+    # ------------------------------------------------------------------ one call's selections
+
+    def per_pass(self, pos: torch.Tensor, pad: torch.Tensor, key_len: int, window: int,
+                 window_align: int) -> tuple[torch.Tensor | None, ...]:
+        """Once per forward pass, for its speculated positions (``pos``, ``pad``: (R,)): what every layer shares,
+        as tensors whose first dimension is R (the speculator slices them per chunk and copies them to each
+        device of a device map). Keys fixed by position (the sink's windows) are computed here."""
+        return ()
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int) -> Any:
+        """Once per layer and pass: what that layer's selections share (Quest's page bounds), from the layer's
+        (B, Hkv, L, D) cache and each batch row's left padding (B,)."""
+        return None
+
+    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+               pad: torch.Tensor, window: int, passed: tuple[torch.Tensor | None, ...], prepared: Any) -> Selected:
+        """For speculated positions (their queries (r, Hq, D) after RoPE, batch rows ``rows``, logical positions
+        ``pos``, left padding ``pad``, and their slice of :meth:`per_pass`): the keys A~ attends to per KV head.
+        Never a key past ``pos`` or of the padding, at most 2S of them (``alspec-check-approx`` checks)."""
+        raise NotImplementedError
+
+    def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
+        """Bytes one speculated position's selection holds at its peak (the speculator sizes its chunks by it)."""
+        return 0
+
+
+def _short(field: dataclasses.Field, kind: str) -> str:
+    return field.metadata.get(kind, field.name)
+
+
+def parse_args(cls: type[Approximation], name: str, args: str | dict[str, Any] | None) -> dict[str, Any]:
+    """``approx_args`` (``page:16;refresh:64``, the static_layers syntax, or a mapping) as keyword arguments of
+    ``cls``, each converted to its field's type; an unknown key or a bad value is a ConfigError naming the fix."""
+    if args in (None, ""):
+        return {}
+    if isinstance(args, str):
+        pairs = {}
+        for item in filter(None, (part.strip() for part in args.split(";"))):
+            key, sep, value = item.partition(":")
+            if not sep:
+                raise ConfigError(f"approx_args={args!r}: {item!r} is not key:value; write e.g. "
+                                  f"approx_args={_example(cls)}")
+            pairs[key.strip()] = value.strip()
+        args = pairs
+    if not isinstance(args, dict):
+        raise ConfigError(f"approx_args={args!r} is neither key:value;... nor a mapping; write e.g. "
+                          f"approx_args={_example(cls)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in args.items():
+        if key not in fields:
+            known = ", ".join(f"{f.name} (default {f.default})" for f in fields.values()) or "none"
+            raise ConfigError(f"approx_args {key}={value!r}: {name} has no parameter {key!r}; its parameters: {known}")
+        out[key] = _convert(hints[key], value, name, key)
+    return out
+
+
+def _convert(kind: Any, value: Any, name: str, key: str) -> Any:
+    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if kind in (int, float) and isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (int, float, bool, str) and (type(value) is not kind):
+        raise ConfigError(f"approx_args {key}={value!r} is not {'an' if kind is int else 'a'} {kind.__name__} "
+                          f"({name}'s {key}); give e.g. {key}:{ {int: 16, float: 0.5, bool: 'true', str: 'x'}[kind]}")
+    return value
+
+
+def _example(cls: type[Approximation]) -> str:
+    fields = dataclasses.fields(cls)
+    return ";".join(f"{f.name}:{f.default}" for f in fields) if fields else "(none: it takes no parameters)"

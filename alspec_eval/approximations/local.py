@@ -1,0 +1,28 @@
+"""The last 2S keys: StreamingLLM without its sink, the lower bound the sink's first window is measured
+against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import Approximation, Selected
+
+
+@dataclass(frozen=True)
+class Local(Approximation):
+    description = "the last 2S keys (the sink without its first window)"
+    marker, colour = "s", "tab:brown"
+
+    def keys_read(self, context: int, window: int) -> float:
+        return min(2 * window, context)
+
+    def per_pass(self, pos: torch.Tensor, pad: torch.Tensor, key_len: int, window: int,
+                 window_align: int) -> tuple[torch.Tensor]:
+        # a speculated (non-trivial) position has pos + 1 > 2S keys: the last 2S all exist
+        return (pad[:, None] + pos[:, None] - 2 * window + 1 + torch.arange(2 * window, device=pos.device),)
+
+    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+               pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:
+        return passed[0][:, None, :], None

@@ -1,0 +1,51 @@
+"""Quest (Tang et al., ICML 2024): pages of ``page`` tokens, each bounded by its keys' element-wise minimum and
+maximum; page 0 and the current page always, the rest by bound up to 2S tokens (semantics.quest_positions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import semantics
+from ..errors import ConfigError
+from .base import Approximation, Selected
+
+
+@dataclass(frozen=True)
+class Quest(Approximation):
+    page: int = field(default=16, metadata={"short": "p", "label": "P"})  # tokens per page, as in Quest
+
+    description = "Quest's query-aware pages of {page} tokens"
+    marker, colour = "v", "tab:green"
+
+    def check(self, window: int) -> None:
+        if self.page < 1:
+            raise ConfigError(f"approx_args page:{self.page} is invalid; use an integer >= 1 (tokens per Quest "
+                              "page), e.g. page:16")
+        if self.page > window or (2 * window) % self.page:
+            fits = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= window and (2 * window) % p == 0]
+            raise ConfigError(f"approx_args page:{self.page} does not divide the key budget 2S={2 * window} into "
+                              f"pages of which two or more fit (page <= window={window}); use e.g. page:{fits[-1]}")
+
+    def keys_read(self, context: int, window: int) -> float:
+        # every page's minimum and maximum (2 (L / P) D elements: L / P keys' worth), then its 2S keys
+        return min(2 * window + context / self.page, context)
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, heads, length, dim = key.shape
+        pages = length // self.page  # full pages of the longest row; a shorter row's later ones are never candidates
+        phys = (pad[:, None] + torch.arange(pages * self.page, device=key.device)).clamp_max(length - 1)
+        keys = key.gather(2, phys[:, None, :, None].expand(-1, heads, -1, dim)).view(batch, heads, pages, self.page, dim)
+        return keys.amin(3), keys.amax(3)
+
+    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+               pad: torch.Tensor, window: int, passed: tuple, prepared: tuple[torch.Tensor, torch.Tensor]) -> Selected:
+        page_min, page_max = prepared
+        bounds = semantics.page_bounds(query, page_min[rows], page_max[rows])
+        positions, valid = semantics.quest_positions(bounds, pos, window, self.page)
+        return (positions + pad[:, None, None]).clamp_max(key.shape[2] - 1), valid
+
+    def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
+        pages = key.shape[2] // self.page
+        return pages * key.shape[1] * (2 * key.shape[3] * key.element_size() + 4 * query_heads // key.shape[1] + 16)

@@ -1,0 +1,24 @@
+"""Every registered approximation with parameters that fit a test's window: the one list that parametrizes each
+test that must hold for every approximation (kvpress's tests/default_presses.py pattern). A built-in added to the
+registry without an entry here fails test_approximation_registry.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+# name -> its approx_args at a window of S tokens (quest: pages of S/2 tokens, so two pages are chosen by bound
+# besides the first and the current one)
+DEFAULT_APPROXIMATIONS: dict[str, Callable[[int], dict]] = {
+    "sink": lambda window: {},
+    "local": lambda window: {},
+    "quest": lambda window: {"page": max(1, window // 2)},
+    "topk": lambda window: {},
+}
+APPROXIMATIONS = list(DEFAULT_APPROXIMATIONS)
+BEYOND_SINK = APPROXIMATIONS[1:]  # the ones no fused kernel computes
+
+
+def approx_args(approx: str, window: int) -> dict:
+    """The model_args of ``approx`` at ``window``, as a user writes them (approx_args=page:4)."""
+    args = DEFAULT_APPROXIMATIONS[approx](window)
+    return {"approx": approx, **({"approx_args": ";".join(f"{k}:{v}" for k, v in args.items())} if args else {})}
