@@ -1,0 +1,56 @@
+"""alspec-check-approx: every registered approximation keeps the contract on the three families, a deliberately
+broken one (broken_approximation.py) fails it with one line per broken property and exit status 1, and bad input is
+one line with status 2 before any model is built."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alspec_eval.approx_check.cli import check
+from alspec_eval.config import SpeculationConfig
+from default_approximations import APPROXIMATIONS, approx_args
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).parent
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "alspec_eval.approx_check.cli", *args], capture_output=True,
+                          text=True, env=env)
+
+
+@pytest.mark.parametrize("name", APPROXIMATIONS)
+def test_every_registered_approximation_keeps_the_contract(name, capsys):
+    approx = SpeculationConfig(window=8, **approx_args(name, 8)).approx
+    assert check(approx, 8, ["llama", "qwen2", "gemma2"])
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert len(lines) == 3 * 4 and all(line.endswith(": ok") for line in lines), lines
+
+
+def test_a_broken_approximation_fails_with_one_line_per_broken_property():
+    run = _run("broken_approximation:PeeksAhead", "--families", "llama,gemma2")
+    assert run.returncode == 1, run.stderr
+    broken = [line for line in run.stdout.splitlines() if ": BROKEN: " in line]
+    for family in ("llama", "gemma2"):
+        assert f"{family}: lambda 0 is --model hf: ok" in run.stdout  # lambda 0 commits A whatever A~ reads
+        assert any(line.startswith(f"{family}: teacher forcing is token-by-token decoding: BROKEN: teacher forcing "
+                                   "scores") for line in broken)
+        assert any(line.startswith(f"{family}: never a future or padding key") and "a future key" in line
+                   and "a key selected twice" in line for line in broken)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["snapkvv"], "alspec-check-approx: approx='snapkvv' is unknown"),
+    (["quest", "--approx_args", "page:16"], "alspec-check-approx: approx_args page:16 does not divide"),
+    (["sink", "--families", "llama,gpt2"], "alspec-check-approx: --families gpt2: unknown"),
+])
+def test_bad_input_is_one_line_and_status_2(args, message):
+    run = _run(*args)
+    assert run.returncode == 2 and run.stderr.startswith(message) and len(run.stderr.splitlines()) == 1, run.stderr
+    assert run.stdout == ""
