@@ -1,7 +1,7 @@
-"""Simulation time of each approximation of A~ (model_arg ``approx=sink|quest|topk``) against ``approx=sink``.
+"""Simulation time of each approximation of A~ (model_arg ``approx=``, every registered one) against ``approx=sink``.
 
-One resident model per runner: ``--model alspec`` with approx=sink, approx=quest (``--page``, default 16) and
-approx=topk, plus the stock ``--model hf`` as the floor. All at lambda 0.1, window 64, batch size 1, on prompts of
+One resident model per runner: ``--model alspec`` with each approximation (``--approx``, default every registered
+one; quest's pages of 16 tokens unless ``--approx_args`` says otherwise), plus the stock ``--model hf`` as the floor. All at lambda 0.1, window 64, batch size 1, on prompts of
 about ``--tokens`` tokens cut from the bundled haystack (as ``bench_adapter.py`` cuts them). Two workloads, each
 through lm-eval's own request methods:
 
@@ -9,11 +9,11 @@ through lm-eval's own request methods:
 2. teacher forcing: ``loglikelihood`` of each prompt's last ``--continuation`` tokens given the rest (every
    continuation position speculates).
 
-Runs are interleaved in rounds (each round runs hf, sink, quest and topk on both workloads) and the medians over
+Runs are interleaved in rounds (each round runs hf and every approximation on both workloads) and the medians over
 ``--repeats`` rounds are compared. Prints, per runner, the median seconds of each workload, its ratio to sink and
 to hf, and alspec's hit rate; with the torch thread count, the device and the shape. Every alspec runner uses the
-same ``--kernel`` (default ``model``: quest and topk have no fused kernel, so sink runs on the same path and only
-the choice of A~'s keys differs).
+same ``--kernel`` (default ``model``: only the sink has a fused kernel, so sink runs on the same path as the others
+and only the choice of A~'s keys differs).
 
 Defaults: 2 prompts of 1024 tokens, 32 new tokens, 256-token continuations, 3 rounds, torch's own thread
 count; sized for about 4 minutes with SmolLM2 in float32 on an idle 2-core CPU (an estimate from the README's
@@ -23,7 +23,8 @@ The model: the embedded SmolLM2-135M (``--shape smollm2``), or a Llama-3-8B shap
 (``--shape llama3-8b``, built as in ``bench_adapter.py``; ``--layers`` shrinks it for a smoke run).
 
     python benchmarks/bench_approx.py [--prompts 2] [--repeats 3] [--tokens 1024] [--new-tokens 32] \
-        [--continuation 256] [--page 16] [--threads N] [--shape smollm2|llama3-8b] [--device cpu|cuda]
+        [--continuation 256] [--approx sink,local,quest,topk] [--approx_args quest=page:16] [--threads N] \
+        [--shape smollm2|llama3-8b] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-
-APPROXIMATIONS = ("sink", "quest", "topk")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,7 +41,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32, help="generation: new tokens per prompt")
     parser.add_argument("--continuation", type=int, default=256,
                         help="teacher forcing: the prompt's last tokens scored as the continuation")
-    parser.add_argument("--page", type=int, default=16, help="approx=quest's page size (divides 2*64, <= 64)")
+    parser.add_argument("--approx", default=None, help="approximations to time (default: every registered one)")
+    parser.add_argument("--approx_args", action="append", default=["quest=page:16"], metavar="NAME=ARGS",
+                        help="one approximation's parameters at window 64, e.g. quest=page:16 (repeat per name)")
     parser.add_argument("--kernel", choices=["model", "auto"], default="model",
                         help="alspec's decode kernel for every approximation (quest and topk take model or auto)")
     parser.add_argument("--device", default=None, help="default: cuda where available, else cpu")
@@ -61,6 +61,7 @@ def main() -> None:
     from lm_eval.models.huggingface import HFLM
 
     from alspec_eval.adapter import ALSpecLM
+    from alspec_eval.approximations import make_approximation, names as registered
     from alspec_eval.smollm2 import smollm2_path
     from bench_adapter import llama3_8b, prompts, requests
 
@@ -68,7 +69,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     path = str(smollm2_path())  # its tokenizer serves the random model too (its ids are within 128256)
-    names = ["hf", *APPROXIMATIONS]
+    given = dict(item.split("=", 1) for item in args.approx_args)
+    approximations = {name: make_approximation(name, given.get(name))
+                      for name in (args.approx.split(",") if args.approx else registered())}
+    names = ["hf", *approximations]
     dtype = "bfloat16" if args.shape == "llama3-8b" else args.dtype
     # one resident model per runner (alspec's hooks stay on theirs), so hf runs the plain model
     instances = {name: llama3_8b(device, args.layers) for name in names} if args.shape == "llama3-8b" else {}
@@ -76,9 +80,7 @@ def main() -> None:
     for name in names:
         common = ({"pretrained": instances[name], "tokenizer": path} if instances else
                   {"pretrained": path, "dtype": dtype}) | {"device": device, "batch_size": 1}
-        spec = {"lambda": 0.1, "window": 64, "kernel": args.kernel, "approx": name}
-        if name == "quest":
-            spec["page"] = args.page
+        spec = {"lambda": 0.1, "window": 64, "kernel": args.kernel, "approx": approximations.get(name)}
         models[name] = HFLM(**common) if name == "hf" else ALSpecLM(**common, **spec)
 
     tokenizer = models["hf"].tokenizer
@@ -132,7 +134,7 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for name in names:
-        label = "hf" if name == "hf" else f"{name} (P={args.page})" if name == "quest" else name
+        label = "hf" if name == "hf" else approximations[name].label
         hits = {}
         if name != "hf":
             tasks = models[name].statistics()["tasks"]

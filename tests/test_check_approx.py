@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from alspec_eval.approx_check.cli import check
+from alspec_eval.approximations import registry
 from alspec_eval.config import SpeculationConfig
 from default_approximations import APPROXIMATIONS, approx_args
 
@@ -31,6 +33,18 @@ def test_every_registered_approximation_keeps_the_contract(name, capsys):
     assert check(approx, 8, ["llama", "qwen2", "gemma2"])
     lines = capsys.readouterr().out.splitlines()[1:]
     assert len(lines) == 3 * 4 and all(line.endswith(": ok") for line in lines), lines
+
+
+def test_the_documented_example_keeps_the_contract(monkeypatch, capsys):
+    """docs/design.md's own approximation, run as written: registered, made from approx_args, and it passes."""
+    text = (TESTS.parent / "docs" / "design.md").read_text()
+    code = text.split("## Approximations", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    module = types.ModuleType("design_example")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(code, "design.md", "exec"), module.__dict__)
+    approx = SpeculationConfig(approx="strided", approx_args="stride:3", window=8).approx
+    assert check(approx, 8, ["llama"]), capsys.readouterr().out
 
 
 def test_a_broken_approximation_fails_with_one_line_per_broken_property():

@@ -1,4 +1,4 @@
-"""One convention for the five alspec-* commands: a wrong command line, a missing input file or folder among it,
+"""One convention for the alspec-* commands: a wrong command line, a missing input file or folder among it,
 exits 2 (argparse's status) with one line on stderr that starts with the command's name."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ CASES = [
     ("alspec-niah", "alspec_eval.niah.cli", ["--model_args", f"pretrained={MISSING}/model"]),
     ("alspec-report", "alspec_eval.report.cli", [f"{MISSING}/sweep_out"]),
     ("alspec-latency", "alspec_eval.latency_cli", ["--latency", f"{MISSING}/table.yaml", "--hit-rate", "0.5"]),
+    ("alspec-check-approx", "alspec_eval.approx_check.cli", [f"{MISSING}.module:Class"]),
 ]
 
 
