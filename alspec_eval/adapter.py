@@ -252,6 +252,9 @@ class ALSpecLM(HFLM):
         if self.spec_config.speculate_prefill:
             raise ConfigError("a shared prefill needs speculate_prefill=false (with a speculated prompt the KV cache "
                               "differs per lambda)")
+        if alone := [v.label for v in variants if not v.shares_prefill]:
+            raise ValueError(f"rows {alone} cannot share a prefill (static calibrates first; an approximation that "
+                             "scores the prompt must see its prefill): run them alone")
         approximations = {v.approx for v in variants if not v.exact_attention}
         if len(approximations) > 1:  # one batch's passes gather one A~ (rows.prefill_groups splits a sweep's rows)
             raise ValueError("rows of one shared prefill must share one approximation, not "

@@ -236,6 +236,9 @@ class SpeculationConfig:
         if self.window_align not in approx.window_aligns:
             raise ConfigError(f"approx={approx.name} with window_align={self.window_align}: an aligned last window "
                               "is the sink's (the TT op's); use window_align=1")
+        if self.policy == "selfspec" and approx.prompt_keys:
+            raise ConfigError(f"approx={approx.name} scores the prompt at prefill, which self-speculation's drafts do "
+                              "not see; use another approx with policy=selfspec")
         if self.kernel in ("torch", "triton") and not approx.fused_kernel:
             raise ConfigError(f"approx={approx.name} has no fused decode kernel (kernel={self.kernel} computes the "
                               "sink A~); use kernel=model or kernel=auto")

@@ -111,8 +111,9 @@ class Row:
 
     @property
     def shares_prefill(self) -> bool:
-        """Whether the row can run on a sweep's shared exact prefill (static calibrates on the others first)."""
-        return self.kind != "static"
+        """Whether the row can run on a sweep's shared exact prefill (static calibrates on the others first; an
+        approximation that scores the prompt must see its prefill)."""
+        return self.kind != "static" and not self.approx.prompt_keys
 
     @property
     def calibrated(self) -> bool:

@@ -86,6 +86,8 @@ class Session:
     region: DecodeRegion
     plan: Plan
     passes: list[_Pass | None] = field(default_factory=list)
+    observed: dict[int, object] = field(default_factory=dict)  # per layer: what the approximation kept of the prompt
+    holds_prompt: tuple[int, bool] | None = None  # (pass, whether it holds every row's prompt end)
     trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
 
     @property
@@ -146,6 +148,8 @@ class Speculator:
         layer = module.layer_idx
         if not self.speculates(layer):
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        if self.session.config.approx.prompt_keys and layer not in self.session.observed:
+            self.observe(layer, query, key, scaling)
         first = self.locate(query, key)
         step = first.on(query.device)
         if step.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
@@ -200,6 +204,22 @@ class Speculator:
         session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, speculated, keys=keys)
         return session.passes[-1]
 
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+        """Let a prompt-scoring approximation see the prompt: in the pass that holds the last (up to) ``observe``
+        prompt positions of every row, once per layer (Approximation.observe_prompt)."""
+        session = self.session
+        region, approx = session.region, session.config.approx
+        if session.holds_prompt is None or session.holds_prompt[0] != len(session.passes):  # once per pass
+            offset = key.shape[2] - query.shape[2]
+            start, pad = region.spec_start.cpu(), region.pad.cpu()
+            first = start - (start - pad).clamp(max=approx.prompt_window())
+            held = (start <= key.shape[2]) & ((first >= offset) | (start == pad))
+            session.holds_prompt = (len(session.passes), bool(held.all()))
+        if session.holds_prompt[1]:
+            session.observed[layer] = approx.observe_prompt(
+                query, key, scaling, region.spec_start.to(key.device), region.pad.to(key.device),
+                key.shape[2] - query.shape[2])
+
     def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
         """The plan's threshold at ``layer`` of each batch row in ``rows`` (None: every row, on ``device``): one float
         where all rows share it."""
@@ -236,7 +256,8 @@ class Speculator:
         dtype. Positions go in chunks (:func:`gather_chunk`), so scoring where every position speculates holds one
         chunk's selected keys at a time."""
         cfg = self.session.config
-        shared = cfg.approx.prepare(key, self.session.region.pad.to(key.device), cfg.window)
+        shared = cfg.approx.prepare(key, self.session.region.pad.to(key.device), cfg.window,
+                                    self.session.observed.get(module.layer_idx))
         chunk = gather_chunk(key, 2 * cfg.window, query.shape[1], cfg.approx.position_bytes(key, query.shape[1]))
         parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs, shared)
                  for lo in range(0, len(step.rows), chunk)]

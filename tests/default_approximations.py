@@ -13,9 +13,12 @@ DEFAULT_APPROXIMATIONS: dict[str, Callable[[int], dict]] = {
     "local": lambda window: {},
     "quest": lambda window: {"page": max(1, window // 2)},
     "topk": lambda window: {},
+    "snapkv": lambda window: {"observe": 8, "pool": 3, "recent": max(1, window // 2)},
 }
 APPROXIMATIONS = list(DEFAULT_APPROXIMATIONS)
 BEYOND_SINK = APPROXIMATIONS[1:]  # the ones no fused kernel computes
+PROMPT_SCORING = ["snapkv"]  # they score the prompt at prefill: no shared prefill, no self-speculation drafts
+DRAFTS = [a for a in BEYOND_SINK if a not in PROMPT_SCORING]  # those self-speculation drafts with and rows share
 
 
 def approx_args(approx: str, window: int) -> dict:

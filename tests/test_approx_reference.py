@@ -522,3 +522,58 @@ def test_left_padding_is_never_selected(family, approx, positions):
                 kept = oracle.kept_keys(query[1, :, phys], key[1], phys, WINDOW, "topk")
                 picked += sum(t < pad for keys in kept for t in keys)
         assert picked > 0, "no padded key would score into topk's budget: the test would not catch it"
+
+
+SNAPKV = {"observe": 8, "pool": 3, "recent": 4}  # 2S = 16: the newest 4 and the 12 best prompt keys
+
+
+def _snapkv_oracle_ratios(layers, row, pad, prompt, start, end):
+    """Reference ratios of snapkv (positions start..end-1 logical) of batch row ``row`` (real tokens from physical
+    ``pad``), its prompt the first ``prompt`` real tokens, scored by the oracle on the row's own sequence."""
+    out = torch.full((end - start, len(layers)), math.nan, dtype=torch.float64)
+    for layer, (query, key, value, scaling) in enumerate(layers):
+        Q, K, V = query[row, :, pad:], key[row, :, pad:], value[row, :, pad:]
+        scores = oracle.snapkv_prompt_scores(Q, K, prompt, SNAPKV["observe"], SNAPKV["pool"], scaling)
+        for pos in range(start, end):
+            out[pos - start, layer] = oracle.snapkv_ratio(Q[:, pos], K, V, pos, scores, prompt, WINDOW,
+                                                          SNAPKV["recent"], scaling)
+    return out
+
+
+def _snapkv_ratios(model, ids, region, **kwargs):
+    spec = alspec_lm(model, window=WINDOW, approx="snapkv", approx_args=SNAPKV, **{"lambda": 0.0})
+    with torch.no_grad(), spec.speculator.speculating(region, spec.spec_config) as trace:
+        spec.model(ids, **kwargs)
+    return trace.ratios
+
+
+def test_snapkv_ratios_equal_the_reference(family):
+    """Teacher forcing: the prompt [0, START) scored in the same pass by its last 8 queries, every later position
+    keeps the newest 4 tokens and the 12 best prompt keys, per KV head."""
+    name, model, ids, layers = family
+    ratios = _snapkv_ratios(model, ids, DecodeRegion.build([0], [START]))
+    expected = _snapkv_oracle_ratios(layers, 0, 0, START, START, ids.shape[1])
+    _assert_ratios_equal(ratios[0, START:], expected, f"snapkv on {name}")
+    for other in ("sink", "local"):  # it is neither of the fixed windows
+        assert not torch.allclose(expected, _cached_oracle(name, layers, other, ids.shape[1]), rtol=1e-3, atol=1e-4)
+
+
+def test_snapkv_left_padded_rows_score_their_own_prompt(family):
+    """A left padded row (pad tokens with a large embedding) beside an unpadded one, with prompts of different
+    lengths: each row's prompt is scored from its own real tokens, and no padding key is ever kept."""
+    name, model, ids, _ = family
+    model = _pad_heavy(model)
+    pad = 12
+    short = ids[0, :ids.shape[1] - pad]
+    batch = torch.stack([ids[0], torch.cat([torch.zeros(pad, dtype=torch.long), short])])
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    layers = _plain_layers(model, batch, attention_mask=mask)
+    prompts = (START, START - 6)
+    region = DecodeRegion.build(pad=[0, pad], spec_start=[prompts[0], prompts[1] + pad])
+    ratios = _snapkv_ratios(model, batch, region, attention_mask=mask)
+    _assert_ratios_equal(ratios[1, prompts[1] + pad:],
+                         _snapkv_oracle_ratios(layers, 1, pad, prompts[1], prompts[1], short.shape[0]),
+                         f"snapkv on {name}, left padded row")
+    _assert_ratios_equal(ratios[0, prompts[0]:], _snapkv_oracle_ratios(layers, 0, 0, prompts[0], prompts[0],
+                                                                      ids.shape[1]), f"snapkv on {name}, unpadded row")

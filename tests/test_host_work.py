@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from alspec_eval.kernels import triton_decode
 from alspec_eval.config import SpeculationConfig
 from alspec_eval.plan import Plan
-from default_approximations import APPROXIMATIONS, approx_args
+from default_approximations import APPROXIMATIONS, PROMPT_SCORING, approx_args
 from helpers import PROMPTS, TOKENIZER, alspec_lm, sample_stats
 from row_kinds import examples
 from tiny import tiny_model
@@ -41,7 +41,7 @@ LAYERS = (2, 8)
 # view each) for a single-query GQA call with a mask, as Quest's A~ call is, where 5.x packs the query heads instead
 # ops per layer and decode step over hf's, at most: each registered approximation's (default_approximations.py)
 STEP_OPS = {("model", "sink"): 12, ("triton", "sink"): 4, ("model", "local"): 12, ("model", "quest"): 60,
-            ("model", "topk"): 26}
+            ("model", "topk"): 26, ("model", "snapkv"): 45}
 
 
 class Count(TorchFunctionMode):
@@ -264,15 +264,18 @@ def test_no_row_kind_uploads_or_reads_back_per_layer(kernel, approx, monkeypatch
         hf = HFLM(pretrained=model, tokenizer=TOKENIZER, batch_size=4, max_length=1024, device="cpu")
         runs["hf", layers] = _count(hf, None, batch=4)  # the model's own (its cache's empty tensors per layer)
         (tmp_path / str(layers)).mkdir()
-        kinds = examples(0.3, layers=layers, folder=tmp_path / str(layers))
+        kinds = [e for e in examples(0.3, layers=layers, folder=tmp_path / str(layers))
+                 if approx not in PROMPT_SCORING or not e.row.drafts_tokens]  # it drafts no tokens: refused
         for example in kinds:
             exact = example.row.exact_attention and example.row.kind == "baseline"
             args = {**example.model_args, "kernel": kernel, **({} if exact else approx_args(approx, 8))}
             runs[example.id, layers] = _count(alspec_lm(model, batch_size=4, **args), launches, batch=4)
         made = SpeculationConfig(**approx_args(approx, 8)).approx
-        variants = [e.row if e.row.kind == "baseline" else e.row.approximated(made)
-                    for e in kinds if e.row.shares_prefill]
+        variants = [row for row in (e.row if e.row.kind == "baseline" else e.row.approximated(made) for e in kinds)
+                    if row.shares_prefill]
         lm = alspec_lm(model, batch_size=4, kernel=kernel)
+        if len(variants) < 2:  # an approximation that scores the prompt prefills each row alone
+            continue
 
         def shared(requests: list[Instance]) -> object:
             with lm.shared_prefill(variants) as fork, lm.answering(variants[1], shared=fork):  # every variant decodes

@@ -12,7 +12,7 @@ from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.rows import BASELINE, SINK, Row
 from alspec_eval.sweep.config import load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
-from default_approximations import BEYOND_SINK, approx_args
+from default_approximations import DRAFTS, PROMPT_SCORING, approx_args
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, read_cells, sample_stats
 from row_kinds import examples
 from tiny import save_tiny, tiny_model
@@ -110,7 +110,7 @@ def test_shared_prefill_equals_separate_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("approx", BEYOND_SINK)
+@pytest.mark.parametrize("approx", DRAFTS)
 def test_shared_prefill_of_an_approximation_equals_separate_runs(approx):
     """A prefill group of another approximation (and self-speculation drafting with it) answers as runs of its own
     model_args would; a group mixing two approximations is refused."""
@@ -142,6 +142,29 @@ def test_shared_prefill_of_an_approximation_equals_separate_runs(approx):
         assert sample_stats(ll) == ll_stats, variant
     accepted = [sum(s["accepted"] for s in shared[v][1]) for v in variants[:3]]
     assert accepted[0] == 0 < accepted[1] < accepted[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("approx", PROMPT_SCORING)
+def test_rows_that_score_the_prompt_run_alone_in_a_sweep(approx, tmp_path):
+    """An approximation that scores the prompt at prefill never joins a shared prefill (it must see the prompt's
+    last queries): a sweep with shared_prefill on gives the cells of one with it off, and the adapter refuses to
+    share; self-speculation with it is refused before anything loads."""
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": False, "window": 8,
+                 "approx": ["sink", approx], "approx_args": {approx: approx_args(approx, 8)["approx_args"]}}
+    cells = [read_cells(run_sweep(load_config(CONFIGS / "smoke.yaml", {**overrides, "shared_prefill": shared,
+                                                                        "output": str(tmp_path / str(shared))})))
+             for shared in (True, False)]
+    assert cells[0] == cells[1]
+    made = SpeculationConfig(window=8, **approx_args(approx, 8)).approx
+    assert {f"alspec_recall/lambda_0.5_{made.slug}", f"alspec_recall/sink_{made.slug}"} <= set(cells[0])
+    assert cells[0][f"alspec_recall/lambda_1_{made.slug}"]["alspec"]["total"]["speculated"] > 0
+    with pytest.raises(ValueError, match="cannot share a prefill"), \
+            alspec_lm(tiny_model()).shared_prefill([BASELINE, Row.dynamic(0.5, made)]):
+        pass
+    with pytest.raises(ConfigError, match="scores the prompt at prefill"):
+        SpeculationConfig(policy="selfspec", window=8, **approx_args(approx, 8))
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ class Approximation:
     fused_kernel: ClassVar[bool] = False  # kernel=torch|triton compute its A~ in the decode step's one call
     tt_op: ClassVar[bool] = False  # the authors' TT op computes its A~ (backend=tt)
     window_aligns: ClassVar[tuple[int, ...]] = (1,)  # the window_align values it defines A~ for
-    prompt_keys: ClassVar[bool] = False  # it scores the prompt once after prefill (SnapKV's family)
+    prompt_keys: ClassVar[bool] = False  # it scores the prompt once, at prefill (observe_prompt: SnapKV's family)
 
     # ------------------------------------------------------------------ settings
 
@@ -93,10 +93,23 @@ class Approximation:
         device of a device map). Keys fixed by position (the sink's windows) are computed here."""
         return ()
 
-    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int) -> Any:
-        """Once per layer and pass: what that layer's selections share (Quest's page bounds), from the layer's
-        (B, Hkv, L, D) cache and each batch row's left padding (B,)."""
+    def observe_prompt(self, query: torch.Tensor, key: torch.Tensor, scaling: float, start: torch.Tensor,
+                       pad: torch.Tensor, offset: int) -> Any:
+        """Once per layer, in the forward pass that holds the end of every row's prompt (``prompt_keys``
+        approximations only): what it keeps of the prompt for the decode steps (SnapKV's key scores). ``query``
+        (B, Hq, q_len, D) after RoPE holds physical positions from ``offset``, ``key`` is the layer's cache so far,
+        ``start`` (B,) each row's first speculated position (physical; the prompt is [pad, start))."""
         return None
+
+    def prompt_window(self) -> int:
+        """How many of each prompt's last positions :meth:`observe_prompt` reads (one pass must hold them)."""
+        return 0
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None) -> Any:
+        """Once per layer and pass: what that layer's selections share (Quest's page bounds), from the layer's
+        (B, Hkv, L, D) cache and each batch row's left padding (B,); ``observed``: what :meth:`observe_prompt`
+        returned for this layer."""
+        return observed
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple[torch.Tensor | None, ...], prepared: Any) -> Selected:

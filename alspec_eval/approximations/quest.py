@@ -32,7 +32,8 @@ class Quest(Approximation):
         # every page's minimum and maximum (2 (L / P) D elements: L / P keys' worth), then its 2S keys
         return min(2 * window + context / self.page, context)
 
-    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int,
+                observed: None = None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, heads, length, dim = key.shape
         pages = length // self.page  # full pages of the longest row; a shorter row's later ones are never candidates
         phys = (pad[:, None] + torch.arange(pages * self.page, device=key.device)).clamp_max(length - 1)

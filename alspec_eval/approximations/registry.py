@@ -19,6 +19,7 @@ _REGISTRY: dict[str, type[Approximation] | str] = {
     "local": "alspec_eval.approximations.local:Local",
     "quest": "alspec_eval.approximations.quest:Quest",
     "topk": "alspec_eval.approximations.topk:TopK",
+    "snapkv": "alspec_eval.approximations.snapkv:SnapKV",
 }
 
 
