@@ -60,11 +60,17 @@ class Trace:
     codes: torch.Tensor
     ratios: torch.Tensor
     offset: int = 0
+    pad: torch.Tensor | None = None  # (B,) each row's left padding, on the host: logical positions for densities
+    window: int = 0  # the S the decisions were made with
 
     def row_stats(self, row: int, start: int, end: int) -> AcceptanceStats:
         """Statistics of batch row ``row`` over physical positions [start, end)."""
         lo, hi = max(start - self.offset, 0), max(end - self.offset, 0)
-        return AcceptanceStats.from_trace(self.codes[row, lo:hi], self.ratios[row, lo:hi])
+        codes = self.codes[row, lo:hi]
+        pos = None
+        if self.pad is not None:
+            pos = torch.arange(lo, lo + len(codes)) + self.offset - int(self.pad[row])
+        return AcceptanceStats.from_trace(codes, self.ratios[row, lo:hi], pos, self.window)
 
     def accepted_layers(self, row: int, start: int, end: int) -> list[int]:
         """Number of accepted layers at each position in [start, end): the per-token trace. Positions the trace

@@ -125,6 +125,7 @@ class Speculator:
             passes = [p for p in session.passes if p is not None]
             session.trace.codes, session.trace.ratios = self._assemble(session.plan, passes)
             session.trace.offset = passes[0].offset if passes else 0
+            session.trace.pad, session.trace.window = region.pad.cpu(), config.window
 
     @property
     def session(self) -> Session | None:

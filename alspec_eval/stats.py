@@ -18,6 +18,12 @@ import torch
 from . import semantics
 
 SCHEMA_VERSION = 2
+# Per layer, beside the counts (added within version 2; files without them read as before): sparse-attention-hub's
+# names where the meaning is the same. Means over the layer's non-trivial decisions.
+DENSITY = "research_attention_density"  # the share of the context A~ reads: 2S / (pos + 1)
+EFFECTIVE_DENSITY = "effective_density"  # what a step reads once rejections fall back to A: the above, or 1
+OUTPUT_ERROR = "research_attention_output_error"  # ||A~ - A|| / ||A||: d / n
+DIGITS = 9  # significant digits the float means are written with (sums over ranks may differ in the last bit)
 
 # Decision codes, one per (row, position, layer); 0 marks positions outside the decode region.
 TRIVIAL, REJECTED, ACCEPTED = 1, 2, 3
@@ -82,6 +88,15 @@ class AcceptanceStats:
     trivial: torch.Tensor  # (L,)
     hist: torch.Tensor  # (L, NUM_BINS) counts of d/n over non-trivial decisions
     draft: DraftStats | None = None
+    # (L,) float64 sums over non-trivial decisions: A~'s density, the effective density, and d/n where measured
+    density: torch.Tensor | None = None
+    effective: torch.Tensor | None = None
+    error: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("density", "effective", "error"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, torch.zeros(len(self.speculated), dtype=torch.float64))
 
     @classmethod
     def zeros(cls, num_layers: int) -> "AcceptanceStats":
@@ -89,8 +104,10 @@ class AcceptanceStats:
         return cls(z.clone(), z.clone(), z.clone(), torch.zeros(num_layers, NUM_BINS, dtype=torch.long))
 
     @classmethod
-    def from_trace(cls, codes: torch.Tensor, ratios: torch.Tensor) -> "AcceptanceStats":
-        """Reduce one row's (positions, layers) codes and ratios; NaN ratios (not measured) stay out of the histogram."""
+    def from_trace(cls, codes: torch.Tensor, ratios: torch.Tensor, pos: torch.Tensor | None = None,
+                   window: int = 0) -> "AcceptanceStats":
+        """Reduce one row's (positions, layers) codes and ratios; NaN ratios (not measured) stay out of the histogram.
+        ``pos``: each position's logical position and ``window`` the S it ran with, for the densities."""
         codes, ratios = codes.cpu(), ratios.cpu()
         num_layers = codes.shape[-1]
         decided = (codes == ACCEPTED) | (codes == REJECTED)
@@ -98,11 +115,19 @@ class AcceptanceStats:
         layer_idx = torch.arange(num_layers).expand_as(codes)[measured]
         flat = layer_idx * NUM_BINS + ratio_bins(ratios[measured].float())
         hist = torch.bincount(flat, minlength=num_layers * NUM_BINS).view(num_layers, NUM_BINS)
+        density = effective = None
+        if pos is not None:
+            share = (2 * window / (pos.double() + 1)).clamp(max=1.0)[:, None].expand_as(codes)
+            density = torch.where(decided, share, 0.0).sum(0)
+            effective = torch.where(codes == ACCEPTED, share, torch.where(decided, 1.0, 0.0)).sum(0)
         return cls(
             speculated=decided.sum(0),
             accepted=(codes == ACCEPTED).sum(0),
             trivial=(codes == TRIVIAL).sum(0),
             hist=hist,
+            density=density,
+            effective=effective,
+            error=torch.where(measured, ratios.double(), 0.0).sum(0),
         )
 
     def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
@@ -112,7 +137,17 @@ class AcceptanceStats:
             self.trivial + other.trivial,
             self.hist + other.hist,
             self.draft if other.draft is None else other.draft if self.draft is None else self.draft + other.draft,
+            self.density + other.density,
+            self.effective + other.effective,
+            self.error + other.error,
         )
+
+    def means(self, layer: int | None = None) -> dict[str, float | None]:
+        """The densities and the mean d/n of one layer (None: over every layer), as the results name them."""
+        pick = (lambda t: t.sum()) if layer is None else (lambda t: t[layer])
+        spec, measured = int(pick(self.speculated)), int(pick(self.hist.sum(-1)))
+        return {DENSITY: _mean(float(pick(self.density)), spec), EFFECTIVE_DENSITY: _mean(float(pick(self.effective)), spec),
+                OUTPUT_ERROR: _mean(float(pick(self.error)), measured)}
 
     def summary(self) -> dict[str, Any]:
         """Totals over layers, as logged per sample."""
@@ -134,13 +169,14 @@ class AcceptanceStats:
                 "accepted": acc,
                 "trivial": int(self.trivial[i]),
                 "hit_rate": _rate(acc, spec),
+                **self.means(i),
                 "hist": self.hist[i].tolist(),
             }
             if i in skipped_layers:
                 entry["skipped"] = skipped_layers[i]
             layers.append(entry)
         total = {k: v for k, v in self.summary().items() if k != "selfspec"}
-        out: dict[str, Any] = {"layers": layers, "total": {**total, "hist": self.hist.sum(0).tolist()}}
+        out: dict[str, Any] = {"layers": layers, "total": {**total, **self.means(), "hist": self.hist.sum(0).tolist()}}
         if self.draft is not None:
             out["selfspec"] = self.draft.to_dict()
         return out
@@ -157,6 +193,10 @@ def run_statistics(config: dict[str, Any], num_layers: int, skipped_layers: dict
         "ratio_edges": list(RATIO_EDGES),
         "tasks": {task: stats.to_dict(skipped_layers) for task, stats in sorted(tasks.items())},
     }
+
+
+def _mean(total: float, count: int) -> float | None:
+    return float(f"{total / count:.{DIGITS}g}") if count else None
 
 
 def _rate(accepted: int, speculated: int) -> float | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from alspec_eval.approximations import Approximation, make_approximation, order
 from alspec_eval.rows import BASELINE, SINK, STATIC, Row
-from alspec_eval.stats import RATIO_EDGES, SCHEMA_VERSION
+from alspec_eval.stats import DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, RATIO_EDGES, SCHEMA_VERSION
 
 __all__ = ["BASELINE", "SINK", "STATIC", "Cell", "LayerStats", "NoCellsError", "Row", "Sweep", "load_cell", "load_sweep"]
 
@@ -35,11 +35,15 @@ class LayerStats:
     hit_rate: float | None
     hist: tuple[int, ...]
     skipped: str | None = None
+    density: float | None = None  # the share of the context A~ reads (stats.DENSITY); None in older files
+    effective_density: float | None = None  # with rejections falling back to A (stats.EFFECTIVE_DENSITY)
+    output_error: float | None = None  # mean d/n (stats.OUTPUT_ERROR)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], skipped: str | None = None) -> "LayerStats":
         return cls(int(d["speculated"]), int(d["accepted"]), int(d["trivial"]), d.get("hit_rate"),
-                   tuple(int(x) for x in d["hist"]), d.get("skipped", skipped))
+                   tuple(int(x) for x in d["hist"]), d.get("skipped", skipped), d.get(DENSITY),
+                   d.get(EFFECTIVE_DENSITY), d.get(OUTPUT_ERROR))
 
 
 @dataclass(frozen=True)

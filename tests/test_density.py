@@ -1,0 +1,80 @@
+"""The densities and the output error next to d/n, per layer and in total (sparse-attention-hub's names): the share
+of the context A~ reads (2S / (pos + 1)), the share a step reads once a rejection falls back to A (1), and the mean
+d/n, each over a layer's non-trivial decisions; computed here from the decisions by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+
+from alspec_eval.region import DecodeRegion, Trace
+from alspec_eval.stats import ACCEPTED, DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, REJECTED, TRIVIAL, AcceptanceStats
+from helpers import TOKENIZER, alspec_lm, sample_stats
+from tiny import tiny_model
+
+NAN = math.nan
+
+
+def test_a_rows_densities_by_hand():
+    # logical positions 3, 9, 19 (a left padding of 2: physical 5, 11, 21 from offset 5), S = 2, two layers
+    codes = torch.zeros(1, 17, 2, dtype=torch.int8)
+    ratios = torch.full((1, 17, 2), NAN)
+    codes[0, 0], codes[0, 6], codes[0, 16] = torch.tensor([TRIVIAL, TRIVIAL]), torch.tensor([ACCEPTED, REJECTED]), \
+        torch.tensor([REJECTED, ACCEPTED])
+    ratios[0, 6], ratios[0, 16] = torch.tensor([0.1, 0.5]), torch.tensor([0.7, NAN])  # layer 1 at 19: not measured
+    trace = Trace(codes, ratios, offset=5, pad=torch.tensor([2]), window=2)
+    stats = trace.row_stats(0, 5, 22)
+    first, second = stats.means(0), stats.means(1)
+    assert first[DENSITY] == pytest.approx((4 / 10 + 4 / 20) / 2)
+    assert first[EFFECTIVE_DENSITY] == pytest.approx((4 / 10 + 1) / 2)  # accepted at 9, rejected at 19
+    assert first[OUTPUT_ERROR] == pytest.approx((0.1 + 0.7) / 2)
+    assert second[EFFECTIVE_DENSITY] == pytest.approx((1 + 4 / 20) / 2) and second[OUTPUT_ERROR] == pytest.approx(0.5)
+    total = stats.means()
+    assert total[DENSITY] == pytest.approx((4 / 10 + 4 / 20) * 2 / 4)
+    assert total[OUTPUT_ERROR] == pytest.approx((0.1 + 0.7 + 0.5) / 3)
+    entry = stats.to_dict()["layers"][0]
+    assert (entry[DENSITY], entry[EFFECTIVE_DENSITY], entry[OUTPUT_ERROR]) == tuple(first[k] for k in
+                                                                                    (DENSITY, EFFECTIVE_DENSITY,
+                                                                                     OUTPUT_ERROR))
+    empty = AcceptanceStats.zeros(2).means(0)
+    assert empty == {DENSITY: None, EFFECTIVE_DENSITY: None, OUTPUT_ERROR: None}
+    summed = stats + stats
+    assert summed.means(0) == first  # means of a sum of equal parts
+
+
+@pytest.mark.slow
+def test_scored_continuations_report_the_densities_of_their_positions():
+    """Teacher-forced continuations at S = 4: per token the layers that accepted (trace_tokens) give the effective
+    density; the positions give A~'s; a direct trace of the same pass gives the mean d/n."""
+    model, window = tiny_model(), 4
+    pairs = [("It was the best of times,", " it was the worst"), ("Hundreds", " of people went by")]
+    lm = alspec_lm(model, window=window, trace_tokens=True, **{"lambda": 0.2})
+    requests = [Instance("loglikelihood", {}, pair, i, ("ll", i, 1)) for i, pair in enumerate(pairs)]
+    lm.loglikelihood(requests)
+    layers = model.config.num_hidden_layers
+    density = effective = count = 0.0
+    for (context, continuation), stats in zip(pairs, sample_stats(requests), strict=True):
+        start, text = len(TOKENIZER(context)["input_ids"]), TOKENIZER(context + continuation)["input_ids"]
+        for pos, accepted in zip(range(start, len(text) - 1), stats["accepted_layers_per_token"], strict=True):
+            if pos + 1 <= 2 * window:
+                continue
+            share = 2 * window / (pos + 1)
+            density += layers * share
+            effective += accepted * share + (layers - accepted)
+            count += layers
+    total = lm.statistics()["tasks"]["ll"]["total"]
+    assert total["speculated"] == count
+    assert total[DENSITY] == pytest.approx(density / count) and total[EFFECTIVE_DENSITY] == pytest.approx(
+        effective / count)
+    assert total[DENSITY] < total[EFFECTIVE_DENSITY] < 1
+    ids = torch.tensor([TOKENIZER("".join(pairs[0]))["input_ids"][:-1]])
+    region = DecodeRegion.build([0], [len(TOKENIZER(pairs[0][0])["input_ids"])])
+    with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as trace:
+        lm.model(ids)
+    for layer in range(layers):
+        measured = trace.ratios[0, :, layer][~torch.isnan(trace.ratios[0, :, layer])]
+        got = trace.row_stats(0, 0, ids.shape[1]).means(layer)[OUTPUT_ERROR]
+        assert got == pytest.approx(float(measured.double().mean()), rel=1e-8)
