@@ -23,7 +23,7 @@ class Row:
     """Baseline (exact), one lambda (dynamic), pure sink (lambda = inf), the static layer baseline, token-level
     self-speculation with draft length ``gamma``, or a per-layer lambda ``schedule`` (tuned). Every kind but the
     baseline takes A~ from an approximation ``approx`` (the sink windows by default; a name or an
-    Approximation)."""
+    Approximation), with a budget of 2 ``window`` keys where a sweep has several (None: the sweep's one)."""
 
     kind: str
     lam: float | None = None  # dynamic rows only
@@ -31,6 +31,7 @@ class Row:
     schedule: LambdaSchedule | None = field(default=None, compare=False)  # tuned rows only (compared by digest)
     digest: str | None = None  # the schedule's, which identifies a tuned row
     approx: Approximation | str = "sink"
+    window: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -42,8 +43,8 @@ class Row:
         if (self.kind == "tuned") != (self.schedule is not None):
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'tuned' else 'takes no'} schedule")
         object.__setattr__(self, "approx", make_approximation(self.approx))
-        if self.kind == "baseline" and not self.approx.paper:
-            raise ValueError(f"a baseline row cannot take approx {self.approx.label!r}")
+        if self.kind == "baseline" and (not self.approx.paper or self.window is not None):
+            raise ValueError(f"a baseline row cannot take approx {self.approx.label!r} or a window")
         if self.lam is not None:
             object.__setattr__(self, "lam", float(self.lam))
         if self.schedule is not None:
@@ -61,9 +62,9 @@ class Row:
     def tuned(cls, schedule: LambdaSchedule, approx: Approximation | str = "sink") -> Row:
         return cls("tuned", schedule=schedule, approx=approx)
 
-    def approximated(self, approx: Approximation | str) -> Row:
-        """The same row with A~ from ``approx``."""
-        return replace(self, approx=approx)
+    def approximated(self, approx: Approximation | str, window: int | None = None) -> Row:
+        """The same row with A~ from ``approx`` (and a budget of 2 ``window`` keys of its own)."""
+        return replace(self, approx=approx, window=window)
 
     # ------------------------------------------------------------------ names
 
@@ -94,9 +95,10 @@ class Row:
         return label + self._approx_suffix(" · ", label=True)
 
     def _approx_suffix(self, sep: str, label: bool) -> str:
-        if self.approx.paper:
-            return ""
-        return sep + (self.approx.label if label else self.approx.slug)
+        suffix = "" if self.approx.paper else sep + (self.approx.label if label else self.approx.slug)
+        if self.window is not None:
+            suffix += f"{sep}S={self.window}" if label else f"{sep}S{self.window}"
+        return suffix
 
     @property
     def order(self) -> int:
@@ -122,7 +124,7 @@ class Row:
 
     def calibration(self, lam: float) -> Row:
         """The dynamic row a calibrated row reads its layers from."""
-        return Row.dynamic(lam, self.approx)
+        return Row.dynamic(lam, self.approx).approximated(self.approx, self.window)
 
     @property
     def exact_attention(self) -> bool:
@@ -146,7 +148,7 @@ class Row:
         policy = "exact" if self.kind == "static" and not static_layers else self.policy
         return {"policy": policy, "static_layers": tuple(static_layers), "gamma": self.gamma,
                 "lambda_schedule": self.schedule, "lam": self.lam if self.kind == "dynamic" else DEFAULT_LAMBDA,
-                "approx": self.approx, "approx_args": None}
+                "approx": self.approx, "approx_args": None, **({"window": self.window} if self.window else {})}
 
     def config(self, base: SpeculationConfig, static_layers: tuple[int, ...] = ()) -> SpeculationConfig:
         """The row's own config: ``base``'s window, kernel and backend with the row's settings; its
@@ -163,6 +165,8 @@ class Row:
             out["lambda_schedule"] = self.schedule.to_dict()
         if not self.approx.paper:
             out["approx"], out["approx_args"] = self.approx.name, self.approx.args()
+        if self.window is not None:
+            out["window"] = self.window
         return out
 
     # ------------------------------------------------------------------ reading cell files
@@ -170,12 +174,13 @@ class Row:
     @classmethod
     def from_record(cls, policy: str, lam: Any = None, gamma: Any = None, schedule: Any = None,
                     approx: str | None = None, approx_args: dict[str, Any] | None = None,
-                    page: int | None = None) -> Row:
+                    page: int | None = None, window: int | None = None) -> Row:
         """The row a cell file records (``policy``, ``lambda``, ``gamma``, ``lambda_schedule``, ``approx``,
-        ``approx_args``; cells before approximations were the sink's, cells before the registry record quest's
-        ``page`` beside it)."""
+        ``approx_args``, ``window`` where the sweep has several; cells before approximations were the sink's, cells
+        before the registry record quest's ``page`` beside it)."""
         args = approx_args if approx_args is not None else ({"page": page} if page is not None else None)
-        return cls._from_record(policy, lam, gamma, schedule).approximated(make_approximation(approx or "sink", args))
+        return cls._from_record(policy, lam, gamma, schedule).approximated(make_approximation(approx or "sink", args),
+                                                                           window)
 
     @classmethod
     def _from_record(cls, policy: str, lam: Any, gamma: Any, schedule: Any) -> Row:
@@ -199,21 +204,26 @@ BASELINE, SINK, STATIC = Row("baseline"), Row("sink"), Row("static")
 
 
 def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, gammas: list[int] = (),
-               approximations: list[Approximation | str] = ("sink",)) -> list[Row]:
-    """The rows of a sweep that share one exact prefill, in run order: the baseline, then per approximation its
-    lambdas, its sink row (A~ always) and its self-speculation rows."""
+               approximations: list[Approximation | str] = ("sink",), windows: list[int | None] = (None,)
+               ) -> list[Row]:
+    """The rows of a sweep that share one exact prefill, in run order: the baseline, then per approximation and
+    window (None: the sweep's one) its lambdas, its sink row (A~ always) and its self-speculation rows."""
     return [*([BASELINE] if baseline else []),
-            *(row.approximated(approx) for approx in approximations
+            *(row.approximated(approx, window) for approx in approximations for window in windows
               for row in [*map(Row.dynamic, lambdas), *([SINK] if sink else []), *map(Row.selfspec, gammas)])]
 
 
 def prefill_groups(rows: list[Row]) -> list[list[Row]]:
-    """The rows that share a prefill, grouped so that each group's forward passes use one approximation (the
-    passes of a shared batch gather one A~); the baseline and self-speculation (which drafts alone) join the first."""
-    groups: dict[Approximation, list[Row]] = {}
+    """The rows that share a prefill, grouped so that each group's forward passes use one approximation and window
+    (the passes of a shared batch gather one A~); the baseline and self-speculation (which drafts alone) join the
+    first."""
+    groups: dict[tuple[Approximation, int | None], list[Row]] = {}
+    free = [row for row in rows if row.shares_prefill and row.exact_attention]
     for row in rows:
-        if row.shares_prefill:
-            free = row.exact_attention
-            key = next(iter(groups), row.approx) if free else row.approx
-            groups.setdefault(key, []).append(row)
+        if row.shares_prefill and not row.exact_attention:
+            groups.setdefault((row.approx, row.window), []).append(row)
+    if not groups:
+        return [free] if free else []
+    first = next(iter(groups))
+    groups[first] = sorted([*free, *groups[first]], key=rows.index)  # in run order
     return list(groups.values())

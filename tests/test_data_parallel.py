@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_cells
+from helpers import comparable, read_cells
 
 pytestmark = pytest.mark.slow  # builds models, runs lm-eval or starts processes
 
@@ -43,14 +43,14 @@ def _run(world: int, out: Path) -> dict:
 def test_two_ranks_equal_one_process(tmp_path):
     one = _run(1, tmp_path / "one.json")
     two = _run(2, tmp_path / "two.json")
-    assert two["alspec"]["tasks"] == one["alspec"]["tasks"]  # totals and per-layer counts, histograms included
+    assert comparable(two["alspec"]["tasks"]) == one["alspec"]["tasks"]  # totals, per-layer counts, histograms
     assert two["samples"] == one["samples"]
     assert two["score"] == one["score"]
     total = one["alspec"]["tasks"]["alspec_recall"]["total"]
     assert 0 < total["accepted"] < total["speculated"]
     # stats_path (written in get_model_info) comes from the main process only, with every rank's statistics
     assert sorted(p.name for p in tmp_path.glob("two.stats*.json")) == ["two.stats0.json"]
-    assert json.loads((tmp_path / "two.stats0.json").read_text())["tasks"] == one["alspec"]["tasks"]
+    assert comparable(json.loads((tmp_path / "two.stats0.json").read_text())["tasks"]) == one["alspec"]["tasks"]
     # ... and beside it every rank's per-request entries, keyed by (task, doc_id, idx, repeat), as the samples log's
     rows = [json.loads(line) for line in (tmp_path / "two.stats0.samples.jsonl").read_text().splitlines()]
     assert rows == [json.loads(line) for line in (tmp_path / "one.stats0.samples.jsonl").read_text().splitlines()]

@@ -10,7 +10,8 @@ import pytest
 
 from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.rows import BASELINE, SINK, Row
-from alspec_eval.sweep.config import load_config, parse_config
+from alspec_eval.rows import prefill_groups
+from alspec_eval.sweep.config import fingerprint, load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
 from default_approximations import DRAFTS, PROMPT_SCORING, approx_args
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, read_cells, sample_stats
@@ -47,6 +48,10 @@ def test_shipped_configs_are_valid(name):
     ({"approx": ["quest"], "model_args": {"backend": "tt"}, "window": 128}, "backend=sim only"),
     ({"model_args": {"approx": "topk"}}, "move them there"),
     ({"model_args": {"approx_args": "page:4"}}, "move them there"),
+    ({"window": []}, "window=[] must be an integer >= 1 or a list of them (a budget axis)"),
+    ({"window": [16, 0]}, "window=[16, 0] must be an integer >= 1"),
+    ({"window": [8, 32], "approx": ["quest"], "approx_args": {"quest": {"page": 16}}}, "page:16 does not divide the key "
+     "budget 2S=16"),  # fits S = 32, not S = 8
 ])
 def test_config_errors_name_the_key_and_fix(change, message):
     raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.2], **change}
@@ -62,6 +67,26 @@ def test_a_sweep_of_approximations_has_each_approximations_rows_and_static_calib
     assert config.rows()[-2].calibration(0.1).name == "lambda_0.1_quest_p4"
     assert [row.name for row in parse_config({"name": "x", "tasks": ["t"], "lambdas": [0.1]}).rows()] == [
         "baseline", "lambda_0.1", "sink", "static"]  # without approx: the paper's rows, as before
+
+
+def test_a_budget_axis_gives_every_row_each_window():
+    config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "window": [32, 16, 32],
+                           "approx": ["sink", "local"]})
+    assert config.windows == [16, 32]
+    assert [row.name for row in config.rows()] == [
+        "baseline", "lambda_0.1_S16", "sink_S16", "lambda_0.1_S32", "sink_S32", "lambda_0.1_local_S16",
+        "sink_local_S16", "lambda_0.1_local_S32", "sink_local_S32", "static_S16", "static_S32", "static_local_S16",
+        "static_local_S32"]
+    static = config.rows()[-1]
+    assert static.calibration(0.1).name == "lambda_0.1_local_S32" and static.label == "static · local · S=32"
+    assert static.config(SpeculationConfig(window=16)).window == 32  # a row runs with its own window
+    record = static.record([1])
+    assert Row.from_record(record["policy"], approx=record["approx"], window=record["window"]) == static
+    assert fingerprint(config, "alspec_recall", config.rows()[3])["window"] == 32
+    assert fingerprint(config, "alspec_recall", BASELINE)["window"] == 16
+    groups = prefill_groups(config.rows())
+    assert [[r.name for r in g] for g in groups][:2] == [["baseline", "lambda_0.1_S16", "sink_S16"],
+                                                          ["lambda_0.1_S32", "sink_S32"]]
 
 
 def test_empty_lambdas_without_static_is_a_sweep():
@@ -165,6 +190,36 @@ def test_rows_that_score_the_prompt_run_alone_in_a_sweep(approx, tmp_path):
         pass
     with pytest.raises(ConfigError, match="scores the prompt at prefill"):
         SpeculationConfig(policy="selfspec", window=8, **approx_args(approx, 8))
+
+
+@pytest.mark.slow
+def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(tmp_path):
+    """window: [4, 8] with two approximations: a cell per (approximation, window, lambda), the same with and without
+    the shared prefill (one per window and approximation), each cell's densities those of its own S, and the
+    report's score against effective density."""
+    from alspec_eval.report.build import write_report
+    from alspec_eval.stats import DENSITY, EFFECTIVE_DENSITY
+
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": False, "window": [4, 8],
+                 "approx": ["sink", "quest"], "approx_args": {"quest": "page:4"}}
+    outs = [run_sweep(load_config(CONFIGS / "smoke.yaml", {**overrides, "shared_prefill": shared,
+                                                           "output": str(tmp_path / str(shared))}))
+            for shared in (True, False)]
+    cells = read_cells(outs[0])
+    assert cells == read_cells(outs[1])
+    assert sorted(cells) == sorted(f"alspec_recall/{name}" for name in [
+        "baseline", *(f"{kind}{approx}_S{w}" for kind in ("lambda_0.5", "lambda_1", "sink") for approx in ("", "_quest_p4")
+                      for w in (4, 8))])
+    for approx in ("", "_quest_p4"):
+        small, large = (cells[f"alspec_recall/lambda_1{approx}_S{w}"] for w in (4, 8))
+        assert small["window"] == 4 and large["window"] == 8
+        assert small["alspec"]["total"][DENSITY] < large["alspec"]["total"][DENSITY] <= 1
+        for cell in (small, large):
+            total = cell["alspec"]["total"]
+            assert total[DENSITY] <= total[EFFECTIVE_DENSITY] <= 1
+    names = {p.name for p in write_report(outs[0], latency=[])}
+    assert {"score_vs_density.png", "heatmap_alspec_recall_S4.png", "heatmap_alspec_recall_quest_p4_S8.png"} <= names
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from typing import Sequence
 from alspec_eval.latency import LatencyModel, preset
 from alspec_eval.report.figures import (acceptance_heatmap, attention_vs_token_speculation, frontier,
                                         hit_rate_by_approximation, middle_lambda, open_loop_acceptance_figure, save,
-                                        schedule_profile, score_vs_hit_rate, speedup_vs_score)
+                                        schedule_profile, score_vs_density, score_vs_hit_rate, speedup_vs_score)
 from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
 from alspec_eval.report.gains import approximation_gains, gains_markdown, write_gains_csv
@@ -46,10 +46,10 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     written = [report / "table1.md", write_table1_csv(sweep, report / "table1.csv", cells)]
     written[0].write_text(table1_markdown(sweep, cells))
 
-    heatmaps = [save(acceptance_heatmap(sweep, task, approx), report / f"heatmap_{_slug(task)}{suffix}.png")
-                for approx in sweep.approximations  # the sink's named as before, the others' "_quest_p16"
-                for suffix in [SINK.approximated(approx).name.removeprefix(SINK.name)]
-                for task in sweep.tasks if sweep.dynamic_cells(task, approx)]
+    heatmaps = [save(acceptance_heatmap(sweep, task, approx, window), report / f"heatmap_{_slug(task)}{suffix}.png")
+                for approx, window in sweep.curves  # the sink's named as before, the others' "_quest_p16", "_S32"
+                for suffix in [SINK.approximated(approx, window).name.removeprefix(SINK.name)]
+                for task in sweep.tasks if sweep.dynamic_cells(task, approx, window)]
     score_fig = [save(score_vs_hit_rate(sweep), report / "score_vs_hit_rate.png")]
     by_approx = []
     if len(sweep.approximations) > 1 and sweep.lambdas:
@@ -61,6 +61,11 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     if by_approx:
         figures = {"Score against hit rate": score_fig,
                    f"Per-layer hit rate by approximation of A~ (λ = {lam:g})": by_approx, **figures}
+    density = []
+    dynamic = cells[(cells["policy"] == "dynamic") & cells["effective_density"].notna() & cells["diff"].notna()]
+    if len(dynamic):  # cells from before densities were recorded have none
+        density = [save(score_vs_density(cells), report / "score_vs_density.png")]
+        figures["Score against effective density"] = density
 
     projections = [project_sweep(sweep, spec) for spec in specs]
     trade_off = [save(speedup_vs_score(sweep, projections[0]), report / "speedup_vs_score.png")] if projections else []
@@ -101,5 +106,5 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
 
     page = report / "report.html"
     page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper, gains))
-    return [*written, *score_fig, *by_approx, *heatmaps, *open_loop, *trade_off, *comparison, *profiles, paper_md,
+    return [*written, *score_fig, *by_approx, *density, *heatmaps, *open_loop, *trade_off, *comparison, *profiles, paper_md,
             latency_md, latency_csv, page]

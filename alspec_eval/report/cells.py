@@ -68,13 +68,14 @@ class Cell:
     schedule: dict[str, Any] | None = None  # a tuned row's per-layer lambdas: schedule, path, sha256
     approx: str = "sink"  # which 2S keys A~ attended to (cells before approximations: the sink's)
     approx_args: dict[str, Any] | None = None  # its parameters
+    window: int | None = None  # its S where the sweep has several (a budget axis)
     page: int | None = None  # quest's page, as cells before the registry of approximations record it
 
     @functools.cached_property
     def row(self) -> Row:
         """The row the cell file records (read once: every property below asks it)."""
         return Row.from_record(self.policy, self.lam, self.gamma, self.schedule, self.approx, self.approx_args,
-                               self.page)
+                               self.page, self.window)
 
     @property
     def hit_rate(self) -> float | None:
@@ -154,7 +155,7 @@ class Sweep:
         stand together (a sweep run with ``static: false`` declares no static row; rows only found in cells, such
         as tuned ones, by name)."""
         static = [STATIC] if self.meta.get("static_p", 0.8) is not None else []
-        declared = [row.approximated(approx) for approx in self.approximations
+        declared = [row.approximated(approx, window) for approx in self.approximations for window in self.axis
                     for row in [*map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas)]]
         rows = {BASELINE, *declared, *(c.row for c in self.cells)}
         return sorted(rows, key=lambda r: (r.order, r.lam or 0.0, r.gamma or 0, order(r.approx), r.name))
@@ -162,9 +163,27 @@ class Sweep:
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))
 
-    def dynamic_cells(self, task: str, approx: Approximation | str = "sink") -> list[Cell]:
-        """The task's lambda cells of one approximation (the sink's unless given), by increasing lambda."""
-        return [c for lam in self.lambdas if (c := self.cell(task, Row.dynamic(lam, approx))) is not None]
+    @property
+    def axis(self) -> list[int | None]:
+        """The windows of a budget axis (sweep.json's ``window`` a list), else [None]: the sweep's one."""
+        window = self.meta.get("window")
+        return list(window) if isinstance(window, list) else [None]
+
+    @property
+    def curves(self) -> list[tuple[Approximation, int | None]]:
+        """Every (approximation, window) whose lambda rows draw one curve: each approximation at each window of a
+        budget axis (window None: the sweep's one)."""
+        return [(approx, window) for approx in self.approximations for window in self.axis]
+
+    def window_of(self, row: Row) -> int | None:
+        """The S a row ran with: its own on a budget axis, else the sweep's (the baseline of an axis: its first)."""
+        return row.window or self.axis[0] or self.meta.get("window")
+
+    def dynamic_cells(self, task: str, approx: Approximation | str = "sink", window: int | None = None) -> list[Cell]:
+        """The task's lambda cells of one approximation (the sink's unless given) and window (on a budget axis),
+        by increasing lambda."""
+        return [c for lam in self.lambdas
+                if (c := self.cell(task, Row.dynamic(lam, approx).approximated(approx, window))) is not None]
 
 
 def _as_lambda(value: Any) -> float | None:
@@ -197,7 +216,7 @@ def load_cell(path: Path) -> Cell:
                 samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),
                 gamma=d.get("gamma", (stats.get("selfspec") or {}).get("gamma")), draft=stats.get("selfspec"),
                 schedule=d.get("lambda_schedule"), approx=d.get("approx") or "sink",
-                approx_args=d.get("approx_args"), page=d.get("page"))
+                approx_args=d.get("approx_args"), page=d.get("page"), window=d.get("window"))
 
 
 def _same_edges(edges: list[float]) -> bool:

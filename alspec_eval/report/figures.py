@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.colors import to_rgba
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from alspec_eval.report.cells import BASELINE, Row, Sweep
 from alspec_eval.approximations import Approximation, make_approximation
-from alspec_eval.report.styles import approx_label, style
+from alspec_eval.report.styles import approx_label, curve_label, style
 from alspec_eval.report.table import beyond_sink
 from alspec_eval.stats import OPEN_LOOP_GRID, open_loop
 
@@ -85,11 +86,12 @@ def _task_colours(sweep: Sweep) -> dict[str, tuple[float, ...]]:
     return {task: cmap(i % 10) for i, task in enumerate(sweep.tasks)}
 
 
-def acceptance_heatmap(sweep: Sweep, task: str, approx: Approximation | str = "sink") -> Figure:
+def acceptance_heatmap(sweep: Sweep, task: str, approx: Approximation | str = "sink",
+                       window: int | None = None) -> Figure:
     """Per-layer hit rate (layers x lambda) of the task's dynamic cells of one approximation (the sink's unless
-    given); skipped layers stay blank."""
+    given) at one window of a budget axis; skipped layers stay blank."""
     approx = make_approximation(approx)
-    cells = sweep.dynamic_cells(task, approx)
+    cells = sweep.dynamic_cells(task, approx, window)
     num_layers = max((len(c.layers) for c in cells), default=0)
     grid = np.full((num_layers, len(cells)), np.nan)
     for j, cell in enumerate(cells):
@@ -103,7 +105,8 @@ def acceptance_heatmap(sweep: Sweep, task: str, approx: Approximation | str = "s
     ax.set_yticks(range(num_layers), [str(i) for i in range(num_layers)], fontsize=7 if num_layers > 16 else 9)
     ax.set_xlabel("λ")
     ax.set_ylabel("layer")
-    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx.paper else f", {approx_label(approx)}"))
+    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx.paper and window is None
+                                                     else f", {curve_label(approx, window)}"))
     if grid.size <= 240:
         for (i, j), v in np.ndenumerate(grid):
             if not math.isnan(v):
@@ -149,25 +152,32 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
     fig = _figure(4.4 * cols + 0.4, 3.6 * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
     colours = _task_colours(sweep)
-    several = beyond_sink(sweep)  # a sweep of the sink alone: as before
+    several = beyond_sink(sweep) or len(sweep.curves) > 1  # a sweep of the sink at one window: as before
+    shades = {w: 1.0 - 0.5 * i / max(len(sweep.axis) - 1, 1) for i, w in enumerate(sweep.axis)}  # darker: smaller S
 
-    def colour_of(approx: Approximation, task: str) -> Any:
-        return approx.colour if several else colours[task]
+    def colour_of(approx: Approximation, task: str, window: int | None = None) -> Any:
+        if not several:
+            return colours[task]
+        if len(shades) == 1:
+            return approx.colour
+        red, green, blue, _ = to_rgba(approx.colour)
+        return (red * shades[window], green * shades[window], blue * shades[window])
 
-    def named(text: str, approx: Approximation) -> str:
-        return f"{text} · {approx_label(approx)}" if several else text
+    def named(text: str, approx: Approximation, window: int | None = None) -> str:
+        return f"{text} · {curve_label(approx, window)}" if several else text
 
     labels: list[Label] = []
     for ax, task in zip(axes.flat, tasks):
         colour = colours[task]
-        for approx in sweep.approximations:
-            points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task, approx)
+        for approx, window in sweep.curves:
+            points = [(100 * c.hit_rate, c.score, c.lam) for c in sweep.dynamic_cells(task, approx, window)
                       if c.hit_rate is not None and c.score is not None]
             if points:
                 xs, ys, _ = zip(*points)
                 line = f"{approx.marker}-" if several else "o-"
-                ax.plot(xs, ys, line, color=colour_of(approx, task), label=named("dynamic (λ)", approx))
-                labels += [(ax, x, y, f"λ={lam:g}", {"fontsize": 7, "color": colour_of(approx, task)})
+                ax.plot(xs, ys, line, color=colour_of(approx, task, window),
+                        label=named("dynamic (λ)", approx, window))
+                labels += [(ax, x, y, f"λ={lam:g}", {"fontsize": 7, "color": colour_of(approx, task, window)})
                            for x, y, lam in points]
         base = sweep.cell(task, BASELINE)
         if base is not None and base.score is not None:
@@ -176,9 +186,9 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
         for row in sweep.rows:
             cell, look = sweep.cell(task, row), style(row)
             if look.hit_rate_legend and cell is not None and cell.hit_rate is not None and cell.score is not None:
-                ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour_of(row.approx, task),
+                ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour_of(row.approx, task, row.window),
                         markersize=8, markeredgecolor="black", linestyle="",
-                        label=named(look.hit_rate_legend, row.approx))
+                        label=named(look.hit_rate_legend, row.approx, row.window))
         ax.set_xlim(0, 105)
         ax.set_xlabel("speculation hit rate (%)")
         ax.set_ylabel("score")
@@ -209,15 +219,14 @@ def hit_rate_by_approximation(sweep: Sweep, lam: float | None = None) -> Figure:
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
     for ax, task in zip(axes.flat, tasks):
         num_layers = 0
-        for approx in sweep.approximations:
-            cell = sweep.cell(task, Row.dynamic(lam, approx))
+        for approx, window in sweep.curves:
+            cell = sweep.cell(task, Row.dynamic(lam, approx).approximated(approx, window))
             if cell is None or cell.hit_rate is None:
                 continue
             hits = [math.nan if layer.hit_rate is None else 100 * layer.hit_rate for layer in cell.layers]
             num_layers = max(num_layers, len(hits))
-            look = approx
-            ax.plot(range(len(hits)), hits, f"{look.marker}-", color=look.colour, markersize=5,
-                    label=f"{approx_label(approx)}: {100 * cell.hit_rate:.1f}%")
+            ax.plot(range(len(hits)), hits, f"{approx.marker}-", color=approx.colour, markersize=5,
+                    label=f"{curve_label(approx, window)}: {100 * cell.hit_rate:.1f}%")
         ax.set_xticks(range(0, num_layers, math.ceil(num_layers / 16) or 1))  # at most 16 ticks
         ax.set_ylim(-5, 105)
         ax.set_xlabel("layer")
@@ -236,7 +245,7 @@ def hit_rate_by_approximation(sweep: Sweep, lam: float | None = None) -> Figure:
 def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     """Per task, the open-loop acceptance read off each lambda cell's histogram, with its measured hit rate: the
     sink's cells (a sweep without the sink: its first approximation's, named in the title)."""
-    approx = sweep.approximations[0]
+    approx, window = sweep.curves[0]
     tasks = sweep.tasks
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
@@ -245,7 +254,7 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     cmap = colormaps["viridis"]
     lams = sweep.lambdas
     for ax, task in zip(axes.flat, tasks):
-        for cell in sweep.dynamic_cells(task, approx):
+        for cell in sweep.dynamic_cells(task, approx, window):
             colour = cmap(lams.index(cell.lam) / max(len(lams) - 1, 1))
             curve = open_loop(cell.total.hist)
             if not curve.decisions:
@@ -264,7 +273,7 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     fig.suptitle("Open-loop acceptance from the d/n histograms (dots: measured hit rate of each run)"
-                 + ("" if approx.paper else f", {approx_label(approx)}"))
+                 + ("" if approx.paper and window is None else f", {curve_label(approx, window)}"))
     return fig
 
 
@@ -340,6 +349,48 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
     return fig
 
 
+def score_vs_density(cells: "pd.DataFrame") -> Figure:
+    """Per task, score minus the dense baseline's (paired 95% interval) against the effective density, the share
+    of the context a step reads once rejections fall back to A: each approximation's lambda rows as a curve per
+    window of the budget (its marker and colour; an oracle's curve is its ceiling, said in the legend), the dense
+    baseline at density 1. Filled where not significantly worse than the baseline."""
+    from alspec_eval.report.frames import not_worse
+
+    tasks = list(dict.fromkeys(cells["task"]))
+    cols = min(3, len(tasks))
+    rows = math.ceil(len(tasks) / cols)
+    fig = _figure(4.8 * cols + 0.6, 3.8 * rows + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    labels: list[Label] = []
+    for ax, task in zip(axes.flat, tasks):
+        group = cells[(cells["task"] == task) & (cells["policy"] == "dynamic") & cells["lambda"].notna()
+                      & cells["effective_density"].notna() & cells["diff"].notna()]
+        for _, curve in group.groupby(["approx", "approx_args", "window"], sort=False, dropna=False):
+            look, window = _approximation_of(curve.iloc[0]), int(curve.iloc[0]["window"])
+            curve = curve.sort_values("effective_density")
+            xs = 100 * curve["effective_density"]
+            ax.plot(xs, curve["diff"], f"{look.marker}-", color=look.colour, linewidth=1,
+                    label=curve_label(look, window if group["window"].nunique() > 1 else None))
+            for x, (_, r), good in zip(xs, curve.iterrows(), not_worse(curve)):
+                ax.errorbar(x, r["diff"], yerr=[[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]],
+                            fmt=look.marker, color=look.colour, capsize=2, markerfacecolor=look.colour if good else "white")
+                labels.append((ax, x, r["diff"], f"λ={r['lambda']:g}", {"fontsize": 6, "color": look.colour}))
+        ax.plot(100, 0, "D", color="black", markersize=7, linestyle="", label="dense baseline (exact A)")
+        ax.axhline(0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("effective density (% of the context read per step)")
+        ax.set_title(task, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, loc="lower right")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("score − baseline (95% CI)")
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    fig.suptitle("Score against effective density (filled: not significantly worse than the baseline)", fontsize=9)
+    place_labels(fig, labels)
+    return fig
+
+
 def _difference_by_hit_rate(ax: "Axes", group: "pd.DataFrame", task: str) -> list[Label]:
     """One task's lambda rows, a curve per approximation: paired score difference (95% interval) against hit rate,
     filled where not significantly worse than the baseline."""
@@ -381,8 +432,10 @@ def _row_of(r: "pd.Series", rows: list[Row]) -> Row:
 def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "SweepProjection") -> Figure:
     """At one S: attention-level speculation's hit rate per lambda next to token-level self-speculation's tau per
     gamma, each point labelled with the latency model's projected speedup."""
-    dynamic = [c for c in sweep.dynamic_cells(task) if c.hit_rate is not None]
-    drafts = [c for g in sweep.gammas if (c := sweep.cell(task, Row.selfspec(g))) is not None and c.tau is not None]
+    window = sweep.axis[0]  # on a budget axis: its smallest S
+    dynamic = [c for c in sweep.dynamic_cells(task, "sink", window) if c.hit_rate is not None]
+    drafts = [c for g in sweep.gammas if (c := sweep.cell(task, Row.selfspec(g).approximated("sink", window))) is not None
+              and c.tau is not None]
     fig = _figure(9.0, 3.4)
     left, right = fig.subplots(1, 2)
 
@@ -410,7 +463,7 @@ def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "SweepPr
     right.legend(fontsize=7, loc="upper left")
     for ax in (left, right):
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{task}, S = {sweep.meta.get('window')}: labels are projected speedups ({projection.spec.name})",
+    fig.suptitle(f"{task}, S = {window or sweep.meta.get('window')}: labels are projected speedups ({projection.spec.name})",
                  fontsize=9)
     place_labels(fig, labels)
     return fig

@@ -8,7 +8,9 @@
   NaN for cells without per-document counts) and the Wilson interval that treats every decision as independent
   (``hit_low_decision``, ``hit_high_decision``: per decision, several times narrower), and against the baseline
   on the same documents the mean score difference with a paired-bootstrap 95% interval (BOOTSTRAP_RESAMPLES
-  resamples of documents, seeded) and, for 0/1 metrics, McNemar's exact p-value;
+  resamples of documents, seeded) and, for 0/1 metrics, McNemar's exact p-value; the share of the context A~ reads
+  (``density``), the share a step reads once rejections fall back to A (``effective_density``) and the mean d/n
+  (``output_error``), NaN for cells from before they were recorded;
 - ``layers``: one row per (task, cell, layer) with the counts;
 - ``documents``: one row per (task, cell, document) with the document's score on the cell's metric.
 
@@ -134,7 +136,6 @@ def document_scores(cell: Cell) -> pd.Series:
 def load(outdir: str | Path) -> Frames:
     """The sweep in ``outdir`` as (cells, layers, documents) frames."""
     sweep = load_sweep(outdir)
-    window = sweep.meta.get("window")
     cells, layers, documents = [], [], []
     scores = {(c.task, c.name): document_scores(c) for c in sweep.cells}
     for c in sweep.cells:
@@ -148,11 +149,13 @@ def load(outdir: str | Path) -> Frames:
         row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.order, "policy": c.policy,
                "lambda": c.lam, "approx": c.row.approx.name,
                "approx_args": ";".join(f"{k}:{v}" for k, v in c.row.approx.args().items()),
-               "window": window, "metric": c.metric, "score": c.score,
+               "window": sweep.window_of(c.row), "metric": c.metric, "score": c.score,
                "stderr": stderr if isinstance(stderr, (int, float)) else math.nan, "n": len(docs) or c.samples,
                "speculated": c.total.speculated, "accepted": c.total.accepted,
                "hit_rate": c.hit_rate if c.hit_rate is not None else math.nan, "hit_low": low, "hit_high": high,
                "hit_low_decision": low_d, "hit_high_decision": high_d,
+               "density": _or_nan(c.total.density), "effective_density": _or_nan(c.total.effective_density),
+               "output_error": _or_nan(c.total.output_error),
                "gamma": c.gamma if c.gamma is not None else math.nan, "tau": c.tau if c.tau is not None else math.nan}
         row.update(paired_difference(docs, scores.get((c.task, _baseline_name(sweep, c.task))), c.row == BASELINE))
         cells.append(row)
@@ -164,6 +167,10 @@ def load(outdir: str | Path) -> Frames:
     frame = pd.DataFrame(cells).sort_values(["task", "rank", "lambda", "gamma", "approx", "approx_args"], na_position="first",
                                             kind="stable", key=_approximations_in_order)
     return Frames(frame.reset_index(drop=True), pd.DataFrame(layers), pd.DataFrame(documents))
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def _approximations_in_order(column: pd.Series) -> pd.Series:

@@ -66,13 +66,13 @@ def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
     entries: dict[tuple[Row, str], Projection] = {}
     selfspec: dict[tuple[Row, str], SelfSpecProjection] = {}
     averaged = False
-    window = int(sweep.meta["window"])
     for task in sweep.tasks:
         entries[(BASELINE, task)] = full_tp(spec)
         for row in sweep.rows[1:]:
             cell = sweep.cell(task, row)
             if cell is None:
                 continue
+            window = int(sweep.window_of(row))
             keys = keys_read(spec, row.approx, window)
             if row.drafts_tokens:  # a task that only scores (no generations) has no tau: nothing to project
                 if cell.tau is not None:
@@ -81,7 +81,8 @@ def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
                 continue
             entries[(row, task)], avg = project_layers(spec, cell.layer_hit_rates(), keys, window)
             averaged |= avg
-    return SweepProjection(spec, sweep.tasks, sweep.rows, entries, averaged, selfspec, window)
+    return SweepProjection(spec, sweep.tasks, sweep.rows, entries, averaged, selfspec,
+                           int(sweep.window_of(BASELINE)))
 
 
 def projection_rows(p: SweepProjection) -> list[list[str]]:

@@ -54,6 +54,11 @@ def approx_label(approx: Approximation) -> str:
     return approx.label + (" (oracle ceiling)" if approx.oracle else "")
 
 
+def curve_label(approx: Approximation, window: int | None) -> str:
+    """An approximation's curve at one window of a budget axis: "quest P=16 · S=32" (no S: the sweep's one)."""
+    return approx_label(approx) + ("" if window is None else f" · S={window}")
+
+
 def table_label(row: Row) -> str:
     """The row's label as tables show it: an oracle's rows marked (:data:`ORACLE_MARK`, its note below the table)."""
     return f"{row.label} {ORACLE_MARK}" if row.approx.oracle else row.label

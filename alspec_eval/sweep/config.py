@@ -31,7 +31,7 @@ class SweepConfig:
     tasks: list[str]
     lambdas: list[float]
     model_args: dict[str, Any] = field(default_factory=lambda: {"pretrained": "smollm2"})
-    window: int = 128
+    window: int | list[int] = 128  # S; a list is a budget axis: every row of every approximation at each
     window_align: int = 1
     baseline: bool = True
     sink: bool = True
@@ -63,11 +63,21 @@ class SweepConfig:
         return {**asdict(self), "approx": [a.name for a in approx],
                 "approx_args": {a.name: a.args() for a in approx if a.args()}}
 
+    @property
+    def windows(self) -> list[int]:
+        return list(self.window) if isinstance(self.window, list) else [self.window]
+
+    def window_of(self, row: Row) -> int:
+        """The S a row runs with: its own on a budget axis, else the sweep's."""
+        return self.windows[0] if row.window is None else row.window
+
     def rows(self) -> list[Row]:
-        """Rows per task, in run order: the shared-prefill group first, static last (it calibrates on them)."""
+        """Rows per task, in run order: the shared-prefill group first, static last (it calibrates on them). On a
+        budget axis (``window`` a list) each row but the baseline once per window."""
+        axis = self.windows if isinstance(self.window, list) else [None]
         tuned = [Row.tuned(LambdaSchedule.load(path)) for path in self.schedules]
-        static = [STATIC.approximated(approx) for approx in self.approx] if self.static else []
-        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas, self.approx), *tuned, *static]
+        static = [STATIC.approximated(approx, w) for approx in self.approx for w in axis] if self.static else []
+        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas, self.approx, axis), *tuned, *static]
 
 
 def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
@@ -128,9 +138,16 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
     raw["gammas"] = sorted(set(gammas))
     if not isinstance(raw.get("model_args", {}), dict):
         raise ConfigError(f"{source}: model_args must be a mapping, e.g. {{pretrained: smollm2, dtype: float32}}")
-    for key in ("window", "batch_size"):
-        if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool) or raw[key] < 1):
-            raise ConfigError(f"{source}: {key}={raw[key]!r} must be an integer >= 1")
+    if "batch_size" in raw and (not isinstance(raw["batch_size"], int) or isinstance(raw["batch_size"], bool)
+                                or raw["batch_size"] < 1):
+        raise ConfigError(f"{source}: batch_size={raw['batch_size']!r} must be an integer >= 1")
+    window = raw.get("window", 128)
+    given = window if isinstance(window, list) else [window]
+    if not given or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in given):
+        raise ConfigError(f"{source}: window={window!r} must be an integer >= 1 or a list of them (a budget axis), "
+                          "e.g. window: [16, 32]")
+    if isinstance(window, list):
+        raw["window"] = sorted(set(window))
     limit = raw.get("limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0
                               or (isinstance(limit, float) and limit > 1 and not limit.is_integer())):
@@ -179,19 +196,22 @@ def _check_approximations(raw: dict[str, Any], source: str) -> None:
         raise ConfigError(f"{source}: model_args approx/approx_args: a sweep's approximations are its approx and "
                           "approx_args keys; move them there")
     made = []
+    window = raw.get("window", 128)
     for name in approx:
-        args = {**ours, "window": raw.get("window", 128), "window_align": raw.get("window_align", 1), "approx": name,
-                "approx_args": given.get(name)}
-        try:
-            made.append(SpeculationConfig.from_model_args(args)[0].approx)
-        except ConfigError as err:
-            raise ConfigError(f"{source}: {err}") from None
+        for w in window if isinstance(window, list) else [window]:
+            args = {**ours, "window": w, "window_align": raw.get("window_align", 1), "approx": name,
+                    "approx_args": given.get(name)}
+            try:
+                config = SpeculationConfig.from_model_args(args)[0]
+            except ConfigError as err:
+                raise ConfigError(f"{source}: {err}") from None
+        made.append(config.approx)
     raw["approx"] = made
 
 
 def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:
     """Everything that decides a cell's numbers: a cell is reused only when a rerun's fingerprint equals it."""
-    out = {"task": task, "cell": row.name, "model_args": config.model_args, "window": config.window,
+    out = {"task": task, "cell": row.name, "model_args": config.model_args, "window": config.window_of(row),
            "window_align": config.window_align, "limit": config.limit, "num_fewshot": config.num_fewshot,
            **({"samples": config.samples.get(task)} if config.samples is not None else {}),
            "apply_chat_template": config.apply_chat_template, "gen_kwargs": config.gen_kwargs,

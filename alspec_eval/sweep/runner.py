@@ -52,7 +52,7 @@ def build_lm(config: SweepConfig):  # noqa: ANN201 (ALSpecLM; imported late: it 
         from ..selfspec import check_model
 
         check_model(AutoConfig.from_pretrained(args["pretrained"], trust_remote_code=args.get("trust_remote_code") in (True, "true", "True")))
-    return ALSpecLM(**args, window=config.window, window_align=config.window_align, device=config.device,
+    return ALSpecLM(**args, window=config.windows[0], window_align=config.window_align, device=config.device,
                     batch_size=config.batch_size)
 
 

@@ -81,6 +81,9 @@ def plan_from_args(args: argparse.Namespace):  # noqa: ANN201 (TunePlan; importe
         base = parse_config({"name": "tune", "lambdas": [0.05, 0.1, 0.2, 0.4], **overrides}, source="alspec-tune")
     if args.model_args:
         base = replace(base, model_args={**base.model_args, **parse_model_args(args.model_args)})
+    if isinstance(base.window, list):
+        raise ConfigError(f"window {base.window}: alspec-tune tunes one window's lambdas; give one, e.g. "
+                          f"--window {base.windows[0]}")
     if [a.paper for a in base.approx] != [True]:
         raise ConfigError(f"approx {[a.label for a in base.approx]}: alspec-tune tunes the sink's lambdas (the speedup it maximises is the "
                           "paper's latency model, which is the sink's); drop approx from the config or set it to [sink]")
