@@ -1,14 +1,18 @@
 """The paper's A~: the first S and the last S keys of the sequence (semantics.window_positions), fixed by position,
-so computed once per pass for every layer and head; the fused decode kernels and the TT op compute it too."""
+so computed once per pass for every layer and head; the fused decode kernels and the TT op compute it too.
+
+Torch-free to import: the sink is every row's default, made wherever a row is (the lm-eval hook, --help)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from .. import semantics
+from ..config import WINDOW_ALIGNS
 from .base import Approximation, Selected
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -16,13 +20,15 @@ class Sink(Approximation):
     description = "the sink windows (the first S and the last S keys)"
     marker, colour = "o", "tab:blue"
     paper = fused_kernel = tt_op = True
-    window_aligns = semantics.WINDOW_ALIGNS
+    window_aligns = WINDOW_ALIGNS
 
     def keys_read(self, context: int, window: int) -> float:
         return min(2 * window, context)
 
     def per_pass(self, pos: torch.Tensor, pad: torch.Tensor, key_len: int, window: int,
                  window_align: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from .. import semantics
+
         positions, valid = semantics.window_positions(pos, window, window_align)
         return (positions + pad[:, None]).clamp_max(key_len - 1), None if bool(valid.all()) else valid
 
