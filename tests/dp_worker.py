@@ -3,6 +3,8 @@
 Usage: python tests/dp_worker.py RANK WORLD PORT OUT.json            (rank 0 writes OUT.json)
        python tests/dp_worker.py RANK WORLD PORT OUTDIR sweep MODEL SCHEDULE  (the smoke sweep config on MODEL,
                                                                       with a tuned row of lambda_schedule SCHEDULE)
+       python tests/dp_worker.py RANK WORLD PORT OUTDIR approx MODEL  (every registered approximation's lambda
+                                                                      and sink rows, default_approximations.py)
 """
 
 from __future__ import annotations
@@ -35,6 +37,19 @@ def main() -> None:
                              {"model_args": {"pretrained": sys.argv[6]}, "lambdas": [0.5, 1.0],
                               "static": {"p": 0.5, "lambda": 1.0}, "gammas": [2], "schedules": sys.argv[7:8],
                               "output": str(out)})
+        lm = build_lm(config)
+        _as_rank(lm, rank, world)
+        run_sweep(config, lm=lm)
+    elif sys.argv[5:6] == ["approx"]:
+        from alspec_eval.sweep.config import load_config
+        from alspec_eval.sweep.runner import build_lm, run_sweep
+        from default_approximations import APPROXIMATIONS, approx_args
+
+        given = {a: approx_args(a, 8).get("approx_args") for a in APPROXIMATIONS}
+        config = load_config(Path(__file__).parents[1] / "configs" / "smoke.yaml",
+                             {"model_args": {"pretrained": sys.argv[6]}, "lambdas": [1.0], "static": False,
+                              "window": 8, "approx": APPROXIMATIONS, "output": str(out),
+                              "approx_args": {a: args for a, args in given.items() if args}})
         lm = build_lm(config)
         _as_rank(lm, rank, world)
         run_sweep(config, lm=lm)

@@ -7,7 +7,8 @@ import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 
-from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, sample_stats
+from default_approximations import APPROXIMATIONS, approx_args
+from helpers import PROMPTS, alspec_lm, comparable, gen_requests, ll_requests, sample_stats
 from tiny import tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
@@ -26,8 +27,9 @@ def _run(batch_size, **args):
     return runs, lm.statistics()["tasks"], lm
 
 
-def test_batch_auto_equals_batch_one(monkeypatch):
-    one, one_stats, _ = _run(1)
+@pytest.mark.parametrize("approx", APPROXIMATIONS)
+def test_batch_auto_equals_batch_one(approx, monkeypatch):
+    one, one_stats, _ = _run(1, **approx_args(approx, 4))
     probe_rows = []  # rows of every model call made inside lm-eval's probe
     model_call = HFLM._model_call
 
@@ -37,9 +39,16 @@ def test_batch_auto_equals_batch_one(monkeypatch):
         return model_call(self, inps, *args, **kwargs)
 
     monkeypatch.setattr(HFLM, "_model_call", spy)
-    auto, auto_stats, lm = _run("auto", max_batch_size=4)
+    auto, auto_stats, lm = _run("auto", max_batch_size=4, **approx_args(approx, 4))
     assert probe_rows and max(probe_rows) == 4  # lm-eval's probe ran, up to max_batch_size rows, through the adapter
-    assert auto == one
-    assert auto_stats == one_stats
+    for name in one:  # the same text, decisions and (to float32 noise between batch shapes) log-likelihoods
+        (answers, stats), (answers_one, stats_one) = auto[name], one[name]
+        assert stats == stats_one, name
+        if name == "gen":
+            assert answers == answers_one
+        else:
+            assert [a if isinstance(a, float) else a[0] for a in answers] == pytest.approx(
+                [a if isinstance(a, float) else a[0] for a in answers_one], abs=1e-4), name
+    assert comparable(auto_stats) == one_stats
     assert all(t["total"]["speculated"] > 0 for t in one_stats.values())
 
