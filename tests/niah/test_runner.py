@@ -45,9 +45,20 @@ def test_needle_sweep_writes_cells_and_figures(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("flag", "value", "named"), [("--lengths", "1000", "--lengths [1000]"),
-                                                      ("--depths", "0.5,1.5", "--depths [1.5]")])
+                                                      ("--depths", "0.5,1.5", "--depths [1.5]"),
+                                                      ("--approx_args", "quest", "--approx_args 'quest' is not NAME=ARGS"),
+                                                      ("--approx_args", "quest=page:3", "approx_args={'quest': 'page:3'}"
+                                                       " must map approximations of approx (sink)")])
 def test_bad_lengths_and_depths_stop_before_loading(tmp_path, capsys, flag, value, named):
     with pytest.raises(SystemExit) as exit_:
         main([flag, value, "--model-args", f"pretrained={tmp_path}/missing", "--output", str(tmp_path / "out")])
     assert exit_.value.code == 2 and named in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_approximations_and_their_arguments_reach_the_sweep():
+    from alspec_eval.niah.cli import niah_config, parser
+
+    config = niah_config(parser().parse_args(["--approx", "sink,quest,snapkv", "--approx_args", "quest=page:16",
+                                              "--approx_args", "snapkv=recent:4;observe:16"]))
+    assert [a.label for a in config.approx] == ["sink", "quest P=16", "snapkv W=16 k=5 R=4"]
