@@ -11,11 +11,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
+from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import approx_oracle as oracle
+from alspec_eval.compat import with_cache
 from alspec_eval.region import DecodeRegion
 from helpers import PROMPTS, TOKENIZER, alspec_lm
 from tiny import tiny_model
@@ -577,3 +578,16 @@ def test_snapkv_left_padded_rows_score_their_own_prompt(family):
                          f"snapkv on {name}, left padded row")
     _assert_ratios_equal(ratios[0, prompts[0]:], _snapkv_oracle_ratios(layers, 0, 0, prompts[0], prompts[0],
                                                                       ids.shape[1]), f"snapkv on {name}, unpadded row")
+
+
+def test_snapkv_refuses_a_prompt_whose_observation_window_spans_two_passes(family):
+    """A prompt prefilled in two passes that split its last 8 positions: no pass holds the observation window, so
+    nothing is scored from a partial window; the first decode position says so instead of guessing."""
+    _, model, ids, _ = family
+    spec = alspec_lm(model, window=WINDOW, approx="snapkv", approx_args=SNAPKV, **{"lambda": 0.0})
+    cache = DynamicCache(config=spec.model.config)
+    region = DecodeRegion.build([0], [START])
+    with torch.no_grad(), pytest.raises(RuntimeError, match="snapkv scored no prompt"), \
+            spec.speculator.speculating(region, spec.spec_config):
+        spec.model(ids[:, :START - 3], **with_cache(spec.model, cache), use_cache=True)
+        spec.model(ids[:, START - 3:START + 4], **with_cache(spec.model, cache), use_cache=True)

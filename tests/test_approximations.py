@@ -82,3 +82,21 @@ def test_fused_decode_is_the_sinks_only():
         fused = approx == "sink"
         with spec.speculating(region, config):
             assert spec.has_fused_decode() == fused, approx
+
+
+# snapkv: ties between observation-window keys (all +inf) take the earlier key where the budget cuts through them
+def test_snapkv_ties_in_the_observation_window_take_the_earlier_keys():
+    from alspec_eval.approximations.snapkv import SnapKV
+
+    import approx_oracle as oracle
+
+    snapkv, window, prompt, pos = SnapKV(observe=8, pool=3, recent=12), 8, 30, 40
+    scores = torch.full((1, 1, prompt), 0.0)
+    scores[..., :prompt - 8] = torch.arange(prompt - 8, dtype=torch.float)  # later prompt keys score higher
+    scores[..., prompt - 8:] = torch.inf  # the observation window
+    key = torch.zeros(1, 1, pos + 1, 4)
+    index, valid = snapkv.select(torch.zeros(1, 1, 4), key, torch.tensor([0]), torch.tensor([pos]), torch.tensor([0]),
+                                 window, (), scores)
+    kept = sorted(index[0, 0][valid[0, 0]].tolist())
+    expected = oracle.snapkv_kept_keys([scores[0, 0].tolist()], pos, prompt, window, 12)[0]
+    assert kept == expected and kept[:4] == [22, 23, 24, 25]
