@@ -99,7 +99,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     latency_md.write_text("\n".join(projection_markdown(p) for p in projections))
     latency_csv = write_projection_csv(projections, report / "latency.csv")
 
-    gains = approximation_gains(sweep)
+    gains = approximation_gains(sweep, projections[0].entries if projections else None)
     if gains:
         (report / "approximations.md").write_text(gains_markdown(gains))
         written += [report / "approximations.md", write_gains_csv(gains, report / "approximations.csv")]

@@ -1,6 +1,7 @@
 """What another approximation of A~ buys over the sink at the same lambda and key budget 2S:
-per task and lambda, its hit rate minus the sink's and its score minus the sink's, each with a paired 95% bootstrap
-interval over the documents both cells ran. Written only for a sweep with the sink and another approximation."""
+per task, window (on a budget axis) and lambda, its hit rate minus the sink's and its score minus the sink's, each
+with a paired 95% bootstrap interval over the documents both cells ran, and the speedup the latency model projects
+for each (the first table of the report's). Written only for a sweep with the sink and another approximation."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..approximations import Approximation
+from ..latency import Projection
 from .cells import Row, Sweep
 from .frames import decisions_by_document, document_scores, paired_bootstrap, paired_ratio_difference
-from ..approximations import Approximation
 from .styles import ORACLE_MARK, oracle_note
 
 
@@ -22,6 +24,7 @@ class Gain:
     task: str
     lam: float
     approx: Approximation
+    window: int | None  # on a budget axis; None: the sweep's one
     documents: int
     sink_hit: float
     hit: float
@@ -31,26 +34,32 @@ class Gain:
     score_diff: float
     score_low: float
     score_high: float
+    sink_speedup: float | None = None  # projected (None without a latency table)
+    speedup: float | None = None
 
 
-def approximation_gains(sweep: Sweep) -> list[Gain]:
-    """Every (task, lambda, approximation other than the sink) whose cell and the sink's cell both exist."""
+def approximation_gains(sweep: Sweep, entries: dict[tuple[Row, str], Projection] | None = None) -> list[Gain]:
+    """Every (task, lambda, window, approximation other than the sink) whose cell and the sink's cell at the same
+    window both exist; ``entries``: a latency table's projections of the sweep's cells."""
     gains = []
+    entries = entries or {}
+    others = [approx for approx in sweep.approximations if not approx.paper]
     for task in sweep.tasks:
-        for lam in sweep.lambdas:
-            sink = sweep.cell(task, Row.dynamic(lam))
-            for approx in sweep.approximations:
-                other = sweep.cell(task, Row.dynamic(lam, approx))
-                if approx.paper or sink is None or other is None:
-                    continue
-                ours, theirs = decisions_by_document(other), decisions_by_document(sink)
-                docs = sorted(set(ours) & set(theirs))
-                pairs = [np.array([d[doc] for doc in docs], dtype=float).reshape(-1, 2) for d in (ours, theirs)]
-                hit = paired_ratio_difference(*((p[:, 0], p[:, 1]) for p in pairs))
-                scores = document_scores(other), document_scores(sink)
-                common = scores[0].index.intersection(scores[1].index)
-                score = paired_bootstrap((scores[0][common] - scores[1][common]).to_numpy())
-                gains.append(Gain(task, lam, approx, len(docs), _rate(pairs[1]), _rate(pairs[0]), *hit, *score))
+        for window, lam, approx in ((w, lam, a) for w in sweep.axis for lam in sweep.lambdas for a in others):
+            sink_row, row = Row("dynamic", lam=lam, window=window), Row.dynamic(lam, approx).approximated(approx, window)
+            sink, other = sweep.cell(task, sink_row), sweep.cell(task, row)
+            if sink is None or other is None:
+                continue
+            ours, theirs = decisions_by_document(other), decisions_by_document(sink)
+            docs = sorted(set(ours) & set(theirs))
+            pairs = [np.array([d[doc] for doc in docs], dtype=float).reshape(-1, 2) for d in (ours, theirs)]
+            hit = paired_ratio_difference(*((p[:, 0], p[:, 1]) for p in pairs))
+            scores = document_scores(other), document_scores(sink)
+            common = scores[0].index.intersection(scores[1].index)
+            score = paired_bootstrap((scores[0][common] - scores[1][common]).to_numpy())
+            speeds = [entries[key].speedup if key in entries else None for key in ((sink_row, task), (row, task))]
+            gains.append(Gain(task, lam, approx, window, len(docs), _rate(pairs[1]), _rate(pairs[0]), *hit,
+                              *score, *speeds))
     return gains
 
 
@@ -63,19 +72,26 @@ def _points(x: float) -> str:
 
 
 TITLE = "Beside the sink: other approximations at the same lambda and 2S keys"
-NOTE = ("Hit rate and score of each approximation minus the sink's at the same lambda, in percentage points, with "
+NOTE = ("Hit rate and score of each approximation minus the sink's at the same lambda and window, in percentage "
+        "points, and the speedup the latency model projects for each (an ESTIMATE beyond the sink's 2S keys), with "
         "paired 95% bootstrap intervals over the documents (n).")
 
 
 def gains_rows(gains: list[Gain]) -> list[list[str]]:
-    """The table (header first): hit rates, their difference and the score difference per task, lambda and
-    approximation."""
-    rows = [["task", "λ", "approximation", "n", "hit rate, sink → it", "Δ hit rate [95% CI]", "Δ score [95% CI]"]]
+    """The table (header first): hit rates, their difference and the score difference per task, window (a budget
+    axis's), lambda and approximation, and the projected speedups where a latency table priced them."""
+    axis = any(g.window is not None for g in gains)
+    priced = any(g.speedup is not None for g in gains)
+    rows = [["task", *(["S"] if axis else []), "λ", "approximation", "n", "hit rate, sink → it", "Δ hit rate [95% CI]",
+             "Δ score [95% CI]", *(["projected speedup, sink → it"] if priced else [])]]
     for g in gains:
         name = g.approx.label + (ORACLE_MARK if g.approx.oracle else "")
-        rows.append([g.task, f"{g.lam:g}", name, str(g.documents), f"{100 * g.sink_hit:.1f}% → {100 * g.hit:.1f}%",
+        speed = "–" if g.speedup is None or g.sink_speedup is None else f"{g.sink_speedup:.2f}× → {g.speedup:.2f}×"
+        rows.append([g.task, *([str(g.window)] if axis else []), f"{g.lam:g}", name, str(g.documents),
+                     f"{100 * g.sink_hit:.1f}% → {100 * g.hit:.1f}%",
                      f"{_points(g.hit_diff)} [{_points(g.hit_low)}, {_points(g.hit_high)}]",
-                     f"{_points(g.score_diff)} [{_points(g.score_low)}, {_points(g.score_high)}]"])
+                     f"{_points(g.score_diff)} [{_points(g.score_low)}, {_points(g.score_high)}]",
+                     *([speed] if priced else [])])
     return rows
 
 

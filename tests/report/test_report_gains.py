@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from synthetic_sweep import DOCUMENTS, LAMBDAS, PAGE, TASKS, write_sweep
 
+from alspec_eval.latency import DEFAULT_PRESET
 from alspec_eval.report.build import write_report
 from alspec_eval.report.frames import paired_ratio_difference
 
@@ -46,6 +47,14 @@ def test_every_task_lambda_and_approximation_is_its_cells_minus_the_sinks(writte
         assert float(r["hit_low"]) <= float(r["hit_diff"]) <= float(r["hit_high"])
         assert float(r["score_low"]) <= float(r["score_diff"]) <= float(r["score_high"])
     assert any(float(r["hit_diff"]) > 0 for r in rows)  # the synthetic quest and topk accept more than the sink
+    latency = {(r["row"], r["task"]): float(r["speedup"]) for r in csv.DictReader(written["latency.csv"].open())
+               if r["preset"] == DEFAULT_PRESET}
+    for r in rows:  # the projected speedups are the latency table's, an oracle's none at all
+        label = f"λ = {float(r['lam']):g}"
+        other = f"{label} · " + (f"quest P={PAGE}" if r["approx"] == "quest" else "topk")
+        assert float(r["sink_speedup"]) == pytest.approx(latency[label, r["task"]], rel=1e-5)
+        assert float(r["speedup"]) == pytest.approx(latency[other, r["task"]], rel=1e-5)
+        assert r["approx"] != "topk" or float(r["speedup"]) == pytest.approx(1.0)
     table = written["approximations.md"].read_text()
     assert "| alspec_recall | 0.1 | topk† |" in table and "† topk" in table
     assert "Beside the sink" in written["report.html"].read_text()
