@@ -220,6 +220,18 @@ def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(
             assert total[DENSITY] <= total[EFFECTIVE_DENSITY] <= 1
     names = {p.name for p in write_report(outs[0], latency=[])}
     assert {"score_vs_density.png", "heatmap_alspec_recall_S4.png", "heatmap_alspec_recall_quest_p4_S8.png"} <= names
+    from alspec_eval.report.figures import score_vs_density
+    from alspec_eval.report.frames import load
+
+    frame = load(outs[0]).cells
+    (ax,) = [a for a in score_vs_density(frame).axes if a.get_title() == "alspec_recall"]
+    curves = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
+    assert set(curves) == {"sink · S=4", "sink · S=8", "quest P=4 · S=4", "quest P=4 · S=8", "dense baseline (exact A)"}
+    for approx, label in (("sink", "sink"), ("quest", "quest P=4")):
+        for w in (4, 8):
+            rows = frame[(frame["approx"] == approx) & (frame["window"] == w) & (frame["policy"] == "dynamic")]
+            assert sorted(curves[f"{label} · S={w}"].get_xdata()) == pytest.approx(
+                sorted(100 * rows["effective_density"]))
 
 
 @pytest.mark.slow

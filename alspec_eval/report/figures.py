@@ -352,42 +352,46 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
 def score_vs_density(cells: "pd.DataFrame") -> Figure:
     """Per task, score minus the dense baseline's (paired 95% interval) against the effective density, the share
     of the context a step reads once rejections fall back to A: each approximation's lambda rows as a curve per
-    window of the budget (its marker and colour; an oracle's curve is its ceiling, said in the legend), the dense
-    baseline at density 1. Filled where not significantly worse than the baseline."""
+    window of the budget (its marker and colour; the windows solid, dashed, dotted from the smallest; an oracle's
+    curve is its ceiling, said in the legend), the dense baseline at 100%. A curve runs from its smallest lambda
+    (right) to its largest (left); filled where not significantly worse than the baseline."""
     from alspec_eval.report.frames import not_worse
 
     tasks = list(dict.fromkeys(cells["task"]))
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
-    fig = _figure(4.8 * cols + 0.6, 3.8 * rows + 0.5)
+    dynamic = cells[(cells["policy"] == "dynamic") & cells["lambda"].notna() & cells["effective_density"].notna()
+                    & cells["diff"].notna()]
+    windows = sorted(dynamic["window"].dropna().unique())
+    styles = dict(zip(windows, ["-", "--", ":", "-."] * len(windows)))
+    fig = _figure(4.8 * cols + 0.6, 3.8 * rows + 1.4)
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
-    labels: list[Label] = []
     for ax, task in zip(axes.flat, tasks):
-        group = cells[(cells["task"] == task) & (cells["policy"] == "dynamic") & cells["lambda"].notna()
-                      & cells["effective_density"].notna() & cells["diff"].notna()]
+        group = dynamic[dynamic["task"] == task]
         for _, curve in group.groupby(["approx", "approx_args", "window"], sort=False, dropna=False):
-            look, window = _approximation_of(curve.iloc[0]), int(curve.iloc[0]["window"])
+            look, window = _approximation_of(curve.iloc[0]), curve.iloc[0]["window"]
             curve = curve.sort_values("effective_density")
             xs = 100 * curve["effective_density"]
-            ax.plot(xs, curve["diff"], f"{look.marker}-", color=look.colour, linewidth=1,
-                    label=curve_label(look, window if group["window"].nunique() > 1 else None))
+            ax.plot(xs, curve["diff"], linestyle=styles[window], color=look.colour, linewidth=1, marker=look.marker,
+                    markersize=4, label=curve_label(look, int(window) if len(windows) > 1 else None))
             for x, (_, r), good in zip(xs, curve.iterrows(), not_worse(curve)):
                 ax.errorbar(x, r["diff"], yerr=[[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]],
-                            fmt=look.marker, color=look.colour, capsize=2, markerfacecolor=look.colour if good else "white")
-                labels.append((ax, x, r["diff"], f"λ={r['lambda']:g}", {"fontsize": 6, "color": look.colour}))
+                            fmt=look.marker, color=look.colour, capsize=2, markersize=5,
+                            markerfacecolor=look.colour if good else "white")
         ax.plot(100, 0, "D", color="black", markersize=7, linestyle="", label="dense baseline (exact A)")
         ax.axhline(0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xscale("log")
+        ax.set_xlim(0, 105)
         ax.set_xlabel("effective density (% of the context read per step)")
         ax.set_title(task, fontsize=10)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6, loc="lower right")
+        ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("score − baseline (95% CI)")
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
-    fig.suptitle("Score against effective density (filled: not significantly worse than the baseline)", fontsize=9)
-    place_labels(fig, labels)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=7, frameon=False)
+    fig.suptitle("Score against effective density: each curve from its smallest λ (right) to its largest (left); "
+                 "filled: not significantly worse than the baseline", fontsize=9)
     return fig
 
 

@@ -39,7 +39,7 @@ class SweepProjection:
     averaged: bool  # hit rates were averaged over layers (layer counts differ)
     selfspec: dict[tuple[Row, str], SelfSpecProjection] = field(default_factory=dict)
 
-    window: int = 0  # the sweep's S
+    windows: tuple[int, ...] = ()  # the sweep's S (each of a budget axis)
 
     @property
     def approximations(self) -> list[Approximation]:
@@ -82,7 +82,7 @@ def project_sweep(sweep: Sweep, spec: LatencyModel) -> SweepProjection:
             entries[(row, task)], avg = project_layers(spec, cell.layer_hit_rates(), keys, window)
             averaged |= avg
     return SweepProjection(spec, sweep.tasks, sweep.rows, entries, averaged, selfspec,
-                           int(sweep.window_of(BASELINE)))
+                           tuple(int(w or sweep.window_of(BASELINE)) for w in sweep.axis))
 
 
 def projection_rows(p: SweepProjection) -> list[list[str]]:
@@ -109,14 +109,15 @@ def projection_note(p: SweepProjection) -> str:
                  f"draft step's attention reads 2S = {2 * ss.window} keys instead of K = {ss.context_tokens or '?'} "
                  f"and takes {ss.draft_attention_us:.4g} µs per layer ({ss.draft_attention_source}), "
                  "and verifying γ + 1 tokens costs one exact decode step.")
-    others = [a for a in p.approximations if keys_read(s, a, p.window) > 2 * p.window]
-    if others:
-        reads = "; ".join(f"{a.label} {keys_read(s, a, p.window):.0f}" + (" (an oracle: it reads every key, so it "
-                                                                         "gains nothing)" if a.oracle else "")
-                          for a in others)
-        note += (f" Keys a hit's A~ reads per KV head at K = {s.context_tokens} against the sink's 2S = "
-                 f"{2 * p.window}: {reads}; ESTIMATE: each extra key adds FD / K to the hit, reading K keys costs a "
-                 "miss.")
+    for window in p.windows:
+        others = [a for a in p.approximations if keys_read(s, a, window) > 2 * window]
+        if others:
+            reads = "; ".join(f"{a.label} {keys_read(s, a, window):.0f}" + (" (an oracle: it reads every key, so it "
+                                                                          "gains nothing)" if a.oracle else "")
+                              for a in others)
+            note += (f" Keys a hit's A~ reads per KV head at K = {s.context_tokens} against the sink's 2S = "
+                     f"{2 * window}: {reads}; ESTIMATE: each extra key adds FD / K to the hit, reading K keys costs "
+                     "a miss.")
     return note
 
 
