@@ -439,6 +439,16 @@ def _pad_heavy(model):
     return model
 
 
+def _padded_batch(model, ids, pad: int = 12):
+    """The pad-heavy model and a batch of the sequence and of itself cut by ``pad`` tokens and left padded back:
+    (model, pad, the short sequence, batch, attention mask)."""
+    short = ids[0, :ids.shape[1] - pad]
+    batch = torch.stack([ids[0], torch.cat([torch.zeros(pad, dtype=torch.long), short])])
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    return _pad_heavy(model), pad, short, batch, mask
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request):
     model = tiny_model(request.param)
@@ -489,12 +499,7 @@ def test_left_padding_is_never_selected(family, approx, positions):
     the padded run's own query/key/value of the row's real tokens; "logical": position_ids that start at 0 on the
     first real token, compared with the reference on the unpadded sequence run alone."""
     name, model, ids, solo_layers = family
-    model = _pad_heavy(model)
-    pad = 12
-    short = ids[0, :ids.shape[1] - pad]
-    batch = torch.stack([ids[0], torch.cat([torch.zeros(pad, dtype=torch.long), short])])
-    mask = torch.ones_like(batch)
-    mask[1, :pad] = 0
+    model, pad, short, batch, mask = _padded_batch(model, ids)
     kwargs = {"attention_mask": mask}
     if positions == "logical":
         kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -563,12 +568,7 @@ def test_snapkv_left_padded_rows_score_their_own_prompt(family):
     """A left padded row (pad tokens with a large embedding) beside an unpadded one, with prompts of different
     lengths: each row's prompt is scored from its own real tokens, and no padding key is ever kept."""
     name, model, ids, _ = family
-    model = _pad_heavy(model)
-    pad = 12
-    short = ids[0, :ids.shape[1] - pad]
-    batch = torch.stack([ids[0], torch.cat([torch.zeros(pad, dtype=torch.long), short])])
-    mask = torch.ones_like(batch)
-    mask[1, :pad] = 0
+    model, pad, short, batch, mask = _padded_batch(model, ids)
     layers = _plain_layers(model, batch, attention_mask=mask)
     prompts = (START, START - 6)
     region = DecodeRegion.build(pad=[0, pad], spec_start=[prompts[0], prompts[1] + pad])
