@@ -99,15 +99,15 @@ def read_cells(out: Path) -> dict[str, dict]:
     return cells
 
 
-def comparable(stats: Any) -> Any:
-    """Statistics with every mean d/n (research_attention_output_error) as a 4-digit ``pytest.approx``: d/n is a
+def comparable(stats: Any, rel: float = 1e-4) -> Any:
+    """Statistics with every mean d/n (research_attention_output_error) as a ``pytest.approx`` to ``rel``: d/n is a
     float32 quantity, and batches of another composition (a shared prefill, another rank) move it in the 7th digit;
     the counts and histograms stay exact."""
     if isinstance(stats, dict):
-        return {k: (pytest.approx(v, rel=1e-4) if k == OUTPUT_ERROR and v is not None else comparable(v))
+        return {k: (pytest.approx(v, rel=rel) if k == OUTPUT_ERROR and v is not None else comparable(v, rel))
                 for k, v in stats.items()}
     if isinstance(stats, list):
-        return [comparable(v) for v in stats]
+        return [comparable(v, rel) for v in stats]
     return stats
 
 

@@ -10,7 +10,7 @@ import torch
 
 ttnn = pytest.importorskip("ttnn", reason="ttnn is not importable here; it needs Python 3.10/3.12: scripts/tt_env.sh")
 
-from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats  # noqa: E402
+from helpers import PROMPTS, alspec_lm, comparable, gen_requests, sample_stats  # noqa: E402
 from tiny import tiny_model  # noqa: E402
 
 from alspec_eval.backends.tt import TTRuntime, TTSpeculator, round_bfloat8_b  # noqa: E402
@@ -52,7 +52,10 @@ def test_host_bfloat16_equals_sim(model):
         requests = gen_requests(PROMPTS_LONG)
         runs[name] = (lm.generate_until(requests), sample_stats(requests), lm.statistics()["tasks"])
     assert isinstance(lm.speculator, TTSpeculator)
-    assert runs["tt"] == runs["sim"]
+    assert runs["tt"][:2] == runs["sim"][:2]
+    # the op's d and n are the roots of its own squares in bfloat16 (docs/tt_op_contract.md): the same decisions and
+    # histograms, the mean d/n to 3 digits
+    assert comparable(runs["tt"][2], rel=1e-3) == runs["sim"][2]
     total = runs["sim"][2]["gen"]["total"]
     assert 0 < total["accepted"] < total["speculated"]
 
