@@ -214,14 +214,14 @@ def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, g
 
 
 def prefill_groups(rows: list[Row]) -> list[list[Row]]:
-    """The rows that share a prefill, grouped so that each group's forward passes use one approximation and window
-    (the passes of a shared batch gather one A~); the baseline and self-speculation (which drafts alone) join the
-    first."""
-    groups: dict[tuple[Approximation, int | None], list[Row]] = {}
+    """The rows that share a prefill, grouped so that each group's forward passes use one approximation (the
+    passes of a shared batch gather one A~; the windows of a budget axis decode from the group's one prefill, a call
+    each); the baseline and self-speculation (which drafts alone) join the first."""
+    groups: dict[Approximation, list[Row]] = {}
     free = [row for row in rows if row.shares_prefill and row.exact_attention]
     for row in rows:
         if row.shares_prefill and not row.exact_attention:
-            groups.setdefault((row.approx, row.window), []).append(row)
+            groups.setdefault(row.approx, []).append(row)
     if not groups:
         return [free] if free else []
     first = next(iter(groups))

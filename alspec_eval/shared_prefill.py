@@ -14,6 +14,9 @@ It returns tokens, logits and records; it calls nothing of the adapter's (HFLM's
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,21 +129,35 @@ class SharedPrefill:
                 rows.append((key, v, _Stored(RowRecord.drafted(self.speculator.num_layers, draft, rule.kept(tokens)),
                                              generated=context.new_tensor(tokens))))
         attention = [v for v, variant in enumerate(self.variants) if not variant.drafts_tokens]
-        if not attention:
-            return rows
-        cache.batch_repeat_interleave(len(attention))
-        context_v, mask_v = context.repeat_interleave(len(attention), 0), mask.repeat_interleave(len(attention), 0)
-        region = DecodeRegion.from_left_padded(
-            mask_v, False, plan=self.plan(len(context), [self.variants[v] for v in attention]))
-        with self.speculator.speculating(region, self.config) as trace:
-            out = hf_generate(context_v, max_length, stop, attention_mask=mask_v, **with_cache(model, cache),
-                              **generation_kwargs)
-        prompt_len = context.shape[1]
-        for r in range(len(out)):
-            record = RowRecord.generated(trace, region, r, out[r, prompt_len:].tolist(), prompt_len, rule.kept)
-            rows.append((keys[r // len(attention)], attention[r % len(attention)],
-                         _Stored(record, generated=out[r, prompt_len:])))
+        for config, group, part in self._forks(attention, cache):  # one call per window of a budget axis
+            context_v, mask_v = context.repeat_interleave(len(group), 0), mask.repeat_interleave(len(group), 0)
+            region = DecodeRegion.from_left_padded(
+                mask_v, False, plan=self.plan(len(context), [self.variants[v] for v in group]))
+            with self.speculator.speculating(region, config) as trace:
+                out = hf_generate(context_v, max_length, stop, attention_mask=mask_v, **with_cache(model, part),
+                                  **generation_kwargs)
+            prompt_len = context.shape[1]
+            for r in range(len(out)):
+                record = RowRecord.generated(trace, region, r, out[r, prompt_len:].tolist(), prompt_len, rule.kept)
+                rows.append((keys[r // len(group)], group[r % len(group)],
+                             _Stored(record, generated=out[r, prompt_len:])))
         return rows
+
+    def _forks(self, indices: list[int], cache: DynamicCache) -> Iterator[tuple[SpeculationConfig, list[int],
+                                                                                DynamicCache]]:
+        """The variants ``indices`` by window (rows without one of their own, the baseline's, join the first), each
+        group with its config and the prefill's cache repeated once per variant: a copy for every group but the
+        last, so that every window of a budget axis decodes from the one prefill."""
+        groups: dict[int | None, list[int]] = {}
+        for v in indices:
+            groups.setdefault(self.variants[v].window, []).append(v)
+        if None in groups and len(groups) > 1:
+            first = next(w for w in groups if w is not None)
+            groups[first] = sorted(groups[first] + groups.pop(None))
+        for i, (window, group) in enumerate(groups.items()):
+            part = cache if i == len(groups) - 1 else copy.deepcopy(cache)
+            part.batch_repeat_interleave(len(group))
+            yield dataclasses.replace(self.config, window=window or self.config.window), group, part
 
     def _forward_all(self, inps: torch.Tensor, keys: list[RowKey],
                      starts: list[int]) -> tuple[torch.Tensor, int, list[RowRecord]]:
@@ -152,20 +169,27 @@ class SharedPrefill:
         model, variants = self.model, len(self.variants)
         common = min(starts)
         cache = DynamicCache(config=model.config)
+        ends = [len(k) for k in keys]
+        logits, records = None, [None] * (len(keys) * variants)
         with torch.no_grad():
             prefix = (model(inps[:, :common], **with_cache(model, cache), use_cache=True, logits_to_keep=1).logits
                       if common else None)
-            cache.batch_repeat_interleave(variants)
-            ends = [len(k) for k in keys]
-            region = DecodeRegion.build([0] * len(keys) * variants, [s for s in starts for _ in range(variants)],
-                                        [e for e in ends for _ in range(variants)], device=inps.device,
-                                        plan=self.plan(len(keys), self.variants))
-            with self.speculator.speculating(region, self.config) as trace:
-                rest = model(inps[:, common:].repeat_interleave(variants, 0), **with_cache(model, cache),
-                             use_cache=True).logits
-        logits = rest if prefix is None else torch.cat([prefix.repeat_interleave(variants, 0), rest], dim=1)
-        records = [RowRecord.teacher_forced(trace, r, starts[r // variants], ends[r // variants])
-                   for r in range(len(logits))]
+            for config, group, part in self._forks(list(range(variants)), cache):  # one call per window
+                n = len(group)
+                region = DecodeRegion.build([0] * len(keys) * n, [s for s in starts for _ in range(n)],
+                                            [e for e in ends for _ in range(n)], device=inps.device,
+                                            plan=self.plan(len(keys), [self.variants[v] for v in group]))
+                with self.speculator.speculating(region, config) as trace:
+                    rest = model(inps[:, common:].repeat_interleave(n, 0), **with_cache(model, part),
+                                 use_cache=True).logits
+                if prefix is not None:
+                    rest = torch.cat([prefix.repeat_interleave(n, 0), rest], dim=1)
+                if logits is None:
+                    logits = rest.new_empty((len(keys) * variants, *rest.shape[1:]))
+                rows = torch.tensor([b * variants + v for b in range(len(keys)) for v in group], device=rest.device)
+                logits[rows] = rest
+                for r, row in enumerate(rows.tolist()):
+                    records[row] = RowRecord.teacher_forced(trace, r, starts[r // n], ends[r // n])
         return logits, max(common - 1, 0), records
 
 

@@ -85,9 +85,10 @@ def test_a_budget_axis_gives_every_row_each_window():
     assert Row.from_record(record["policy"], approx=record["approx"], window=record["window"]) == static
     assert fingerprint(config, "alspec_recall", config.rows()[3])["window"] == 32
     assert fingerprint(config, "alspec_recall", BASELINE)["window"] == 16
-    groups = prefill_groups(config.rows())
-    assert [[r.name for r in g] for g in groups][:2] == [["baseline", "lambda_0.1_S16", "sink_S16"],
-                                                          ["lambda_0.1_S32", "sink_S32"]]
+    groups = prefill_groups(config.rows())  # one prefill per approximation, every window decoding from it
+    assert [[r.name for r in g] for g in groups] == [
+        ["baseline", "lambda_0.1_S16", "sink_S16", "lambda_0.1_S32", "sink_S32"],
+        ["lambda_0.1_local_S16", "sink_local_S16", "lambda_0.1_local_S32", "sink_local_S32"]]
 
 
 def test_empty_lambdas_without_static_is_a_sweep():
@@ -194,19 +195,30 @@ def test_rows_that_score_the_prompt_run_alone_in_a_sweep(approx, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(tmp_path):
+def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(tmp_path, monkeypatch):
     """window: [4, 8] with two approximations: a cell per (approximation, window, lambda), the same with and without
-    the shared prefill (one per window and approximation), each cell's densities those of its own S, and the
-    report's score against effective density."""
+    the shared prefill (one per approximation: each window decodes from it in a call of its own, counted), each
+    cell's densities those of its own S, and the report's score against effective density."""
     from alspec_eval.report.build import write_report
     from alspec_eval.stats import DENSITY, EFFECTIVE_DENSITY
 
     model = save_tiny(tmp_path / "model", max_positions=4096)
     overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": False, "window": [4, 8],
                  "approx": ["sink", "quest"], "approx_args": {"quest": "page:4"}}
+    from alspec_eval.shared_prefill import SharedPrefill
+
+    forks, original = [], SharedPrefill._forks
+
+    def spy(self, indices, cache):  # noqa: ANN001, ANN202
+        parts = list(original(self, indices, cache))
+        forks.append([config.window for config, _, _ in parts])
+        return iter(parts)
+
+    monkeypatch.setattr(SharedPrefill, "_forks", spy)
     outs = [run_sweep(load_config(CONFIGS / "smoke.yaml", {**overrides, "shared_prefill": shared,
                                                            "output": str(tmp_path / str(shared))}))
             for shared in (True, False)]
+    assert forks and all(windows == [4, 8] for windows in forks)  # every prefill serves both windows
     cells = read_cells(outs[0])
     assert cells == read_cells(outs[1])
     assert sorted(cells) == sorted(f"alspec_recall/{name}" for name in [
