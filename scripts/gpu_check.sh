@@ -3,12 +3,29 @@
 # the GPU tests, the compile matrix for this GPU, and the kernel, adapter, shared-prefill sweep and rolling-scoring
 # memory benchmarks on the Llama-3-8B shape. Writes results/gpu_check/<device>.md: the device, the versions, every figure and
 # pass/fail per part. Exits 1 if a part failed.
+#
+#   bash scripts/gpu_check.sh [--out DIR] [--part-timeout SECONDS] [--quick]
+#
+# --part-timeout stops a part that runs longer (it fails; the report keeps its output so far and the next part
+# runs); --quick runs the benchmarks with fewer prompts, tokens and rounds, for a machine lent by the minute.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+outdir=results/gpu_check
+part_timeout=0
+quick=0
+while [ $# -gt 0 ]; do
+    case $1 in
+        --out) outdir=$2; shift 2 ;;
+        --part-timeout) part_timeout=$2; shift 2 ;;
+        --quick) quick=1; shift ;;
+        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
 device=$("$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0).replace(' ', '_'))") || exit 1
-out="results/gpu_check/$device.md"
-mkdir -p results/gpu_check
+out="$outdir/$device.md"
+mkdir -p "$outdir"
 log=$(mktemp -d)
 status=0
 {
@@ -22,8 +39,13 @@ part() {  # part NAME TARGET COMMAND...: runs it, appends its output and pass/fa
     local name=$1 target=$2
     shift 2
     local start=$SECONDS
-    "$@" > "$log/$name.txt" 2>&1
+    if [ "$part_timeout" -gt 0 ]; then
+        timeout --kill-after=10 "$part_timeout" "$@" > "$log/$name.txt" 2>&1
+    else
+        "$@" > "$log/$name.txt" 2>&1
+    fi
     local rc=$?
+    [ $rc = 124 ] && echo "(stopped at --part-timeout $part_timeout s)" >> "$log/$name.txt"
     [ $rc = 0 ] || status=1
     {
         echo
@@ -42,12 +64,17 @@ part "tests" "tests/gpu and tests/kernels pass on CUDA (bf16 checked against the
     "$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/kernels
 part "compile-matrix" "every shape fits this GPU's architecture" \
     "$PY" -m alspec_eval.kernels.triton_launch --arch "$("$PY" -c "import torch; m, n = torch.cuda.get_device_capability(); print(10 * m + n)")"
+if [ $quick = 1 ]; then
+    kernel_args=(--rounds 20) adapter_args=(--prompts 4 --new-tokens 32 --repeats 3) sweep_args=(--prompts 1 --tokens 2048)
+else
+    kernel_args=() adapter_args=() sweep_args=()
+fi
 part "kernels" "the Triton call <= 1.2x cuDNN SDPA at 32K, B = 1 and 8" \
-    "$PY" benchmarks/bench_kernels.py --device cuda --dtype bfloat16
+    "$PY" benchmarks/bench_kernels.py --device cuda --dtype bfloat16 "${kernel_args[@]}"
 part "adapter" "alspec/hf wall <= 1.10 at batch 1 and 8 (8B shape, bf16)" \
-    "$PY" benchmarks/bench_adapter.py --device cuda --shape llama3-8b --batch-sizes 1,8
+    "$PY" benchmarks/bench_adapter.py --device cuda --shape llama3-8b --batch-sizes 1,8 --kernels auto,model "${adapter_args[@]}"
 part "sweep" "a shared-prefill sweep of baseline + 5 lambdas: the same generations as separate runs, faster" \
-    "$PY" benchmarks/bench_sweep.py --device cuda --shape llama3-8b
+    "$PY" benchmarks/bench_sweep.py --device cuda --shape llama3-8b "${sweep_args[@]}"
 part "memory" "rolling-scoring peak memory <= 1.10x hf (8K tokens, 8B shape)" \
     "$PY" benchmarks/bench_memory.py --device cuda --shape llama3-8b --runs hf_rolling,alspec_rolling --repeats 1
 echo "[gpu_check] wrote $out"

@@ -12,6 +12,7 @@ ptxas and cuobjdump) in the fast tier, and nothing else.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import multiprocessing.process
 import os
 import shutil
@@ -41,10 +42,23 @@ def pytest_configure(config: pytest.Config) -> None:
     if SITE.is_dir() and str(SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # not in pytester's
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
         sys.path.insert(0, str(SITE))
-    importlib.import_module("sitecustomize").install()
+    _task_index_site().install()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `pytest -n N`'s workers: one core each, not N x the cores
         torch.set_num_threads(1)
         os.environ["OMP_NUM_THREADS"] = "1"  # and the processes it starts
+
+
+def _task_index_site() -> Any:
+    """Our ``sitecustomize``: the one Python imported at start, or, where the environment has its own (a CUDA image's
+    ``sitecustomize`` comes before our folder joined ``sys.path``), ours loaded from its file."""
+    site = importlib.import_module("sitecustomize")
+    if hasattr(site, "install"):
+        return site
+    if "alspec_task_index_site" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("alspec_task_index_site", SITE / "sitecustomize.py")
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules["alspec_task_index_site"]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -65,10 +79,32 @@ def _refusal(nodeid: str, what: str) -> Callable[..., Any]:
 COMPILER = "alspec_eval.kernels.triton_launch"  # compiles for GPUs without one (Triton's ptxas, cuobjdump)
 
 
-def _compiler_only(nodeid: str, popen: Callable[..., None]) -> Callable[..., None]:
+def _triton_process(args: Any) -> bool:
+    """Whether this is one of Triton's compiler processes: on a GPU its JIT runs ptxas and builds its launcher with
+    the C compiler in any test that launches a kernel, and kernel=auto reads a compiled kernel's resources with
+    Triton's cuobjdump."""
+    spec = importlib.util.find_spec("triton") if "triton" in sys.modules else None
+    tool = str(args[0] if isinstance(args, (list, tuple)) else args)
+    if spec is not None and spec.submodule_search_locations and any(
+            tool.startswith(folder) for folder in spec.submodule_search_locations):
+        return True
+    frame = sys._getframe(2)
+    while frame is not None:
+        if f"{os.sep}triton{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _processes_refused(nodeid: str, popen: Callable[..., None], compiles: bool) -> Callable[..., None]:
+    """Popen.__init__ for a fast test: Triton's compiler processes, a compiles test's python -m COMPILER, and nothing
+    else."""
     def start(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
-        if COMPILER not in list(args):
-            _refusal(nodeid, f"starts {args} (a compiles test may start python -m {COMPILER} only)")()
+        if not _triton_process(args):
+            if not compiles:
+                _refusal(nodeid, "starts a process")()
+            elif COMPILER not in list(args):
+                _refusal(nodeid, f"starts {args} (a compiles test may start python -m {COMPILER} only)")()
         popen(self, args, *rest, **kwargs)
     return start
 
@@ -81,10 +117,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     with pytest.MonkeyPatch.context() as patch:
-        if item.get_closest_marker("compiles") is None:
-            patch.setattr(subprocess.Popen, "__init__", _refusal(item.nodeid, "starts a process"))
-        else:
-            patch.setattr(subprocess.Popen, "__init__", _compiler_only(item.nodeid, subprocess.Popen.__init__))
+        compiles = item.get_closest_marker("compiles") is not None
+        patch.setattr(subprocess.Popen, "__init__", _processes_refused(item.nodeid, subprocess.Popen.__init__, compiles))
         patch.setattr(multiprocessing.process.BaseProcess, "start", _refusal(item.nodeid, "starts a process"))
         if "transformers" in sys.modules:  # every test module that builds a model has imported it by now
             from transformers import PreTrainedModel

@@ -41,3 +41,25 @@ def normal(name: str) -> str:
 def test_every_imported_package_is_declared():
     missing = {normal(DISTRIBUTIONS.get(name, name)) for name in imported_packages()} - declared()
     assert not missing, f"imported but not declared in setup.cfg: {sorted(missing)}"
+
+
+def packages_on_disk() -> set[str]:
+    """Every folder of the code that holds a module, as the package name a wheel installs it under."""
+    roots = {"alspec_eval": ROOT / "alspec_eval", "alspec_eval.kernels": ROOT / "kernels",
+             "alspec_eval.tasks": ROOT / "tasks"}
+    names = set()
+    for name, root in roots.items():
+        for module in root.rglob("*.py"):
+            parts = module.parent.relative_to(root).parts
+            names.add(".".join((name, *parts)))
+    return names
+
+
+def test_every_package_is_in_the_wheel():
+    """setup.cfg lists its packages by name: one left out is missing from a wheel, and `pip install alspec-eval`
+    (not editable) fails at `import alspec_eval` (approximations/ and approx_check/ were left out once)."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    missing = packages_on_disk() - listed
+    assert not missing, f"folders with modules that setup.cfg's packages leave out of the wheel: {sorted(missing)}"

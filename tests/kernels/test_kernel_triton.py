@@ -15,6 +15,7 @@ from alspec_eval.kernels import triton_decode  # noqa: E402
 
 POSITIONS = [150, 16, 15, 3, 97]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU, compiled on a GPU
 
 
 def _compare(device: str, dtype: torch.dtype, align: int, window: int, chunk: int, atol: float) -> None:
@@ -160,16 +161,16 @@ def _check_defaults(q, k, v, cur_pos, window, align, chunk, atol=1e-5):
 
 
 @pytest.mark.parametrize("dim", [24, 80])  # Qwen3 tiny family's 24; Phi/StableLM-like 80: BLOCK_D > head_dim
-def test_interpreter_head_dim_not_a_power_of_two(dim):
-    q, k, v, cur_pos = make_inputs(3, 6, 2, 160, dim, [150, 20, 97])
+def test_head_dim_not_a_power_of_two(dim):
+    q, k, v, cur_pos = (t.to(DEVICE) for t in make_inputs(3, 6, 2, 160, dim, [150, 20, 97]))
     _check_defaults(q, k, v, cur_pos, 8, 1, 16)
 
 
 @pytest.mark.parametrize("align", [1, 32])
-def test_interpreter_many_middle_splits(align, monkeypatch):
+def test_many_middle_splits(align, monkeypatch):
     """One row, one KV head: _num_splits asks for several middle splits, the middle not a multiple of them."""
     monkeypatch.setattr(triton_decode, "_processors", lambda device: 16)
-    q, k, v, cur_pos = make_inputs(1, 4, 1, 300, 32, [283])
+    q, k, v, cur_pos = (t.to(DEVICE) for t in make_inputs(1, 4, 1, 300, 32, [283]))
     geometry_splits = triton_decode._num_splits(1, 300 - 8, 16, q.device)
     assert geometry_splits > 3
     _check_defaults(q, k, v, cur_pos, 8, align, 16)
