@@ -255,13 +255,9 @@ class ALSpecLM(HFLM):
         if alone := [v.label for v in variants if not v.shares_prefill]:
             raise ValueError(f"rows {alone} cannot share a prefill (static calibrates first; an approximation that "
                              "scores the prompt must see its prefill): run them alone")
-        approximations = {v.approx for v in variants if not v.exact_attention}
-        if len(approximations) > 1:  # one batch's passes gather one A~ (rows.prefill_groups splits a sweep's rows)
-            raise ValueError("rows of one shared prefill must share one approximation, not "
-                             f"{sorted(a.label for a in approximations)}")
-        approx = approximations.pop() if approximations else self.spec_config.approx
-        config = dataclasses.replace(self.spec_config, approx=approx)  # each window decodes in a call of its own
-        yield SharedPrefill(list(variants), self.model, self.speculator, config, self.tokenizer.pad_token_id)
+        # each approximation and window decodes from the one prefill in a call of its own
+        yield SharedPrefill(list(variants), self.model, self.speculator, self.spec_config,
+                            self.tokenizer.pad_token_id)
 
     # ------------------------------------------------------------------ results
 

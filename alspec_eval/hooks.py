@@ -24,7 +24,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .config import ConfigError
 from .speculator import ATTR, Speculator, alspec_attention
 
-_HOOKS = "_alspec_hooks"  # on the model: (forward pre-hook handle, base attention implementation)
+_HOOKS = "_alspec_hooks"  # on the model: (forward pre-hook handles, base attention implementation)
 
 
 def attention_modules(model: PreTrainedModel) -> dict[int, torch.nn.Module]:
@@ -110,10 +110,13 @@ def install(model: PreTrainedModel, speculator_cls: Callable[..., Speculator] = 
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
     speculator = speculator_cls(num_layers, sliding_layers(model.config, num_layers), base_fn,
                                 additive_mask=base_name == "eager", **speculator_args)
+    speculator.rotary_emb = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
     for module in modules.values():
         setattr(module, ATTR, speculator)
-    handle = model.register_forward_pre_hook(speculator.new_forward)
-    setattr(model, _HOOKS, (handle, base_name))
+    handles = [model.register_forward_pre_hook(speculator.new_forward),
+               *(module.register_forward_pre_hook(speculator.layer_inputs, with_kwargs=True)
+                 for module in modules.values())]
+    setattr(model, _HOOKS, (handles, base_name))
     model.set_attn_implementation(name)
     return speculator
 
@@ -123,8 +126,9 @@ def remove(model: PreTrainedModel) -> None:
     hooks = getattr(model, _HOOKS, None)
     if hooks is None:
         return
-    handle, base_name = hooks
-    handle.remove()
+    handles, base_name = hooks
+    for handle in handles:
+        handle.remove()
     for module in attention_modules(model).values():
         if hasattr(module, ATTR):
             delattr(module, ATTR)

@@ -214,16 +214,9 @@ def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, g
 
 
 def prefill_groups(rows: list[Row]) -> list[list[Row]]:
-    """The rows that share a prefill, grouped so that each group's forward passes use one approximation (the
-    passes of a shared batch gather one A~; the windows of a budget axis decode from the group's one prefill, a call
-    each); the baseline and self-speculation (which drafts alone) join the first."""
-    groups: dict[Approximation, list[Row]] = {}
-    free = [row for row in rows if row.shares_prefill and row.exact_attention]
-    for row in rows:
-        if row.shares_prefill and not row.exact_attention:
-            groups.setdefault(row.approx, []).append(row)
-    if not groups:
-        return [free] if free else []
-    first = next(iter(groups))
-    groups[first] = sorted([*free, *groups[first]], key=rows.index)  # in run order
-    return list(groups.values())
+    """The rows that share one exact prefill per document, in run order: every row but those that must see a
+    prefill of their own (static calibrates on the others first; an approximation that scores the prompt observes
+    its prefill). The shared prefill forks its cache once per approximation and window, each decoding in a call of
+    its own (SharedPrefill)."""
+    shared = [row for row in rows if row.shares_prefill]
+    return [shared] if shared else []

@@ -53,7 +53,7 @@ class SharedPrefill:
     variants: list[Row]
     model: PreTrainedModel
     speculator: Speculator
-    config: SpeculationConfig  # the group's base (the sweep's window); each row brings its own plan
+    config: SpeculationConfig  # the base (the sweep's window); each fork its approximation and window, each row its plan
     pad_token_id: int
     rows: dict[tuple[RowKey, int], _Stored] = field(default_factory=dict)
 
@@ -129,7 +129,7 @@ class SharedPrefill:
                 rows.append((key, v, _Stored(RowRecord.drafted(self.speculator.num_layers, draft, rule.kept(tokens)),
                                              generated=context.new_tensor(tokens))))
         attention = [v for v, variant in enumerate(self.variants) if not variant.drafts_tokens]
-        for config, group, part in self._forks(attention, cache):  # one call per window of a budget axis
+        for config, group, part in self._forks(attention, cache):  # one call per approximation and window
             context_v, mask_v = context.repeat_interleave(len(group), 0), mask.repeat_interleave(len(group), 0)
             region = DecodeRegion.from_left_padded(
                 mask_v, False, plan=self.plan(len(context), [self.variants[v] for v in group]))
@@ -145,19 +145,22 @@ class SharedPrefill:
 
     def _forks(self, indices: list[int], cache: DynamicCache) -> Iterator[tuple[SpeculationConfig, list[int],
                                                                                 DynamicCache]]:
-        """The variants ``indices`` by window (rows without one of their own, the baseline's, join the first), each
-        group with its config and the prefill's cache repeated once per variant: a copy for every group but the
-        last, so that every window of a budget axis decodes from the one prefill."""
-        groups: dict[int | None, list[int]] = {}
+        """The variants ``indices`` by approximation and window (a call's passes gather one A~ at one budget; the
+        rows of exact attention, the baseline's, join the first), each group with its config and the prefill's cache
+        repeated once per variant: a copy for every group but the last, so that every approximation and window
+        decodes from the one prefill."""
+        groups: dict[tuple, list[int]] = {}
         for v in indices:
-            groups.setdefault(self.variants[v].window, []).append(v)
-        if None in groups and len(groups) > 1:
-            first = next(w for w in groups if w is not None)
-            groups[first] = sorted(groups[first] + groups.pop(None))
-        for i, (window, group) in enumerate(groups.items()):
+            variant = self.variants[v]
+            groups.setdefault((None, None) if variant.exact_attention else (variant.approx, variant.window), []).append(v)
+        if (None, None) in groups and len(groups) > 1:
+            first = next(key for key in groups if key != (None, None))
+            groups[first] = sorted(groups[first] + groups.pop((None, None)))
+        for i, ((approx, window), group) in enumerate(groups.items()):
             part = cache if i == len(groups) - 1 else copy.deepcopy(cache)
             part.batch_repeat_interleave(len(group))
-            yield dataclasses.replace(self.config, window=window or self.config.window), group, part
+            yield dataclasses.replace(self.config, window=window or self.config.window,
+                                      approx=approx or self.config.approx), group, part
 
     def _forward_all(self, inps: torch.Tensor, keys: list[RowKey],
                      starts: list[int]) -> tuple[torch.Tensor, int, list[RowRecord]]:

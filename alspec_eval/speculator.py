@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import semantics
+from .approximations import LayerInputs
 from .config import SpeculationConfig
 from .plan import EXACT_REJECTED, IDLE, Plan
 from .kernels import DecodeKernel, SpecDecodeOutput
@@ -88,6 +89,7 @@ class Session:
     passes: list[_Pass | None] = field(default_factory=list)
     observed: dict[int, object] = field(default_factory=dict)  # per layer: what the approximation kept of the prompt
     holds_prompt: tuple[int, bool] | None = None  # (pass, whether it holds every row's prompt end)
+    hidden: dict[int, tuple] = field(default_factory=dict)  # per layer, until observed: its input and rotary terms
     trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
 
     @property
@@ -107,6 +109,7 @@ class Speculator:
         self.decode_kernel = decode_kernel
         self.additive_mask = additive_mask  # the base attention takes a float mask added to the logits (eager)
         self._sessions: list[Session] = []
+        self.rotary_emb: torch.nn.Module | None = None  # the model's, for approximations that read the layer
 
     # ------------------------------------------------------------------ sessions and passes
 
@@ -137,6 +140,18 @@ class Speculator:
         if self._sessions:
             self._sessions[-1].passes.append(None)
 
+    def layer_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook of each attention module: keeps the layer's input and rotary terms for an approximation
+        that scores the prompt from them (``reads_layer`` and ``prompt_keys``: kvpress's prompt-time presses), until
+        the layer has observed the prompt."""
+        session = self.session
+        approx = session.config.approx if session is not None else None
+        if approx is None or not (approx.reads_layer and approx.prompt_keys) or module.layer_idx in session.observed \
+                or not self.speculates(module.layer_idx):
+            return
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        session.hidden[module.layer_idx] = (hidden, kwargs.get("position_embeddings"))
+
     def speculates(self, layer: int) -> bool:
         """Whether ``layer`` decides anything in this call (the plan is on the host: no read-back)."""
         return self.session is not None and self.session.plan.layer_kinds[layer] != IDLE
@@ -150,7 +165,7 @@ class Speculator:
         if not self.speculates(layer):
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         if self.session.config.approx.prompt_keys and layer not in self.session.observed:
-            self.observe(layer, query, key, scaling)
+            self.observe(module, query, key, value, scaling)
         first = self.locate(query, key)
         step = first.on(query.device)
         if step.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
@@ -205,10 +220,11 @@ class Speculator:
         session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, speculated, keys=keys)
         return session.passes[-1]
 
-    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+    def observe(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                scaling: float) -> None:
         """Let a prompt-scoring approximation see the prompt: in the pass that holds the last (up to) ``observe``
         prompt positions of every row, once per layer (Approximation.observe_prompt)."""
-        session = self.session
+        session, layer = self.session, module.layer_idx
         region, approx = session.region, session.config.approx
         if session.holds_prompt is None or session.holds_prompt[0] != len(session.passes):  # once per pass
             offset = key.shape[2] - query.shape[2]
@@ -217,9 +233,11 @@ class Speculator:
             held = (start <= key.shape[2]) & ((first >= offset) | (start == pad))
             session.holds_prompt = (len(session.passes), bool(held.all()))
         if session.holds_prompt[1]:
+            extra = {"layer": LayerInputs(module, value, *session.hidden.pop(layer, (None, None)), self.rotary_emb)} \
+                if approx.reads_layer else {}
             session.observed[layer] = approx.observe_prompt(
                 query, key, scaling, region.spec_start.to(key.device), region.pad.to(key.device),
-                key.shape[2] - query.shape[2])
+                key.shape[2] - query.shape[2], **extra)
 
     def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
         """The plan's threshold at ``layer`` of each batch row in ``rows`` (None: every row, on ``device``): one float
@@ -257,8 +275,9 @@ class Speculator:
         dtype. Positions go in chunks (:func:`gather_chunk`), so scoring where every position speculates holds one
         chunk's selected keys at a time."""
         cfg = self.session.config
+        extra = {"layer": LayerInputs(module, value, rotary_emb=self.rotary_emb)} if cfg.approx.reads_layer else {}
         shared = cfg.approx.prepare(key, self.session.region.pad.to(key.device), cfg.window,
-                                    self.session.observed.get(module.layer_idx))
+                                    self.session.observed.get(module.layer_idx), **extra)
         chunk = gather_chunk(key, 2 * cfg.window, query.shape[1], cfg.approx.position_bytes(key, query.shape[1]))
         parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs, shared)
                  for lo in range(0, len(step.rows), chunk)]

@@ -81,7 +81,7 @@ def test_a_class_by_its_path_and_by_an_entry_point(monkeypatch):
 
 
 @pytest.mark.parametrize(("approx", "args", "message"), [
-    ("every2", None, "approx='every2' is unknown; use one of sink, local, quest, topk, snapkv, or pkg.module:Class"),
+    ("every2", None, "approx='every2' is unknown; use one of sink, local, quest, topk, snapkv, kvpress:<Press> (a kvpress ScorerPress), or pkg.module:Class"),
     ("test_approximation_registry:Every", "stride:two", "approx_args stride='two' is not an int"),
     ("test_approximation_registry:Every", "scale:x", "approx_args scale='x' is not a float"),
     ("test_approximation_registry:Every", "causal:maybe", "approx_args causal='maybe' is not a bool"),

@@ -85,10 +85,10 @@ def test_a_budget_axis_gives_every_row_each_window():
     assert Row.from_record(record["policy"], approx=record["approx"], window=record["window"]) == static
     assert fingerprint(config, "alspec_recall", config.rows()[3])["window"] == 32
     assert fingerprint(config, "alspec_recall", BASELINE)["window"] == 16
-    groups = prefill_groups(config.rows())  # one prefill per approximation, every window decoding from it
+    groups = prefill_groups(config.rows())  # one prefill, every approximation and window decoding from it
     assert [[r.name for r in g] for g in groups] == [
-        ["baseline", "lambda_0.1_S16", "sink_S16", "lambda_0.1_S32", "sink_S32"],
-        ["lambda_0.1_local_S16", "sink_local_S16", "lambda_0.1_local_S32", "sink_local_S32"]]
+        ["baseline", "lambda_0.1_S16", "sink_S16", "lambda_0.1_S32", "sink_S32",
+         "lambda_0.1_local_S16", "sink_local_S16", "lambda_0.1_local_S32", "sink_local_S32"]]
 
 
 def test_empty_lambdas_without_static_is_a_sweep():
@@ -139,17 +139,15 @@ def test_shared_prefill_equals_separate_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("approx", DRAFTS)
 def test_shared_prefill_of_an_approximation_equals_separate_runs(approx):
-    """A prefill group of another approximation (and self-speculation drafting with it) answers as runs of its own
-    model_args would; a group mixing two approximations is refused."""
+    """Rows of another approximation (and self-speculation drafting with it) on one prefill with the sink's rows
+    answer as runs of their own model_args would: each approximation decodes from the prefill in a call of its
+    own."""
     model = tiny_model()
     args = approx_args(approx, 8)
     lam = median_ratio(alspec_lm(model, **args), PROMPTS[0])
     made = SpeculationConfig(**args).approx
-    variants = [BASELINE, Row.dynamic(lam, made), SINK.approximated(made), Row.selfspec(2, made)]
+    variants = [BASELINE, Row.dynamic(lam, made), SINK.approximated(made), Row.selfspec(2, made), Row.dynamic(lam)]
     shared_lm = alspec_lm(model, batch_size=2)
-    with pytest.raises(ValueError, match="share one approximation"), \
-            shared_lm.shared_prefill([Row.dynamic(lam), Row.dynamic(lam, made)]):
-        pass
     shared = {}
     with shared_lm.shared_prefill(variants) as fork:
         for variant in variants:
@@ -158,7 +156,7 @@ def test_shared_prefill_of_an_approximation_equals_separate_runs(approx):
                 shared[variant] = (shared_lm.generate_until(gen), sample_stats(gen), shared_lm.loglikelihood(ll),
                                    sample_stats(ll))
     own_args = [{"policy": "exact"}, {"lambda": lam, **args}, {"policy": "sink", **args},
-                {"policy": "selfspec", "gamma": 2, **args}]
+                {"policy": "selfspec", "gamma": 2, **args}, {"lambda": lam}]
     for variant, own in zip(variants, own_args, strict=True):
         lm = alspec_lm(model, batch_size=2, **own)
         gen, ll = gen_requests(), ll_requests()
@@ -197,7 +195,8 @@ def test_rows_that_score_the_prompt_run_alone_in_a_sweep(approx, tmp_path):
 @pytest.mark.slow
 def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(tmp_path, monkeypatch):
     """window: [4, 8] with two approximations: a cell per (approximation, window, lambda), the same with and without
-    the shared prefill (one per approximation: each window decodes from it in a call of its own, counted), each
+    the shared prefill (one per document: each approximation and window decodes from it in a call of its own,
+    counted), each
     cell's densities those of its own S, and the report's score against effective density."""
     from alspec_eval.report.build import write_report
     from alspec_eval.stats import DENSITY, EFFECTIVE_DENSITY
@@ -211,14 +210,15 @@ def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(
 
     def spy(self, indices, cache):  # noqa: ANN001, ANN202
         parts = list(original(self, indices, cache))
-        forks.append([config.window for config, _, _ in parts])
+        forks.append([(config.approx.name, config.window) for config, _, _ in parts])
         return iter(parts)
 
     monkeypatch.setattr(SharedPrefill, "_forks", spy)
     outs = [run_sweep(load_config(CONFIGS / "smoke.yaml", {**overrides, "shared_prefill": shared,
                                                            "output": str(tmp_path / str(shared))}))
             for shared in (True, False)]
-    assert forks and all(windows == [4, 8] for windows in forks)  # every prefill serves both windows
+    # every prefill serves both approximations at both windows
+    assert forks and all(calls == [("sink", 4), ("sink", 8), ("quest", 4), ("quest", 8)] for calls in forks)
     cells = read_cells(outs[0])
     assert cells == read_cells(outs[1])
     assert sorted(cells) == sorted(f"alspec_recall/{name}" for name in [

@@ -1,8 +1,9 @@
 """Which at most 2S keys A~ attends to (model_args ``approx=`` and ``approx_args=``): a registry of
-approximations, each one small class (sink.py, local.py, quest.py, topk.py). Torch-free to import."""
+approximations, each one small class (sink.py, local.py, quest.py, topk.py, snapkv.py), and kvpress's presses
+(kvpress.py). Torch-free to import."""
 
-from .base import Approximation, Selected
+from .base import Approximation, LayerInputs, Selected
 from .registry import approximation_class, make_approximation, name_of, names, order, register_approximation
 
-__all__ = ["Approximation", "Selected", "approximation_class", "make_approximation", "name_of", "names", "order",
+__all__ = ["Approximation", "LayerInputs", "Selected", "approximation_class", "make_approximation", "name_of", "names", "order",
            "register_approximation"]

@@ -45,6 +45,8 @@ class Approximation:
     tt_op: ClassVar[bool] = False  # the authors' TT op computes its A~ (backend=tt)
     window_aligns: ClassVar[tuple[int, ...]] = (1,)  # the window_align values it defines A~ for
     prompt_keys: ClassVar[bool] = False  # it scores the prompt once, at prefill (observe_prompt: SnapKV's family)
+    reads_layer: ClassVar[bool] = False  # prepare and observe_prompt also get the layer (LayerInputs: kvpress's)
+    family_name: ClassVar[str] = ""  # the name a family's factory made it under ("kvpress:SnapKVPress")
 
     # ------------------------------------------------------------------ settings
 
@@ -94,21 +96,23 @@ class Approximation:
         return ()
 
     def observe_prompt(self, query: torch.Tensor, key: torch.Tensor, scaling: float, start: torch.Tensor,
-                       pad: torch.Tensor, offset: int) -> Any:
+                       pad: torch.Tensor, offset: int, layer: LayerInputs | None = None) -> Any:
         """Once per layer, in the forward pass that holds the end of every row's prompt (``prompt_keys``
         approximations only): what it keeps of the prompt for the decode steps (SnapKV's key scores). ``query``
         (B, Hq, q_len, D) after RoPE holds physical positions from ``offset``, ``key`` is the layer's cache so far,
-        ``start`` (B,) each row's first speculated position (physical; the prompt is [pad, start))."""
+        ``start`` (B,) each row's first speculated position (physical; the prompt is [pad, start)); ``layer``
+        (``reads_layer`` approximations only) the module, values and the pass's hidden states."""
         return None
 
     def prompt_window(self) -> int:
         """How many of each prompt's last positions :meth:`observe_prompt` reads (one pass must hold them)."""
         return 0
 
-    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None) -> Any:
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
+                layer: LayerInputs | None = None) -> Any:
         """Once per layer and pass: what that layer's selections share (Quest's page bounds), from the layer's
         (B, Hkv, L, D) cache and each batch row's left padding (B,); ``observed``: what :meth:`observe_prompt`
-        returned for this layer."""
+        returned for this layer; ``layer`` (``reads_layer`` approximations only): the module and its values."""
         return observed
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
@@ -121,6 +125,20 @@ class Approximation:
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         """Bytes one speculated position's selection holds at its peak (the speculator sizes its chunks by it)."""
         return 0
+
+
+@dataclasses.dataclass
+class LayerInputs:
+    """What a ``reads_layer`` approximation sees of a layer beyond its keys: the attention module (its projections
+    and config), the (B, Hkv, L, D) values, and, while the prompt is observed, the pass's (B, q_len, hidden) input
+    and its rotary ``position_embeddings`` (cos, sin) as the module's forward received them, and the model's
+    rotary embedding module."""
+
+    module: torch.nn.Module
+    value: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
+    rotary_emb: torch.nn.Module | None = None  # the model's rotary embedding module, where it has one
 
 
 def _short(field: dataclasses.Field, kind: str) -> str:
@@ -156,6 +174,11 @@ def parse_args(cls: type[Approximation], name: str, args: str | dict[str, Any] |
 
 
 def _convert(kind: Any, value: Any, name: str, key: str) -> Any:
+    optional = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    if len(optional) == 1 and type(None) in typing.get_args(kind):  # Optional[X]: "none" or an X
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return None
+        kind = optional[0]
     if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     if kind in (int, float) and isinstance(value, str):

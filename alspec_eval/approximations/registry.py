@@ -21,6 +21,8 @@ _REGISTRY: dict[str, type[Approximation] | str] = {
     "topk": "alspec_eval.approximations.topk:TopK",
     "snapkv": "alspec_eval.approximations.snapkv:SnapKV",
 }
+# Families: ``approx=family:member`` asks the family's factory for member's class (``kvpress:SnapKVPress``).
+_FAMILIES: dict[str, str] = {"kvpress": "alspec_eval.approximations.kvpress:press_draft"}
 
 
 def register_approximation(name: str, cls: type[Approximation] | str) -> None:
@@ -41,13 +43,18 @@ def names() -> list[str]:
 
 
 def approximation_class(name: str) -> type[Approximation]:
-    """The class ``approx=name`` runs: a registered name, an entry point, or ``pkg.module:Class``."""
+    """The class ``approx=name`` runs: a registered name, an entry point, a family's member (``kvpress:Press``) or
+    ``pkg.module:Class``."""
+    family, sep, member = name.partition(":")
+    if sep and family in _FAMILIES:
+        module, _, attr = _FAMILIES[family].partition(":")
+        return getattr(importlib.import_module(module), attr)(member)
     found = _REGISTRY.get(name)
     if found is None:
         points = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
         found = points.get(name, name if ":" in name else None)
     if found is None:
-        raise ConfigError(f"approx={name!r} is unknown; use one of {', '.join(names())}, or pkg.module:Class for "
+        raise ConfigError(f"approx={name!r} is unknown; use one of {', '.join(names())}, kvpress:<Press> (a kvpress ScorerPress), or pkg.module:Class for "
                           "your own (a subclass of alspec_eval.Approximation)")
     cls = _load(found, name) if isinstance(found, str) else found
     if name in _REGISTRY:
@@ -66,7 +73,10 @@ def make_approximation(name: str | Approximation, args: str | dict[str, Any] | N
 
 
 def name_of(cls: type[Approximation]) -> str:
-    """The name that makes ``cls`` again: its registered name, else its ``module:Class`` path."""
+    """The name that makes ``cls`` again: its family's name for it, its registered name, else its ``module:Class``
+    path."""
+    if cls.family_name:
+        return cls.family_name
     path = _path(cls)
     return next((name for name, known in _REGISTRY.items() if _path(known) == path), path)
 

@@ -79,19 +79,27 @@ class SnapKV(Approximation):
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
-        newest = pad[:, None] + pos[:, None] - self.recent + 1 + torch.arange(self.recent, device=pos.device)
-        scores = prepared[rows]  # (r, Hkv, L_prompt): what observe_prompt scored, physical
-        t = torch.arange(scores.shape[-1], device=pos.device)
-        older = t[None, :] < (newest[:, :1])  # a prompt key among the newest R is kept as one of them
-        ranked = scores.masked_fill(~older[:, None, :], -math.inf)
-        budget = 2 * window - self.recent
-        if ranked.shape[-1] < budget:  # fewer prompt keys than the budget: the rest never count
-            ranked = F.pad(ranked, (0, budget - ranked.shape[-1]), value=-math.inf)
-        top = ranked.sort(dim=-1, descending=True, stable=True)
-        chosen, valid = top.indices[..., :budget], top.values[..., :budget] > -math.inf
-        heads = scores.shape[1]
-        index = torch.cat([newest[:, None, :].expand(-1, heads, -1), chosen], -1).clamp_max(key.shape[2] - 1)
-        return index, torch.cat([torch.ones_like(newest, dtype=torch.bool)[:, None, :].expand(-1, heads, -1), valid], -1)
+        return newest_and_top(prepared, key, rows, pos, pad, window, self.recent)
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         return key.shape[2] * key.shape[1] * 16  # a row's scores, and the sort's values and indices
+
+
+def newest_and_top(scores: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
+                   window: int, recent: int) -> Selected:
+    """SnapKV's rule for every prompt-time scorer (kvpress's too): at each position the newest ``recent`` tokens,
+    then the 2S - recent prompt keys of highest ``scores`` (B, Hkv, L_prompt; physical, -inf where none) older than
+    them, ties to the earlier key."""
+    newest = pad[:, None] + pos[:, None] - recent + 1 + torch.arange(recent, device=pos.device)
+    scores = scores[rows]
+    t = torch.arange(scores.shape[-1], device=pos.device)
+    older = t[None, :] < (newest[:, :1])  # a prompt key among the newest R is kept as one of them
+    ranked = scores.masked_fill(~older[:, None, :], -math.inf)
+    budget = 2 * window - recent
+    if ranked.shape[-1] < budget:  # fewer prompt keys than the budget: the rest never count
+        ranked = F.pad(ranked, (0, budget - ranked.shape[-1]), value=-math.inf)
+    top = ranked.sort(dim=-1, descending=True, stable=True)
+    chosen, valid = top.indices[..., :budget], top.values[..., :budget] > -math.inf
+    heads = scores.shape[1]
+    index = torch.cat([newest[:, None, :].expand(-1, heads, -1), chosen], -1).clamp_max(key.shape[2] - 1)
+    return index, torch.cat([torch.ones_like(newest, dtype=torch.bool)[:, None, :].expand(-1, heads, -1), valid], -1)

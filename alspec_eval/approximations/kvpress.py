@@ -1,0 +1,261 @@
+"""kvpress's presses as drafts of A (``approx=kvpress:SnapKVPress``, the press's own arguments in ``approx_args``):
+each ``ScorerPress`` ranks a layer's keys per KV head, A~ attends to its top 2S, and ALSpec verifies A~ as it
+verifies the sink. Install with ``pip install 'alspec-eval[kvpress]'`` (docs/design.md, "kvpress's presses").
+
+Two ways of scoring, as the presses are written:
+- **key-only** presses (Knorm, KeyDiff, CUR, LagKV, Random, StreamingLLM, and CriticalKV around one of them) score
+  the keys a position can see, at every position: a score that reads later keys (KeyDiff's mean, LagKV's next
+  chunk) would otherwise leak the future into a scoring pass;
+- **prompt-time** presses (SnapKV, PyramidKV, ExpectedAttention, Cap, LeverageScore, NonCausalAttn, Compactor) score
+  the prompt once, at prefill, from the layer's input; each decode step keeps the newest ``recent`` tokens and the
+  top 2S - recent prompt keys (SnapKV's rule, :func:`.snapkv.newest_and_top`).
+Each row is scored on its own unpadded keys (kvpress assumes no left padding); ties go to the earlier key.
+Importing kvpress patches every transformers attention function; :func:`import_kvpress` undoes that.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import importlib
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..errors import ConfigError
+from .base import Approximation, LayerInputs, Selected
+from .snapkv import newest_and_top
+
+INSTALL = "pip install 'alspec-eval[kvpress]' && pip install --no-deps kvpress==0.5.5"
+KEY_ONLY = ("KnormPress", "KeyDiffPress", "CURPress", "LagKVPress", "RandomPress", "StreamingLLMPress",
+            "CriticalKVPress")
+PROMPT_TIME = ("SnapKVPress", "PyramidKVPress", "ExpectedAttentionPress", "CapPress", "LeverageScorePress",
+               "NonCausalAttnPress", "CompactorPress")
+SUPPORTED = KEY_ONLY + PROMPT_TIME
+REFUSED = {
+    "TOVAPress": "it ranks keys by the current query's exact attention, every step: an oracle; use approx=topk",
+    "ObservedAttentionPress": "it needs the exact attention weights of every query (eager attention): an oracle; "
+                              "use approx=topk",
+    "KVzapPress": "it downloads its scoring model from the Hugging Face hub",
+    "QFilterPress": "it downloads its query filters from the Hugging Face hub",
+    "ExpectedAttentionStatsPress": "it downloads or computes query statistics from a hub dataset; use "
+                                   "kvpress:ExpectedAttentionPress",
+}
+MARKERS = "osv^<>pP*XdhH8"
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
+# Prompts shorter than a press can score (SnapKV asserts more tokens than its window): their keys rank newest first.
+_SHORTEST = {"SnapKVPress": lambda d: d.window_size, "PyramidKVPress": lambda d: d.window_size,
+             "ExpectedAttentionPress": lambda d: d.n_sink, "CapPress": lambda d: d.n_sink,
+             "CompactorPress": lambda d: d.sink_size_start + d.sink_size_end}
+SEED = 0  # presses that draw random numbers (Random, LeverageScore's sketch) draw the same ones at every call
+
+
+def import_kvpress() -> Any:
+    """The ``kvpress`` package, imported with transformers' attention functions as they were before: its
+    ``__init__`` wraps every one of them (``patch_attention_functions``)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local, shared = dict(ALL_ATTENTION_FUNCTIONS._local_mapping), dict(ALL_ATTENTION_FUNCTIONS._global_mapping)
+    try:
+        return importlib.import_module("kvpress")
+    except ImportError as err:
+        raise ConfigError(f"approx=kvpress:... needs kvpress ({err}); install it with {INSTALL}") from None
+    finally:
+        ALL_ATTENTION_FUNCTIONS._local_mapping.clear()
+        ALL_ATTENTION_FUNCTIONS._local_mapping.update(local)
+        type(ALL_ATTENTION_FUNCTIONS)._global_mapping.clear()
+        type(ALL_ATTENTION_FUNCTIONS)._global_mapping.update(shared)
+
+
+@functools.cache
+def press_draft(press: str) -> type[Approximation]:
+    """The approximation class of ``approx=kvpress:<press>``: its fields are the press's own arguments."""
+    if press in REFUSED:
+        raise ConfigError(f"approx=kvpress:{press} is not supported: {REFUSED[press]}")
+    kvpress = import_kvpress()
+    if press not in SUPPORTED:
+        found = getattr(kvpress, press, None)
+        what = ("is not a class of kvpress" if not isinstance(found, type) else
+                "is not a ScorerPress" if not issubclass(found, kvpress.ScorerPress) else
+                "is a ScorerPress that alspec-eval does not run yet")
+        raise ConfigError(f"approx=kvpress:{press} {what}; use one of "
+                          f"{', '.join(f'kvpress:{name}' for name in SUPPORTED)}")
+    press_cls = getattr(kvpress, press)
+    base = PromptScoredPress if press in PROMPT_TIME else KeyScoredPress
+    if press == "CriticalKVPress":  # a press around a press: the inner one by name, with its defaults
+        fields = [("press", str, field(default="KnormPress", metadata={"short": "of", "label": "of"})),
+                  ("epsilon", float, field(default=1e-4)), ("first_stage_ratio", float, field(default=0.5))]
+    else:
+        hints = typing.get_type_hints(press_cls)
+        fields = [(f.name, hints[f.name], field(default=f.default)) for f in dataclasses.fields(press_cls)
+                  if f.init and f.name != "compression_ratio" and not f.name.startswith("_")]
+    index = SUPPORTED.index(press)
+    namespace = {"press_name": press, "family_name": f"kvpress:{press}", "__module__": __name__,
+                 "marker": MARKERS[index % len(MARKERS)], "colour": COLOURS[index % len(COLOURS)],
+                 "description": f"kvpress's {press} ({'prompt-time' if press in PROMPT_TIME else 'key-only'})"}
+    cls = dataclasses.make_dataclass(_class_name(press), fields, bases=(base,), frozen=True, namespace=namespace)
+    cls.__qualname__ = cls.__name__
+    return cls
+
+
+def press_view(layer: LayerInputs) -> torch.nn.Module:
+    """The attention module as presses read it, the model untouched: a shallow copy (its class, so kvpress's
+    family checks hold, and its weights) that has the model's ``rotary_emb`` (ExpectedAttention and Cap read it from
+    the module; transformers 5 keeps it on the model) and a config with ``head_dim`` (CriticalKV reads it; Qwen2's
+    config has none)."""
+    view = copy.copy(layer.module)
+    config = copy.copy(view.config)
+    object.__setattr__(config, "head_dim", view.head_dim)
+    object.__setattr__(view, "config", config)
+    if layer.rotary_emb is not None:
+        object.__setattr__(view, "rotary_emb", layer.rotary_emb)
+    return view
+
+
+def score(press: Any, module: torch.nn.Module, hidden: torch.Tensor | None, keys: torch.Tensor,
+          values: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """``press.score`` with the global random state forked and seeded: a press that draws random numbers draws the
+    same ones at every call, and the caller's random state is as it was."""
+    devices = [keys.device] if keys.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(SEED)
+        return press.score(module, hidden, keys, values, None, kwargs)
+
+
+def _class_name(press: str) -> str:
+    return f"Draft_{press}"
+
+
+def __getattr__(name: str) -> type[Approximation]:
+    """``Draft_<Press>`` resolves to :func:`press_draft` (so drafts pickle by reference, as classes do)."""
+    if name.startswith("Draft_"):
+        return press_draft(name[len("Draft_"):])
+    raise AttributeError(name)
+
+
+@dataclass(frozen=True)
+class _PressDraft(Approximation):
+    """What every press's draft shares: making the press with a compression ratio that keeps 2S of L keys."""
+
+    press_name: ClassVar[str] = ""
+    reads_layer = True
+
+    def make_press(self, keep: int, length: int) -> Any:
+        """The press, its compression ratio keeping ``keep`` of ``length`` keys (kvpress keeps int(length * (1 -
+        ratio)): half a key more makes that exact in floating point)."""
+        ratio = max(0.0, 1.0 - (keep + 0.5) / length) if length else 0.0
+        kvpress = import_kvpress()
+        args = self.args()
+        if self.press_name == "CriticalKVPress":
+            made = kvpress.CriticalKVPress(getattr(kvpress, args.pop("press"))(), **args)
+            made.compression_ratio = ratio
+            return made
+        args.pop("recent", None)
+        return getattr(kvpress, self.press_name)(compression_ratio=ratio, **args)
+
+    def check(self, window: int) -> None:
+        inner = self.args().get("press") if self.press_name == "CriticalKVPress" else None
+        if inner is not None and (inner not in KEY_ONLY or inner == "CriticalKVPress"):
+            raise ConfigError(f"approx_args press:{inner} is not a key-only press; CriticalKVPress wraps one of "
+                              f"{', '.join(p for p in KEY_ONLY if p != 'CriticalKVPress')}")
+
+
+@dataclass(frozen=True)
+class KeyScoredPress(_PressDraft):
+    """A key-only press: at each speculated position, the press scores that row's keys up to it, A~ takes the top
+    2S per KV head."""
+
+    def keys_read(self, context: int, window: int) -> float:
+        return context  # every key is scored at every step
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
+                layer: LayerInputs | None = None) -> LayerInputs:
+        return dataclasses.replace(layer, module=press_view(layer))
+
+    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+               pad: torch.Tensor, window: int, passed: tuple, prepared: LayerInputs) -> Selected:
+        chosen = []
+        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):  # a row's own unpadded keys up to p
+            keys, values = key[row:row + 1, :, a:a + p + 1], prepared.value[row:row + 1, :, a:a + p + 1]
+            scores = score(self.make_press(2 * window, p + 1), prepared.module, None, keys, values, {})
+            ranked = scores.float().nan_to_num(nan=-math.inf).sort(dim=-1, descending=True, stable=True)
+            chosen.append(ranked.indices[0, :, :2 * window] + a)
+        return torch.stack(chosen), None
+
+    def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
+        return key.shape[2] * key.shape[1] * 16
+
+
+@dataclass
+class _Prompt:
+    """One layer's prompt, as observed at prefill: per row (pad, start, input, keys, values, rotary terms), until
+    :meth:`PromptScoredPress.prepare` scores it."""
+
+    module: torch.nn.Module
+    shape: tuple[int, int, int]  # the (B, Hkv, L) of the scores
+    rows: list[tuple]
+    scores: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class PromptScoredPress(_PressDraft):
+    """A prompt-time press: the press scores each row's prompt once, at prefill, from the layer's input; each step
+    keeps the newest ``recent`` tokens and the top 2S - recent prompt keys."""
+
+    recent: int = field(default=8, metadata={"short": "r", "label": "R"})
+    prompt_keys = True
+
+    def check(self, window: int) -> None:
+        if not 1 <= self.recent < 2 * window:
+            raise ConfigError(f"approx_args recent:{self.recent} leaves no prompt key in the budget 2S = {2 * window}; "
+                              f"use 1 <= recent < {2 * window}, e.g. recent:{min(8, 2 * window - 1)}")
+        super().check(window)
+
+    def keys_read(self, context: int, window: int) -> float:
+        return min(2 * window, context)  # the prompt is scored once, at prefill
+
+    def prompt_window(self) -> int:
+        return 1 << 62  # the whole prompt: one pass must hold all of it
+
+    def observe_prompt(self, query: torch.Tensor, key: torch.Tensor, scaling: float, start: torch.Tensor,
+                       pad: torch.Tensor, offset: int, layer: LayerInputs | None = None) -> _Prompt:
+        """Each row's prompt as the press reads it (its input, keys, values and rotary terms), scored at the first
+        decode step, where the budget is known (:meth:`prepare`)."""
+        cos, sin = layer.position_embeddings
+        rows = []
+        for row, (a, s) in enumerate(zip(pad.tolist(), start.tolist())):
+            part, terms = slice(a - offset, s - offset), row if cos.shape[0] > 1 else 0  # one row of terms: shared
+            rows.append((a, s, layer.hidden_states[row:row + 1, part], key[row:row + 1, :, a:s],
+                         layer.value[row:row + 1, :, a:s], (cos[terms:terms + 1, part], sin[terms:terms + 1, part])))
+        return _Prompt(press_view(layer), tuple(key.shape[:3]), rows)
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: _Prompt | None = None,
+                layer: LayerInputs | None = None) -> torch.Tensor:
+        """Each prompt key's score (B, Hkv, L), -inf past the prompt and on padding: the press's, at a compression
+        ratio that keeps the 2S - recent keys this draft takes of the prompt."""
+        if observed is None:
+            raise RuntimeError(f"kvpress:{self.press_name} scored no prompt: no forward pass of this call held the "
+                               "whole prompt (a prompt prefilled outside the call)")
+        if observed.scores is None:
+            scores = torch.full(observed.shape, -math.inf, device=key.device)
+            shortest = _SHORTEST.get(self.press_name, lambda _: 0)(self)
+            for row, (a, s, hidden, keys, values, terms) in enumerate(observed.rows):
+                if s - a <= shortest:  # too short for the press: newest first
+                    scores[row, :, a:s] = torch.arange(s - a, device=key.device, dtype=scores.dtype)
+                    continue
+                press = self.make_press(2 * window - self.recent, s - a)
+                scored = score(press, observed.module, hidden, keys, values, {"position_embeddings": terms})
+                scores[row, :, a:s] = scored[0].float().nan_to_num(nan=-math.inf)
+            observed.scores, observed.rows = scores, []  # the prompt's inputs are no longer held
+        return observed.scores
+
+    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+               pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
+        return newest_and_top(prepared, key, rows, pos, pad, window, self.recent)
+
+    def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
+        return key.shape[2] * key.shape[1] * 16

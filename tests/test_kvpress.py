@@ -1,0 +1,148 @@
+"""kvpress's presses as drafts (approx=kvpress:<Press>): importing kvpress leaves transformers' attention functions
+as they were; refused presses and bad arguments are one line before any model is built; every supported press keeps
+alspec-check-approx's contract on the three families; and three presses equal drafts written independently of
+kvpress: KnormPress the keys of smallest norm, StreamingLLMPress with n_sink = S the sink, SnapKVPress this
+package's own SnapKV (docs/design.md, "kvpress's presses")."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from alspec_eval.approximations import Approximation, kvpress as drafts, make_approximation
+from alspec_eval.config import SpeculationConfig
+from alspec_eval.errors import ConfigError
+from default_presses import PRESSES, press_args
+
+pytest.importorskip("kvpress", reason="kvpress is installed by scripts/bootstrap.sh (pip install --no-deps kvpress)")
+
+
+def test_the_default_list_covers_every_supported_press():
+    assert PRESSES == list(drafts.SUPPORTED)  # a press supported without its entry in the one list fails here
+
+
+def test_importing_kvpress_leaves_the_attention_functions_as_they_were(monkeypatch):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    for name in [m for m in sys.modules if m == "kvpress" or m.startswith("kvpress.")]:
+        monkeypatch.delitem(sys.modules, name)  # import it afresh: its __init__ patches every attention function
+    before = {name: ALL_ATTENTION_FUNCTIONS[name] for name in ALL_ATTENTION_FUNCTIONS}
+    drafts.import_kvpress()
+    assert "kvpress" in sys.modules
+    assert {name: ALL_ATTENTION_FUNCTIONS[name] for name in ALL_ATTENTION_FUNCTIONS} == before
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("kvpress:TOVAPress", "an oracle; use approx=topk"),
+    ("kvpress:ObservedAttentionPress", "an oracle; use approx=topk"),
+    ("kvpress:KVzapPress", "hub"),
+    ("kvpress:QFilterPress", "hub"),
+    ("kvpress:ExpectedAttentionStatsPress", "use kvpress:ExpectedAttentionPress"),
+    ("kvpress:AdaKVPress", "is not a ScorerPress; use one of kvpress:KnormPress"),
+    ("kvpress:Knorm", "is not a class of kvpress"),
+])
+def test_presses_it_cannot_run_are_refused_in_one_line(name, says):
+    with pytest.raises(ConfigError, match=says) as err:
+        SpeculationConfig(approx=name)
+    assert "\n" not in str(err.value) and name in str(err.value)
+
+
+def test_a_press_takes_its_own_arguments_typed_and_refuses_others():
+    approx = SpeculationConfig(approx="kvpress:SnapKVPress", approx_args="window_size:4;kernel_size:3;recent:2",
+                               window=8).approx
+    assert (approx.window_size, approx.kernel_size, approx.recent) == (4, 3, 2)
+    assert approx.name == "kvpress:SnapKVPress" and make_approximation(approx.name, approx.args()) == approx
+    assert SpeculationConfig(approx="kvpress:RandomPress", approx_args="seed:none").approx.seed is None
+    with pytest.raises(ConfigError, match="has no parameter 'page'"):
+        SpeculationConfig(approx="kvpress:KnormPress", approx_args="page:4")
+    with pytest.raises(ConfigError, match="recent:16 leaves no prompt key"):
+        SpeculationConfig(approx="kvpress:SnapKVPress", approx_args="recent:16", window=8)
+    with pytest.raises(ConfigError, match="is not a key-only press"):
+        SpeculationConfig(approx="kvpress:CriticalKVPress", approx_args="press:SnapKVPress", window=8)
+
+
+def test_a_draft_pickles_by_reference():
+    import pickle
+
+    approx = SpeculationConfig(**press_args("LagKVPress", 8), window=8).approx
+    assert pickle.loads(pickle.dumps(approx)) == approx
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("press", PRESSES)
+def test_every_supported_press_keeps_the_contract(press, capsys):
+    from alspec_eval.approx_check.cli import check
+
+    approx = SpeculationConfig(window=8, **press_args(press, 8)).approx
+    assert check(approx, 8, ["llama", "qwen2", "gemma2"])
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert len(lines) == 3 * 4 and all(line.endswith(": ok") for line in lines), lines
+
+
+@dataclass(frozen=True)
+class SmallestNorms(Approximation):
+    """The oracle of KnormPress, from its paper's rule alone: per KV head the 2S keys of smallest L2 norm among those
+    a position sees, the earlier key first where norms tie."""
+
+    def keys_read(self, context, window):
+        return context
+
+    def select(self, query, key, rows, pos, pad, window, passed, prepared):
+        chosen = []
+        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):
+            norms = torch.linalg.vector_norm(key[row, :, a:a + p + 1], dim=-1, dtype=torch.float32)
+            chosen.append(torch.stack([a + torch.tensor(sorted(range(p + 1), key=lambda j: (float(n[j]), j))[:2 * window])
+                                       for n in norms]))
+        return torch.stack(chosen), None
+
+
+@pytest.fixture(scope="module")
+def model():
+    from tiny import tiny_model
+
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def lam(model):
+    """A lambda that accepts about half of the sink's decisions, so that both branches run."""
+    from helpers import PROMPTS, alspec_lm, median_ratio
+
+    return median_ratio(alspec_lm(model, window=8), PROMPTS[0])
+
+
+def _answers(model, approx, lam):
+    from helpers import alspec_lm, gen_requests, ll_requests, sample_stats
+
+    lm = alspec_lm(model, batch_size=2, window=8, approx=approx, **{"lambda": lam})
+    gen, ll = gen_requests(), ll_requests()
+    return lm.generate_until(gen), lm.loglikelihood(ll), sample_stats(gen), sample_stats(ll)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("press", "args", "oracle"), [
+    ("KnormPress", {}, SmallestNorms()),
+    ("StreamingLLMPress", {"n_sink": 8}, "sink"),
+    ("SnapKVPress", {"window_size": 6, "kernel_size": 3, "recent": 4}, ("snapkv", {"observe": 6, "pool": 3, "recent": 4})),
+])
+def test_a_press_equals_a_draft_written_without_kvpress(model, lam, press, args, oracle):
+    if isinstance(oracle, tuple):
+        oracle = make_approximation(*oracle)
+    draft = make_approximation(f"kvpress:{press}", args)
+    got, want = _answers(model, draft, lam), _answers(model, oracle, lam)
+    assert got[0] == want[0] and got[1] == want[1]  # generations and log-likelihoods, bit for bit
+    assert got[2] == want[2] and got[3] == want[3]  # every request's decisions, per layer
+    speculated = sum(stats["speculated"] for stats in got[2] + got[3])
+    accepted = sum(stats["accepted"] for stats in got[2] + got[3])
+    assert 0 < accepted < speculated, (accepted, speculated)  # both branches ran
+
+
+def test_drafts_differ_from_their_press_defaults_only_where_asked():
+    """A prompt-time draft's own parameter (recent) comes first; the rest are the press's, with its defaults."""
+    fields = [f.name for f in dataclasses.fields(drafts.press_draft("SnapKVPress"))]
+    assert fields == ["recent", "window_size", "kernel_size"]
+    assert drafts.press_draft("SnapKVPress")().window_size == 64
