@@ -146,3 +146,22 @@ def test_drafts_differ_from_their_press_defaults_only_where_asked():
     fields = [f.name for f in dataclasses.fields(drafts.press_draft("SnapKVPress"))]
     assert fields == ["recent", "window_size", "kernel_size"]
     assert drafts.press_draft("SnapKVPress")().window_size == 64
+
+
+@pytest.mark.slow  # builds a model
+def test_a_family_whose_queries_kvpress_gets_wrong_is_refused(model):
+    """Prompt-time presses recompute queries with q_norm for Qwen3 and Gemma 3 only: another family's query norm is
+    refused, naming the family and the fix; Qwen3's is kept."""
+    import copy
+
+    import transformers
+
+    draft = SpeculationConfig(**press_args("SnapKVPress", 8), window=8).approx
+    module = copy.deepcopy(model.model.layers[0].self_attn)
+    module.q_norm = torch.nn.Identity()  # a Llama attention with a query norm of its own, as OLMo 2's
+    key = torch.zeros(1, 2, 12, 16)
+    layer = drafts.LayerInputs(module, key, torch.zeros(1, 12, 64), (torch.zeros(1, 12, 16), torch.zeros(1, 12, 16)))
+    with pytest.raises(ConfigError, match="LlamaAttention normalizes its queries"):
+        draft.observe_prompt(None, key, 1.0, torch.tensor([12]), torch.tensor([0]), 0, layer)
+    qwen3 = transformers.Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    drafts.check_queries(transformers.models.qwen3.modeling_qwen3.Qwen3Attention(qwen3, 0))

@@ -116,6 +116,22 @@ def press_view(layer: LayerInputs) -> torch.nn.Module:
     return view
 
 
+def check_queries(module: torch.nn.Module) -> None:
+    """A prompt-time press recomputes the queries from the layer's input as kvpress's ``get_prerope_query_states``
+    does: q_proj (Phi-3's qkv_proj), then q_norm for Qwen3 and Gemma 3 only. A family with a query norm of its own
+    (Qwen3-MoE, OLMo 2, ...) would be scored with queries it never computes: refused."""
+    from kvpress.utils import Gemma3Attention, Phi3Attention, Qwen3Attention
+
+    family = type(module).__name__
+    if not (hasattr(module, "q_proj") or isinstance(module, Phi3Attention)):
+        raise ConfigError(f"{family} has no q_proj: kvpress's prompt-time presses cannot compute its queries; use a "
+                          "key-only press (kvpress:KnormPress, ...) or approx=snapkv")
+    if hasattr(module, "q_norm") and not isinstance(module, (Qwen3Attention, Gemma3Attention)):
+        raise ConfigError(f"{family} normalizes its queries (q_norm), which kvpress applies for Qwen3 and Gemma 3 "
+                          "only: its prompt-time presses would score with other queries than the model's; use a "
+                          "key-only press (kvpress:KnormPress, ...) or approx=snapkv")
+
+
 def score(press: Any, module: torch.nn.Module, hidden: torch.Tensor | None, keys: torch.Tensor,
           values: torch.Tensor, kwargs: dict) -> torch.Tensor:
     """``press.score`` with the global random state forked and seeded: a press that draws random numbers draws the
@@ -225,6 +241,7 @@ class PromptScoredPress(_PressDraft):
                        pad: torch.Tensor, offset: int, layer: LayerInputs | None = None) -> _Prompt:
         """Each row's prompt as the press reads it (its input, keys, values and rotary terms), scored at the first
         decode step, where the budget is known (:meth:`prepare`)."""
+        check_queries(layer.module)
         cos, sin = layer.position_embeddings
         rows = []
         for row, (a, s) in enumerate(zip(pad.tolist(), start.tolist())):
