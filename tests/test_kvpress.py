@@ -73,6 +73,20 @@ def test_a_draft_pickles_by_reference():
     assert pickle.loads(pickle.dumps(approx)) == approx
 
 
+def test_a_press_draws_the_same_random_numbers_whatever_the_callers_random_state():
+    """RandomPress (and LeverageScore's sketch) draw from the global generator: seeded at every call, so a decode
+    step and a scoring pass rank alike, and the caller's own random state is left as it was."""
+    press = drafts.import_kvpress().RandomPress()
+    keys = torch.zeros(1, 2, 10, 4)
+    draws = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        before = torch.get_rng_state()
+        draws.append(drafts.score(press, None, None, keys, keys, {}))
+        assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(*draws)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("press", PRESSES)
 def test_every_supported_press_keeps_the_contract(press, capsys):
