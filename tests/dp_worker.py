@@ -4,7 +4,8 @@ Usage: python tests/dp_worker.py RANK WORLD PORT OUT.json            (rank 0 wri
        python tests/dp_worker.py RANK WORLD PORT OUTDIR sweep MODEL SCHEDULE  (the smoke sweep config on MODEL,
                                                                       with a tuned row of lambda_schedule SCHEDULE)
        python tests/dp_worker.py RANK WORLD PORT OUTDIR approx MODEL  (every registered approximation's lambda
-                                                                      and sink rows, default_approximations.py)
+                                                                      and sink rows, default_approximations.py,
+                                                                      and two of kvpress's presses)
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import alspec_lm  # noqa: E402
 from tiny import tiny_model  # noqa: E402
+
+DP_PRESSES = ["KnormPress", "SnapKVPress"]  # kvpress's drafts on two ranks: a key-only and a prompt-time press
 
 
 def main() -> None:
@@ -44,12 +47,13 @@ def main() -> None:
         from alspec_eval.sweep.config import load_config
         from alspec_eval.sweep.runner import build_lm, run_sweep
         from default_approximations import APPROXIMATIONS, approx_args
+        from default_presses import press_args
 
-        given = {a: approx_args(a, 8).get("approx_args") for a in APPROXIMATIONS}
+        made = [approx_args(a, 8) for a in APPROXIMATIONS] + [press_args(p, 8) for p in DP_PRESSES]
         config = load_config(Path(__file__).parents[1] / "configs" / "smoke.yaml",
                              {"model_args": {"pretrained": sys.argv[6]}, "lambdas": [1.0], "static": False,
-                              "window": 8, "approx": APPROXIMATIONS, "output": str(out),
-                              "approx_args": {a: args for a, args in given.items() if args}})
+                              "window": 8, "approx": [m["approx"] for m in made], "output": str(out),
+                              "approx_args": {m["approx"]: m["approx_args"] for m in made if "approx_args" in m}})
         lm = build_lm(config)
         _as_rank(lm, rank, world)
         run_sweep(config, lm=lm)

@@ -61,16 +61,17 @@ def test_two_ranks_equal_one_process(tmp_path):
 
 @pytest.mark.filterwarnings("ignore")
 def test_every_approximation_on_two_ranks_equals_one_process(tmp_path):
-    """Each registered approximation's lambda and sink cells (default_approximations.py; snapkv's prefilled alone),
-    swept on two ranks: the cells of one process."""
+    """Each registered approximation's lambda and sink cells (default_approximations.py; snapkv's prefilled alone)
+    and two of kvpress's presses', swept on two ranks: the cells of one process."""
     from default_approximations import APPROXIMATIONS
+    from dp_worker import DP_PRESSES
     from tiny import save_tiny
 
     model = save_tiny(tmp_path / "model", max_positions=4096)
     _launch(1, tmp_path / "one", "approx", model)
     _launch(2, tmp_path / "two", "approx", model)
     one, two = read_cells(tmp_path / "one"), read_cells(tmp_path / "two")
-    assert len(one) == 1 + 2 * len(APPROXIMATIONS) and two == one
+    assert len(one) == 1 + 2 * (len(APPROXIMATIONS) + len(DP_PRESSES)) and two == one
     assert all(cell["alspec"]["total"]["speculated"] > 0 for name, cell in one.items() if "baseline" not in name)
 
 
