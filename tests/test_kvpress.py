@@ -66,6 +66,18 @@ def test_a_press_takes_its_own_arguments_typed_and_refuses_others():
         SpeculationConfig(approx="kvpress:CriticalKVPress", approx_args="press:SnapKVPress", window=8)
 
 
+def test_labels_name_the_arguments_given_and_the_cost_follows_what_a_press_reads():
+    snap = make_approximation("kvpress:SnapKVPress", "window_size:8")
+    assert (snap.label, snap.slug) == ("kvpress:SnapKVPress window_size=8", "kvpress-SnapKVPress_window_size8")
+    assert make_approximation("kvpress:KnormPress").label == "kvpress:KnormPress"
+    assert make_approximation("kvpress:SnapKVPress", "recent:4").slug == "kvpress-SnapKVPress_r4"
+    costs = {p: make_approximation(f"kvpress:{p}").keys_read(1000, 16) for p in ("KnormPress", "KeyDiffPress",
+                                                                            "StreamingLLMPress", "RandomPress",
+                                                                            "SnapKVPress")}
+    assert costs == {"KnormPress": 1000, "KeyDiffPress": 1000, "StreamingLLMPress": 32, "RandomPress": 32,
+                     "SnapKVPress": 32}
+
+
 def test_a_draft_pickles_by_reference():
     import pickle
 

@@ -47,6 +47,7 @@ class Approximation:
     prompt_keys: ClassVar[bool] = False  # it scores the prompt once, at prefill (observe_prompt: SnapKV's family)
     reads_layer: ClassVar[bool] = False  # prepare and observe_prompt also get the layer (LayerInputs: kvpress's)
     family_name: ClassVar[str] = ""  # the name a family's factory made it under ("kvpress:SnapKVPress")
+    names_defaults: ClassVar[bool] = True  # labels and slugs name every parameter (False: those given otherwise)
 
     # ------------------------------------------------------------------ settings
 
@@ -65,14 +66,18 @@ class Approximation:
     @property
     def label(self) -> str:
         """How tables and legends name it: "sink", "quest P=16"."""
-        parts = [f"{_short(f, 'label')}={getattr(self, f.name)}" for f in dataclasses.fields(self)]
+        parts = [f"{_short(f, 'label')}={getattr(self, f.name)}" for f in self._named()]
         return " ".join([self.name, *parts])
 
     @property
     def slug(self) -> str:
         """Its part of a cell's file name: "quest_p16" (any name made file-safe)."""
-        parts = [f"{_short(f, 'short')}{getattr(self, f.name)}" for f in dataclasses.fields(self)]
+        parts = [f"{_short(f, 'short')}{getattr(self, f.name)}" for f in self._named()]
         return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join([self.name, *parts]))
+
+    def _named(self) -> list[dataclasses.Field]:
+        """The parameters its label and slug name (kvpress's presses have many: only those given otherwise)."""
+        return [f for f in dataclasses.fields(self) if self.names_defaults or getattr(self, f.name) != f.default]
 
     def caption(self) -> str:
         """"quest P=16: Quest's query-aware pages of 16 tokens"."""

@@ -36,6 +36,7 @@ KEY_ONLY = ("KnormPress", "KeyDiffPress", "CURPress", "LagKVPress", "RandomPress
 PROMPT_TIME = ("SnapKVPress", "PyramidKVPress", "ExpectedAttentionPress", "CapPress", "LeverageScorePress",
                "NonCausalAttnPress", "CompactorPress")
 SUPPORTED = KEY_ONLY + PROMPT_TIME
+BY_POSITION = ("StreamingLLMPress", "RandomPress")  # they rank by position or chance: they read no key to rank
 REFUSED = {
     "TOVAPress": "it ranks keys by the current query's exact attention, every step: an oracle; use approx=topk",
     "ObservedAttentionPress": "it needs the exact attention weights of every query (eager attention): an oracle; "
@@ -95,6 +96,7 @@ def press_draft(press: str) -> type[Approximation]:
                   if f.init and f.name != "compression_ratio" and not f.name.startswith("_")]
     index = SUPPORTED.index(press)
     namespace = {"press_name": press, "family_name": f"kvpress:{press}", "__module__": __name__,
+                 "ranks_by_position": press in BY_POSITION, "names_defaults": False,
                  "marker": MARKERS[index % len(MARKERS)], "colour": COLOURS[index % len(COLOURS)],
                  "description": f"kvpress's {press} ({'prompt-time' if press in PROMPT_TIME else 'key-only'})"}
     cls = dataclasses.make_dataclass(_class_name(press), fields, bases=(base,), frozen=True, namespace=namespace)
@@ -158,6 +160,7 @@ class _PressDraft(Approximation):
     """What every press's draft shares: making the press with a compression ratio that keeps 2S of L keys."""
 
     press_name: ClassVar[str] = ""
+    ranks_by_position: ClassVar[bool] = False
     reads_layer = True
 
     def make_press(self, keep: int, length: int) -> Any:
@@ -186,7 +189,8 @@ class KeyScoredPress(_PressDraft):
     2S per KV head."""
 
     def keys_read(self, context: int, window: int) -> float:
-        return context  # every key is scored at every step
+        """Every key is scored at every step (a miss), unless the press ranks by position or chance."""
+        return min(2 * window, context) if self.ranks_by_position else context
 
     def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
                 layer: LayerInputs | None = None) -> LayerInputs:
