@@ -192,3 +192,23 @@ def test_a_family_whose_queries_kvpress_gets_wrong_is_refused(model):
         draft.observe_prompt(None, key, 1.0, torch.tensor([12]), torch.tensor([0]), 0, layer)
     qwen3 = transformers.Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     drafts.check_queries(transformers.models.qwen3.modeling_qwen3.Qwen3Attention(qwen3, 0))
+
+
+@pytest.mark.slow
+def test_a_prompt_time_press_scores_at_the_ratio_that_keeps_2s_minus_r_prompt_keys(model):
+    """CompactorPress blends its two scores by the compression ratio unless told: the draft's ratio keeps 2S - R of
+    the P prompt keys, 1 - (2S - R + 1/2) / P, so blending at that ratio changes nothing, and blending at 0 does
+    (policy=sink: A~ always, so the generations show which keys it chose)."""
+    from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats
+
+    given = {"sink_size_start": 2, "sink_size_end": 2, "chunk_size": 8, "sketch_dimension": 8, "recent": 4}
+    prompt = PROMPTS[0] * 3
+    runs = {}
+    for blending in ("default", "ratio", 0.0):
+        prompt_keys = len(alspec_lm(model, window=8).tok_encode(prompt))
+        value = {"default": None, "ratio": 1 - (2 * 8 - 4 + 0.5) / prompt_keys}.get(blending, blending)
+        lm = alspec_lm(model, window=8, policy="sink",
+                       approx=make_approximation("kvpress:CompactorPress", {**given, "blending": value}))
+        requests = gen_requests([prompt])
+        runs[blending] = (lm.generate_until(requests), sample_stats(requests))
+    assert runs["default"] == runs["ratio"] and runs["default"] != runs[0.0]
