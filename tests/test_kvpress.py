@@ -142,11 +142,20 @@ def lam(model):
     return median_ratio(alspec_lm(model, window=8), PROMPTS[0])
 
 
+def _prompts() -> list[str]:
+    from helpers import PROMPTS
+
+    return [PROMPTS[0] * 3, PROMPTS[2]]  # one batch, the second row left padded by some 160 positions
+
+
+PADDED = _prompts()
+
+
 def _answers(model, approx, lam):
     from helpers import alspec_lm, gen_requests, ll_requests, sample_stats
 
     lm = alspec_lm(model, batch_size=2, window=8, approx=approx, **{"lambda": lam})
-    gen, ll = gen_requests(), ll_requests()
+    gen, ll = gen_requests(PADDED, "padded") + gen_requests(), ll_requests()
     return lm.generate_until(gen), lm.loglikelihood(ll), sample_stats(gen), sample_stats(ll)
 
 
