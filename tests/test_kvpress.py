@@ -210,12 +210,12 @@ def test_a_prompt_time_press_scores_at_the_ratio_that_keeps_2s_minus_r_prompt_ke
     (policy=sink: A~ always, so the generations show which keys it chose)."""
     from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats
 
-    given = {"sink_size_start": 2, "sink_size_end": 2, "chunk_size": 8, "sketch_dimension": 8, "recent": 4}
-    prompt = PROMPTS[0] * 3
+    given = {"sink_size_start": 2, "sink_size_end": 2, "chunk_size": 8, "sketch_dimension": 8, "recent": 12}
+    prompt = PROMPTS[0]  # 2S - R = 4 of some 80 keys: a ratio that forgot R (16 of them) blends otherwise
     runs = {}
     for blending in ("default", "ratio", 0.0):
         prompt_keys = len(alspec_lm(model, window=8).tok_encode(prompt))
-        value = {"default": None, "ratio": 1 - (2 * 8 - 4 + 0.5) / prompt_keys}.get(blending, blending)
+        value = {"default": None, "ratio": 1 - (2 * 8 - 12 + 0.5) / prompt_keys}.get(blending, blending)
         lm = alspec_lm(model, window=8, policy="sink",
                        approx=make_approximation("kvpress:CompactorPress", {**given, "blending": value}))
         requests = gen_requests([prompt])
