@@ -253,8 +253,8 @@ class ALSpecLM(HFLM):
             raise ConfigError("a shared prefill needs speculate_prefill=false (with a speculated prompt the KV cache "
                               "differs per lambda)")
         if alone := [v.label for v in variants if not v.shares_prefill]:
-            raise ValueError(f"rows {alone} cannot share a prefill (static calibrates first; an approximation that "
-                             "scores the prompt must see its prefill): run them alone")
+            raise ValueError(f"rows {alone} cannot share a prefill (static calibrates on the others first): run "
+                             "them alone")
         # each approximation and window decodes from the one prefill in a call of its own
         yield SharedPrefill(list(variants), self.model, self.speculator, self.spec_config,
                             self.tokenizer.pad_token_id)

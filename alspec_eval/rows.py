@@ -114,8 +114,8 @@ class Row:
     @property
     def shares_prefill(self) -> bool:
         """Whether the row can run on a sweep's shared exact prefill (static calibrates on the others first; an
-        approximation that scores the prompt must see its prefill)."""
-        return self.kind != "static" and not self.approx.prompt_keys
+        approximation that scores the prompt observes it from what the prefill kept)."""
+        return self.kind != "static"
 
     @property
     def calibrated(self) -> bool:
@@ -214,9 +214,9 @@ def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, g
 
 
 def prefill_groups(rows: list[Row]) -> list[list[Row]]:
-    """The rows that share one exact prefill per document, in run order: every row but those that must see a
-    prefill of their own (static calibrates on the others first; an approximation that scores the prompt observes
-    its prefill). The shared prefill forks its cache once per approximation and window, each decoding in a call of
-    its own (SharedPrefill)."""
+    """The rows that share one exact prefill per document, in run order: every row but the static one, which
+    calibrates on the others first. The shared prefill forks its cache once per approximation and window, each
+    decoding in a call of its own (SharedPrefill); an approximation that scores the prompt observes it from the
+    queries and inputs the prefill kept."""
     shared = [row for row in rows if row.shares_prefill]
     return [shared] if shared else []

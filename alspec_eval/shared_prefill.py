@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ from .plan import Plan
 from .region import DecodeRegion
 from .rows import Row
 from .selfspec import check_greedy, row_cache, selfspec_generate
-from .speculator import Speculator
+from .speculator import PromptPrefix, Speculator
 from .stopping import StopRule
 
 
@@ -111,9 +112,10 @@ class SharedPrefill:
         mask = generation_kwargs.pop("attention_mask", None)
         mask = torch.ones_like(context) if mask is None else mask
         cache = DynamicCache(config=model.config)
+        prefix = None
         if context.shape[1] > 1:
             positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-            with torch.no_grad():
+            with torch.no_grad(), self._capturing(context.shape[1] - 1) as prefix:
                 model(context[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
                       **with_cache(model, cache), use_cache=True, logits_to_keep=1)
         keys, pads = row_keys(context, mask), (mask.shape[1] - mask.long().sum(-1)).tolist()
@@ -133,7 +135,7 @@ class SharedPrefill:
             context_v, mask_v = context.repeat_interleave(len(group), 0), mask.repeat_interleave(len(group), 0)
             region = DecodeRegion.from_left_padded(
                 mask_v, False, plan=self.plan(len(context), [self.variants[v] for v in group]))
-            with self.speculator.speculating(region, config) as trace:
+            with self.speculator.speculating(region, config, self._prefix(prefix, config, len(group))) as trace:
                 out = hf_generate(context_v, max_length, stop, attention_mask=mask_v, **with_cache(model, part),
                                   **generation_kwargs)
             prompt_len = context.shape[1]
@@ -162,6 +164,22 @@ class SharedPrefill:
             yield dataclasses.replace(self.config, window=window or self.config.window,
                                       approx=approx or self.config.approx), group, part
 
+    @contextmanager
+    def _capturing(self, length: int) -> Iterator[PromptPrefix | None]:
+        """The prefill's prompt positions kept for the approximations that score the prompt, where a variant has
+        one (their forks observe the prompt from it): queries, inputs and rotary terms of every layer, held until
+        the forks have run."""
+        if any(v.approx.prompt_keys and not v.exact_attention for v in self.variants):
+            with self.speculator.capturing(length) as kept:
+                yield kept
+        else:
+            yield None
+
+    @staticmethod
+    def _prefix(kept: PromptPrefix | None, config: SpeculationConfig, rows: int) -> PromptPrefix | None:
+        """What a fork of ``rows`` variants per request gets of the prefill's prompt positions."""
+        return kept.repeated(rows) if kept is not None and config.approx.prompt_keys else None
+
     def _forward_all(self, inps: torch.Tensor, keys: list[RowKey],
                      starts: list[int]) -> tuple[torch.Tensor, int, list[RowRecord]]:
         """Teacher-forced logits of every variant after one exact pass over the common prompt prefix.
@@ -175,14 +193,16 @@ class SharedPrefill:
         ends = [len(k) for k in keys]
         logits, records = None, [None] * (len(keys) * variants)
         with torch.no_grad():
-            prefix = (model(inps[:, :common], **with_cache(model, cache), use_cache=True, logits_to_keep=1).logits
-                      if common else None)
+            with self._capturing(common) as kept:
+                prefix = (model(inps[:, :common], **with_cache(model, cache), use_cache=True, logits_to_keep=1).logits
+                          if common else None)
             for config, group, part in self._forks(list(range(variants)), cache):  # one call per window
                 n = len(group)
                 region = DecodeRegion.build([0] * len(keys) * n, [s for s in starts for _ in range(n)],
                                             [e for e in ends for _ in range(n)], device=inps.device,
                                             plan=self.plan(len(keys), [self.variants[v] for v in group]))
-                with self.speculator.speculating(region, config) as trace:
+                with self.speculator.speculating(region, config, self._prefix(kept if common else None, config,
+                                                                              n)) as trace:
                     rest = model(inps[:, common:].repeat_interleave(n, 0), **with_cache(model, part),
                                  use_cache=True).logits
                 if prefix is not None:

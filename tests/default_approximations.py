@@ -17,7 +17,7 @@ DEFAULT_APPROXIMATIONS: dict[str, Callable[[int], dict]] = {
 }
 APPROXIMATIONS = list(DEFAULT_APPROXIMATIONS)
 BEYOND_SINK = APPROXIMATIONS[1:]  # the ones no fused kernel computes
-PROMPT_SCORING = ["snapkv"]  # they score the prompt at prefill: no shared prefill, no self-speculation drafts
+PROMPT_SCORING = ["snapkv"]  # they score the prompt at prefill: no self-speculation drafts
 DRAFTS = [a for a in BEYOND_SINK if a not in PROMPT_SCORING]  # those self-speculation drafts with and rows share
 
 

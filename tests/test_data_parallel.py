@@ -61,7 +61,7 @@ def test_two_ranks_equal_one_process(tmp_path):
 
 @pytest.mark.filterwarnings("ignore")
 def test_every_approximation_on_two_ranks_equals_one_process(tmp_path):
-    """Each registered approximation's lambda and sink cells (default_approximations.py; snapkv's prefilled alone)
+    """Each registered approximation's lambda and sink cells (default_approximations.py)
     and two of kvpress's presses', swept on two ranks: the cells of one process."""
     from default_approximations import APPROXIMATIONS
     from dp_worker import DP_PRESSES

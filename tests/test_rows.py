@@ -65,12 +65,14 @@ def test_rows_of_each_approximation_are_named_run_recorded_and_read_back_apart()
         BASELINE.approximated("quest")
 
 
-def test_one_prefill_serves_every_approximation_but_those_that_see_their_own():
+def test_one_prefill_serves_every_row_but_the_static_one():
     rows = sweep_rows([0.1, 0.2], gammas=[2], approximations=["sink", Quest(page=4), "topk", "snapkv"])
     groups = prefill_groups([*rows, STATIC])
     assert [[r.name for r in g] for g in groups] == [[
         "baseline", "lambda_0.1", "lambda_0.2", "sink", "selfspec_g2", "lambda_0.1_quest_p4", "lambda_0.2_quest_p4",
-        "sink_quest_p4", "selfspec_g2_quest_p4", "lambda_0.1_topk", "lambda_0.2_topk", "sink_topk", "selfspec_g2_topk"]]
+        "sink_quest_p4", "selfspec_g2_quest_p4", "lambda_0.1_topk", "lambda_0.2_topk", "sink_topk", "selfspec_g2_topk",
+        "lambda_0.1_snapkv_w32_k5_r8", "lambda_0.2_snapkv_w32_k5_r8", "sink_snapkv_w32_k5_r8",
+        "selfspec_g2_snapkv_w32_k5_r8"]]
     assert prefill_groups([STATIC]) == []
 
 

@@ -171,27 +171,63 @@ def test_shared_prefill_of_an_approximation_equals_separate_runs(approx):
     assert accepted[0] == 0 < accepted[1] < accepted[2]
 
 
+def _prompt_args(approx: str) -> dict:
+    """The model_args of a registered approximation or of a kvpress press (default_presses.py) at S = 8."""
+    from default_presses import press_args
+
+    return press_args(approx.split(":", 1)[1], 8) if approx.startswith("kvpress:") else approx_args(approx, 8)
+
+
+PROMPT_DRAFTS = [*PROMPT_SCORING, "kvpress:SnapKVPress", "kvpress:CompactorPress"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("approx", PROMPT_SCORING)
-def test_rows_that_score_the_prompt_run_alone_in_a_sweep(approx, tmp_path):
-    """An approximation that scores the prompt at prefill never joins a shared prefill (it must see the prompt's
-    last queries): a sweep with shared_prefill on gives the cells of one with it off, and the adapter refuses to
-    share; self-speculation with it is refused before anything loads."""
+@pytest.mark.parametrize("approx", PROMPT_DRAFTS)
+def test_rows_that_score_the_prompt_share_the_prefill_of_a_sweep(approx, tmp_path):
+    """An approximation that scores the prompt at prefill observes it from the queries and inputs the shared
+    prefill kept: a sweep with shared_prefill on gives the cells of one with it off (each row its own prefill);
+    self-speculation with it is refused before anything loads."""
     model = save_tiny(tmp_path / "model", max_positions=4096)
     overrides = {"model_args": {"pretrained": model}, "lambdas": [0.5, 1.0], "static": False, "window": 8,
-                 "approx": ["sink", approx], "approx_args": {approx: approx_args(approx, 8)["approx_args"]}}
+                 "approx": ["sink", approx], "approx_args": {approx: _prompt_args(approx)["approx_args"]}}
     cells = [read_cells(run_sweep(load_config(CONFIGS / "smoke.yaml", {**overrides, "shared_prefill": shared,
                                                                         "output": str(tmp_path / str(shared))})))
              for shared in (True, False)]
     assert cells[0] == cells[1]
-    made = SpeculationConfig(window=8, **approx_args(approx, 8)).approx
+    made = SpeculationConfig(window=8, **_prompt_args(approx)).approx
     assert {f"alspec_recall/lambda_0.5_{made.slug}", f"alspec_recall/sink_{made.slug}"} <= set(cells[0])
     assert cells[0][f"alspec_recall/lambda_1_{made.slug}"]["alspec"]["total"]["speculated"] > 0
-    with pytest.raises(ValueError, match="cannot share a prefill"), \
-            alspec_lm(tiny_model()).shared_prefill([BASELINE, Row.dynamic(0.5, made)]):
-        pass
     with pytest.raises(ConfigError, match="scores the prompt at prefill"):
-        SpeculationConfig(policy="selfspec", window=8, **approx_args(approx, 8))
+        SpeculationConfig(policy="selfspec", window=8, **_prompt_args(approx))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("approx", PROMPT_DRAFTS)
+def test_a_prompt_scoring_row_on_a_shared_prefill_answers_as_its_own_run(approx):
+    """Generations and log-likelihoods (a common prompt prefix, then the rest per fork) of a prompt-scoring row on
+    one prefill beside the sink's rows equal runs of its own model_args."""
+    model = tiny_model()
+    args = _prompt_args(approx)
+    lam = median_ratio(alspec_lm(model, window=8), PROMPTS[0])
+    made = SpeculationConfig(window=8, **args).approx
+    variants = [BASELINE, Row.dynamic(lam, made), SINK.approximated(made), Row.dynamic(lam)]
+    shared_lm, shared = alspec_lm(model, batch_size=2, window=8), {}
+    with shared_lm.shared_prefill(variants) as fork:
+        for variant in variants:
+            with shared_lm.answering(variant, shared=fork):
+                gen, ll = gen_requests(), ll_requests()
+                shared[variant] = (shared_lm.generate_until(gen), sample_stats(gen), shared_lm.loglikelihood(ll),
+                                   sample_stats(ll))
+    own_args = [{"policy": "exact"}, {"lambda": lam, **args}, {"policy": "sink", **args}, {"lambda": lam}]
+    for variant, own in zip(variants, own_args, strict=True):
+        lm = alspec_lm(model, batch_size=2, window=8, **own)
+        gen, ll = gen_requests(), ll_requests()
+        texts, gen_stats, lls, ll_stats = shared[variant]
+        assert lm.generate_until(gen) == texts, variant
+        assert sample_stats(gen) == gen_stats, variant
+        assert [x for x, _ in lm.loglikelihood(ll)] == pytest.approx([x for x, _ in lls], abs=1e-4), variant
+        assert sample_stats(ll) == ll_stats, variant
+    assert sum(s["speculated"] for s in shared[variants[1]][1]) > 0
 
 
 @pytest.mark.slow

@@ -270,9 +270,6 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
                 for row in group:
                     with lm.answering(row):
                         write(task, row, row.record())
-        for row in (row for row in todo if not row.shares_prefill and not row.calibrated):  # they prefill alone
-            with lm.answering(row):
-                write(task, row, row.record())
         for row in (row for row in todo if row.calibrated):
             layers = static_layers(out, task, config, row)
             with lm.answering(row, tuple(layers)):
