@@ -90,11 +90,12 @@ class Plan:
 
     def layer(self, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
         """Each row's threshold at ``layer``: a float where every active row has the same (no tensor to build or
-        move), else a (rows,) tensor on ``device`` (the whole plan moved there once)."""
+        move), else a contiguous (rows,) tensor on ``device`` (the whole plan moved there once, layer by layer, so
+        that a kernel reading ``lam[b]`` at ``ptr + b`` gets row b's threshold)."""
         value = self._uniform[layer]
         if value is not None:
             return value
         device = torch.device(device)
         if device not in self._on:
-            self._on[device] = self.lam.to(device)
-        return self._on[device][:, layer]
+            self._on[device] = self.lam.t().contiguous().to(device)
+        return self._on[device][layer]

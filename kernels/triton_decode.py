@@ -126,7 +126,7 @@ def speculative_flash_decode_triton(
     d, n = torch.empty(2, b, device=q.device, dtype=torch.float32)
     decision = torch.empty(b, device=q.device, dtype=torch.bool)
     if per_row:
-        lam = lam.to(device=q.device, dtype=torch.float32)
+        lam = lam.to(device=q.device, dtype=torch.float32).contiguous()  # the kernel reads row b at lam_ptr + b
 
     g = geometry
     settings = {"num_stages": launch.num_stages, "num_warps": launch.num_warps}
