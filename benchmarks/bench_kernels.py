@@ -8,12 +8,13 @@ candidates round by round (the machine is shared and noisy) and report medians.
 
     python benchmarks/bench_kernels.py [--threads 1] [--dtype bfloat16] [--rounds 200]
 
-On CUDA (``--device cuda``, bfloat16, batch 1 and 8) the candidates are cuDNN's and flash SDPA on the grouped
-query, and the Triton speculative kernel, each timed for GPU time (``triton.testing.do_bench``, medians) and
-for wall time per call (back-to-back calls, one synchronisation: what a host-bound decode pays); the floor
-is K and V read once at the bandwidth of a large device-to-device copy measured in the same run.
+On CUDA (``--device cuda``, bfloat16, Llama-3-8B heads, batch 1 and 8, 2K to 128K keys) the candidates are flash
+and cuDNN SDPA on the grouped query, and the Triton speculative call; each is timed for GPU time alone (a CUDA graph
+of its calls, replayed), per kernel (torch.profiler) and for host time per call (back-to-back calls, no
+synchronisation: what a host-bound decode pays); the floor is K and V read once at the bandwidth of a large
+device-to-device copy measured in the same run. A markdown table, a line per shape as it is measured.
 
-    python benchmarks/bench_kernels.py --device cuda [--rounds 100]
+    python benchmarks/bench_kernels.py --device cuda [--rounds 5] [--batches 1,8] [--contexts 2048,131072]
 """
 
 from __future__ import annotations
@@ -53,52 +54,133 @@ def median_ms(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 5
 
 
 def cuda_main(args: argparse.Namespace) -> None:
-    """GPU time and wall per call of the Triton kernel beside cuDNN and flash SDPA, and the floor."""
+    """Per call of the Triton speculative decode beside flash and cuDNN SDPA on the grouped view (exact attention
+    alone), Llama-3-8B heads, bfloat16: GPU-only time (a CUDA graph of ``--graph-calls`` calls replayed, CUDA
+    events), GPU time per kernel (torch.profiler), host time per call (back-to-back calls, no synchronisation), and
+    the floor (K and V read once at the copy bandwidth measured in the same run). Rounds interleave the candidates;
+    figures are medians. The table comes first and line by line, so that a run cut short still returns it."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
+    from torch.profiler import ProfilerActivity, profile
 
-    from alspec_eval.kernels.triton_decode import speculative_flash_decode_triton
+    from alspec_eval.kernels.triton_decode import prepare, speculative_flash_decode_triton
 
+    hq, hkv, dim = 32, 8, 128
     src = torch.empty(2**28, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    copy_ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    bandwidth = 2 * src.numel() / (copy_ms / 1e3)  # bytes read plus written per second
+    copy_us = _graph_us(lambda: dst.copy_(src), 5, 3)
+    bandwidth = 2 * src.numel() / (copy_us / 1e6)  # bytes read plus written per second
+    del src, dst
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, {hq}/{hkv} heads, d {dim}, "
+          f"1 query token, S={args.window}, copy bandwidth {bandwidth / 1e12:.2f} TB/s; microseconds per call; "
+          f"gpu = CUDA graph of {args.graph_calls} calls; host = {args.host_calls} calls back to back; "
+          "kernels = torch.profiler per kernel", flush=True)
+    print("| B | L | floor | flash gpu | cudnn gpu | triton gpu | triton/flash | triton kernels | flash host | "
+          "triton host | host triton/flash |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    for batch in args.batches:
+        for ctx in args.contexts:
+            q = torch.randn(batch, hq, dim, dtype=torch.bfloat16, device="cuda")
+            k, v = (torch.randn(batch, hkv, ctx, dim, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+            cur_pos = torch.full((batch,), ctx - 1, device="cuda")
+            start = torch.zeros(batch, dtype=torch.long, device="cuda")
+            geometry = prepare(cur_pos, args.window, 1, start)  # once per decode pass, as the adapter passes it
+            grouped = q.view(batch, hkv, hq // hkv, dim)
 
-    def wall_ms(fn: Callable[[], object], calls: int = 50) -> float:
+            def sdpa(backend: SDPBackend) -> Callable[[], object]:
+                def run() -> object:
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(grouped, k, v)
+                return run
+
+            fns = {"flash": sdpa(SDPBackend.FLASH_ATTENTION), "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+                   "triton": lambda: speculative_flash_decode_triton(q, k, v, cur_pos, args.window, 0.1,
+                                                                     start=start, geometry=geometry)}
+            fns = {name: fn for name, fn in fns.items() if _runs(name, fn)}
+            gpu = _interleaved(fns, args.graph_calls, args.rounds)
+            host = {name: statistics.median(_host_us(fn, args.host_calls) for _ in range(args.rounds))
+                    for name, fn in fns.items() if name != "cudnn"}
+            kernels = _kernel_us(fns["triton"], 20, ProfilerActivity, profile)
+            floor = 2 * k.numel() * k.element_size() / bandwidth * 1e6
+            cell = {name: f"{gpu[name]:.1f}" if name in gpu else "-" for name in ("flash", "cudnn", "triton")}
+            print(f"| {batch} | {ctx // 1024}K | {floor:.1f} | {cell['flash']} | {cell['cudnn']} | {cell['triton']} | "
+                  f"{gpu['triton'] / gpu['flash']:.2f} | {', '.join(f'{n} {t:.1f}' for n, t in kernels.items())} | "
+                  f"{host['flash']:.1f} | {host['triton']:.1f} | {host['triton'] / host['flash']:.2f} |", flush=True)
+            del q, k, v, grouped
+            torch.cuda.empty_cache()
+
+
+def _runs(name: str, fn: Callable[[], object]) -> bool:
+    try:
+        fn()
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        return True
+    except RuntimeError as err:  # a backend this GPU or shape lacks (cuDNN's SDPA, for one)
+        print(f"({name}: {str(err).splitlines()[0]})", flush=True)
+        return False
+
+
+def _graph(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def _replay_us(graph: torch.cuda.CUDAGraph, calls: int) -> float:
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) * 1e3 / calls
+
+
+def _graph_us(fn: Callable[[], object], calls: int, rounds: int) -> float:
+    graph = _graph(fn, calls)
+    return statistics.median(_replay_us(graph, calls) for _ in range(rounds))
+
+
+def _interleaved(fns: dict[str, Callable[[], object]], calls: int, rounds: int) -> dict[str, float]:
+    """GPU-only microseconds per call of each function: its graph replayed, the candidates in interleaved rounds."""
+    graphs = {name: _graph(fn, calls) for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            times[name].append(_replay_us(graph, calls))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _host_us(fn: Callable[[], object], calls: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    took = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return took / calls * 1e6
+
+
+def _kernel_us(fn: Callable[[], object], calls: int, activity, profile) -> dict[str, float]:
+    """GPU microseconds per call of each kernel ``fn`` launches."""
+    with profile(activities=[activity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e3
-
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, 1 query token, S={args.window}; "
-          f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    print("gpu = median GPU time (do_bench); wall = per call, back to back; floor = K and V read once")
-    print(f"{'B':>2} {'hq/hkv/d':>10} {'context':>8} {'cudnn':>7} {'flash':>7} {'triton':>7} {'floor':>7} "
-          f"{'cudnn wall':>10} {'triton wall':>11} {'triton/floor':>12} {'wall triton/cudnn':>17}")
-    for batch in (1, 8):
-        for hq, hkv, dim in SHAPES:
-            for ctx in CONTEXTS:
-                q = torch.randn(batch, hq, dim, dtype=torch.bfloat16, device="cuda")
-                k, v = (torch.randn(batch, hkv, ctx, dim, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-                cur_pos = torch.full((batch,), ctx - 1, device="cuda")
-                grouped = q.view(batch, hkv, hq // hkv, dim)
-
-                def sdpa(backend: SDPBackend) -> Callable[[], object]:
-                    def run() -> object:
-                        with sdpa_kernel(backend):
-                            return F.scaled_dot_product_attention(grouped, k, v)
-                    return run
-
-                fns = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION),
-                       "triton": lambda: speculative_flash_decode_triton(q, k, v, cur_pos, args.window, 0.1)}
-                gpu = {name: do_bench(fn, rep=args.rounds, return_mode="median") for name, fn in fns.items()}
-                walls = {name: statistics.median(wall_ms(fns[name]) for _ in range(5)) for name in ("cudnn", "triton")}
-                floor = 2 * k.numel() * k.element_size() / bandwidth * 1e3
-                print(f"{batch:>2} {hq}/{hkv}/{dim:>3} {ctx:>8} {gpu['cudnn']:>7.3f} {gpu['flash']:>7.3f} "
-                      f"{gpu['triton']:>7.3f} {floor:>7.3f} {walls['cudnn']:>10.3f} {walls['triton']:>11.3f} "
-                      f"{gpu['triton'] / floor:>12.2f} {walls['triton'] / walls['cudnn']:>17.2f}")
+    found = {}
+    for event in prof.key_averages():
+        took = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+        if took > 0:
+            found[event.key.split("(")[0][:24]] = took / calls
+    return found
 
 
 def main() -> None:
@@ -108,6 +190,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--batches", type=lambda t: [int(x) for x in t.split(",")], default=[1, 8],
+                        help="CUDA: batch sizes (default 1,8)")
+    parser.add_argument("--contexts", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[2048, 8192, 32768, 131072], help="CUDA: context lengths (default 2K, 8K, 32K, 128K)")
+    parser.add_argument("--graph-calls", type=int, default=50, help="CUDA: calls per graph")
+    parser.add_argument("--host-calls", type=int, default=200, help="CUDA: calls per host-time round")
     args = parser.parse_args()
     if args.device == "cuda":
         cuda_main(args)

@@ -1,46 +1,32 @@
-"""Triton speculative flash decode (split-K over the sequence).
+"""Triton speculative flash decode (split-K over the sequence), one launch per call.
 
-Program (b, kv head, split) computes a flash partial for all query heads of
-one KV head. Split 0 is the speculative chunk (first and last S positions), so
-its partial, normalised, is the approximation; splits 1.. cover the middle.
-One reduction program per sequence merges each KV head's partials into the
-exact output, writes both outputs, and verifies: d, n and the decision.
+Program (b, kv head, split) computes a flash partial for all query heads of one KV head. Split 0 is the speculative
+chunk (first and last S positions), so its partial, normalised, is the approximation; splits 1.. cover the middle.
+The last split of each (row, KV head) to finish merges that head's partials into the exact output, and the last
+head of each row verifies: d, n and the decision (:mod:`.triton_source`). The merges run in parallel, one per
+(row, KV head), and in a fixed order, so the outputs are the same bits run to run.
 
-Two launches per call and no read-back: the grid comes from shapes the host
-knows, and what the layers of one decode pass share (window bounds, trivial
-rows, int32 positions) comes once per pass from :func:`prepare`.
+Host work per call is kept small, since a decode step calls it once per layer: what depends only on the model's
+shape is computed once (:func:`_static`), the partials' scratch is reused across calls (one stream at a time, as a
+model's forward runs), the outputs come from three allocations, and what the layers of one decode pass share (window
+bounds, trivial rows, int32 positions) comes once per pass from :func:`prepare`. No read-back.
 
-Triton is imported lazily: this module imports without it, and calling the
-kernel without it raises a clear error. Set TRITON_INTERPRET=1 before the first
-call to run on the CPU through Triton's interpreter (how CI tests it).
+Triton is imported lazily: this module imports without it, and calling the kernel without it raises a clear error.
+Set TRITON_INTERPRET=1 before the first call to run on the CPU through Triton's interpreter (how CI tests it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from ..semantics import window_bounds
 from .reference import SpecDecodeOutput, check_inputs
-from .triton_launch import constexprs, launch_for
-
-
-@functools.lru_cache(maxsize=None)
-def _kernels() -> tuple[Any, Any]:
-    """The two jitted kernels, built on first use (triton decides interpret mode when they are)."""
-    try:
-        triton_source = importlib.import_module(".triton_source", __package__)
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "kernel=triton needs the `triton` package (pip install triton, or alspec-eval[triton]); "
-            "use kernel=torch for the reference implementation"
-        ) from err
-    return triton_source.partial_kernel, triton_source.reduce_kernel
+from .triton_launch import constexprs, kernel, launch_for
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,13 +44,11 @@ def _num_splits(batch_heads: int, max_mid: int, block_n: int, device: torch.devi
 
 
 class Geometry(NamedTuple):
-    """One decode pass's windows, shared by its layers: the kernel's int32 positions (logical, counted from each
-    row's first real token), each row's first real token (physical) and the trivial rows."""
+    """One decode pass's windows, shared by its layers: ``packed`` (5, B) int32 rows last_start, mid_stop, cur_pos
+    (logical, counted from each row's first real token), start (each row's first real token, physical) and trivial,
+    as the kernel reads them; ``trivial`` (B,) bool, as the caller reads it."""
 
-    last_start: torch.Tensor
-    mid_stop: torch.Tensor
-    cur_pos: torch.Tensor
-    start: torch.Tensor
+    packed: torch.Tensor
     trivial: torch.Tensor
 
 
@@ -77,8 +61,48 @@ def prepare(cur_pos: torch.Tensor, window: int, window_align: int = 1,
     logical = cur_pos - start
     last_start, trivial = window_bounds(logical, window, window_align)
     mid_stop = torch.where(trivial, torch.full_like(last_start, window), torch.minimum(last_start, logical + 1))
-    i32 = torch.int32
-    return Geometry(last_start.to(i32), mid_stop.to(i32), logical.to(i32), start.to(i32), trivial)
+    packed = torch.stack([last_start, mid_stop, logical, start, trivial.long()]).to(torch.int32)
+    return Geometry(packed, trivial)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """What a call needs that depends only on the model's shape and the lambda's kind."""
+
+    block_n: int
+    constants: dict
+    settings: dict
+
+
+@functools.lru_cache(maxsize=256)
+def _static(dtype: torch.dtype, hq: int, hkv: int, dim: int, per_row: bool, chunk_size: int | None) -> _Static:
+    launch = launch_for(dtype, dim)
+    if chunk_size:
+        if chunk_size < 16 or chunk_size & (chunk_size - 1):
+            raise ValueError(f"chunk_size (BLOCK_N) must be a power of two >= 16 for tl.dot, got {chunk_size}")
+        launch = dataclasses.replace(launch, block_n=chunk_size)
+    return _Static(launch.block_n, constexprs(dtype, hq // hkv, dim, per_row, launch, hkv),
+                   {"num_stages": launch.num_stages, "num_warps": launch.num_warps})
+
+
+class _Scratch:
+    """The partials and tickets of one device, grown as needed and reused by every call: a call's partials are
+    written and merged within its own launch, and its tickets return to zero when it ends."""
+
+    def __init__(self) -> None:
+        self.floats: dict[torch.device, torch.Tensor] = {}
+        self.tickets: dict[torch.device, torch.Tensor] = {}
+
+    def get(self, device: torch.device, floats: int, tickets: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self.floats or self.floats[device].numel() < floats:
+            self.floats[device] = torch.empty(max(floats, 2 * self.floats.get(device, torch.empty(0)).numel()),
+                                              device=device, dtype=torch.float32)
+        if device not in self.tickets or self.tickets[device].numel() < tickets:
+            self.tickets[device] = torch.zeros(2 * tickets, device=device, dtype=torch.int32)
+        return self.floats[device], self.tickets[device]
+
+
+_scratch = _Scratch()
 
 
 def speculative_flash_decode_triton(
@@ -101,45 +125,32 @@ def speculative_flash_decode_triton(
     if geometry is None:
         check_inputs(q, k, v, cur_pos, window, window_align, start)
         geometry = prepare(cur_pos.to(q.device), window, window_align, start)
-    partial_kernel, reduce_kernel = _kernels()
     b, hq, dim = q.shape
     hkv, cache_len = k.shape[1], k.shape[2]
-    group = hq // hkv
-    scale = dim**-0.5 if scale is None else scale
-    q = q.contiguous()
-    if k.stride(3) != 1 or v.stride(3) != 1:
-        k, v = k.contiguous(), v.contiguous()
-
     per_row = isinstance(lam, torch.Tensor)
-    launch = launch_for(q.dtype, dim)
-    if chunk_size:
-        if chunk_size < 16 or chunk_size & (chunk_size - 1):
-            raise ValueError(f"chunk_size (BLOCK_N) must be a power of two >= 16 for tl.dot, got {chunk_size}")
-        launch = dataclasses.replace(launch, block_n=chunk_size)
-    constants = constexprs(q.dtype, group, dim, per_row, launch)
-    block_g, block_d = constants["partial"]["BLOCK_G"], constants["partial"]["BLOCK_D"]
-    splits = _num_splits(b * hkv, cache_len - window, launch.block_n, q.device)
-    o_part = torch.empty(b * hkv * splits * block_g, block_d, device=q.device, dtype=torch.float32)
-    lse_part = torch.empty(b * hkv * splits * block_g, device=q.device, dtype=torch.float32)
-    exact = torch.empty_like(q)
-    spec = torch.empty_like(q)
-    d, n = torch.empty(2, b, device=q.device, dtype=torch.float32)
+    static = _static(q.dtype, hq, hkv, dim, per_row, chunk_size)
+    q = q.contiguous()
+    if k.stride(3) != 1 or v.stride() != k.stride():  # one set of strides serves both
+        k, v = k.contiguous(), v.contiguous()
+    splits = _num_splits(b * hkv, cache_len - window, static.block_n, q.device)
+    group_dim = hq * dim // hkv
+    parts = b * hkv * splits
+    scratch, tickets = _scratch.get(q.device, parts * (group_dim + hq // hkv) + 2 * b * hkv, b * hkv + b)
+    o_part = scratch[: parts * group_dim]
+    lse_part = scratch[parts * group_dim: parts * (group_dim + hq // hkv)]
+    squares = scratch[parts * (group_dim + hq // hkv):]
+    outputs = torch.empty((2, b, hq, dim), device=q.device, dtype=q.dtype)
+    norms = torch.empty((2, b), device=q.device, dtype=torch.float32)
     decision = torch.empty(b, device=q.device, dtype=torch.bool)
     if per_row:
         lam = lam.to(device=q.device, dtype=torch.float32).contiguous()  # the kernel reads row b at lam_ptr + b
-
-    g = geometry
-    settings = {"num_stages": launch.num_stages, "num_warps": launch.num_warps}
-    partial_kernel[(b, hkv, splits)](
-        q, k, v, g.last_start, g.mid_stop, g.cur_pos, g.start, o_part, lse_part,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        cache_len, scale, group, dim, window, splits, **constants["partial"], **settings,
+    kernel()[(b, hkv, splits)](
+        q, k, v, geometry.packed, o_part, lse_part, squares, tickets, outputs[0], outputs[1],
+        lam if per_row else norms, 0.0 if per_row else float(lam), norms[0], norms[1], decision,
+        k.stride(0), k.stride(1), k.stride(2), cache_len, dim**-0.5 if scale is None else scale, window, splits,
+        **static.constants, **static.settings,
     )
-    reduce_kernel[(b,)](
-        o_part, lse_part, exact, spec, g.trivial, lam if per_row else d, 0.0 if per_row else float(lam), d, n, decision,
-        hkv, group, dim, splits, **constants["reduce"], **settings,
-    )
-    return SpecDecodeOutput(exact, spec, d, n, decision, g.trivial)
+    return SpecDecodeOutput(outputs[0], outputs[1], norms[0], norms[1], decision, geometry.trivial)
 
 
 speculative_flash_decode_triton.prepare = prepare  # type: ignore[attr-defined]  # see registry.DecodeKernel

@@ -1,7 +1,7 @@
 """Launch settings of the Triton decode kernels per (dtype, head_dim), and whether they fit a GPU architecture.
 
-A binary of either kernel depends only on its constexprs (the dtype, the block sizes, whether head_dim fills its
-block) and the launch settings; the group, head_dim, window, lengths and left padding are runtime values. What may
+A binary of the kernel depends only on its constexprs (the dtype, the group, head_dim and the block sizes) and the
+launch settings; the window, lengths, batch and left padding are runtime values. What may
 run where is decided from a compiled binary, its shared memory and registers against the architecture's per-block
 limits. Triton compiles for any CUDA architecture without a GPU (its wheel ships ptxas and cuobjdump): the tests
 prove every combination on the CPU, and ``kernel=auto`` checks the one a model needs before anything launches.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import itertools
 import json
 import os
@@ -18,6 +19,7 @@ import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -46,21 +48,25 @@ ARCHS = {80: Arch(80, 166912), 86: Arch(86, 101376), 89: Arch(89, 101376), 90: A
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (a tile's extent)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def blocks(group: int, head_dim: int) -> tuple[int, int]:
     """(BLOCK_G, BLOCK_D): tl.dot needs powers of two of at least 16."""
-    return max(16, 1 << max(group - 1, 0).bit_length()), max(16, 1 << max(head_dim - 1, 0).bit_length())
+    return max(16, pow2(group)), max(16, pow2(head_dim))
 
 
 def launch_for(dtype: torch.dtype, head_dim: int) -> Launch:
     """Settings that fit every architecture in ARCHS (the compile test proves it), so they need no key by
-    architecture, and under which ptxas spills no register of the partial kernel on any of them (Triton 3.9):
-    fp32 tiles take twice the bytes of 16-bit ones and its dot runs without tensor cores, so it streams fewer keys
-    per step in 2 stages (64 keys in 3 stages at head_dim 128 need 143 KB of shared memory, more than sm_86 and
-    sm_89 have), and wide heads stream fewer keys than narrow ones."""
+    architecture, and under which ptxas spills no register on any of them (Triton 3.9): fp32 tiles take twice the
+    bytes of 16-bit ones and its dot runs without tensor cores, so it streams 16 keys per step in 2 stages, and heads
+    wider than 128 stream 16 keys per step (32 left the merge after the loop without registers on sm_90)."""
     block_d = blocks(1, head_dim)[1]
     if dtype != torch.float32:
-        return Launch(64, 3) if block_d <= 128 else Launch(32, 3)
-    return Launch(32, 2) if block_d <= 64 else Launch(16, 2)
+        return Launch(64, 3) if block_d <= 128 else Launch(16, 3)
+    return Launch(16, 2)
 
 
 def arch_of(device: torch.device) -> Arch:
@@ -93,26 +99,46 @@ class Resources:
         return None
 
 
-def constexprs(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, launch: Launch) -> dict[str, dict]:
-    """Each kernel's constexprs, by kernel: what :func:`.triton_decode.speculative_flash_decode_triton` launches."""
+MERGE_ELEMENTS = 1024  # (query head, dim) elements the merge holds at once: 8 floats per thread of 4 warps
+
+
+def chunk_splits(group: int, head_dim: int) -> int:
+    """Partials the merge reads at once, so that their loads overlap: as many as keep its tile at 2048 floats."""
+    return max(1, 2048 // min(pow2(group * head_dim), MERGE_ELEMENTS))
+
+
+def constexprs(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, launch: Launch,
+               kv_heads: int = 8) -> dict[str, object]:
+    """The kernel's constexprs: what :func:`.triton_decode.speculative_flash_decode_triton` launches (a binary per
+    dtype, group, head_dim and power of two of ``kv_heads``)."""
     block_g, block_d = blocks(group, head_dim)
-    return {
-        "partial": {"BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": launch.block_n, "EVEN_D": head_dim == block_d,
-                    "IEEE": dtype == torch.float32},
-        "reduce": {"BLOCK_G": block_g, "BLOCK_D": block_d, "LAM_PER_ROW": lam_per_row},
-    }
+    return {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": launch.block_n,
+            "BLOCK_E": min(pow2(group * head_dim), MERGE_ELEMENTS), "BLOCK_H": max(2, pow2(kv_heads)), "CHUNK_S": chunk_splits(group, head_dim),
+            "IEEE": dtype == torch.float32, "LAM_PER_ROW": lam_per_row}
 
 
-_POSITIONS = ("last_start_ptr", "mid_stop_ptr", "cur_pos_ptr", "start_ptr")
+@functools.lru_cache(maxsize=None)
+def kernel() -> Any:
+    """The jitted kernel, built on first use (Triton decides interpret mode when it is)."""
+    try:
+        triton_source = importlib.import_module(".triton_source", __package__)
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "kernel=triton needs the `triton` package (pip install triton, or alspec-eval[triton]); "
+            "use kernel=torch for the reference implementation"
+        ) from err
+    return triton_source.decode_kernel
+
+
+_MODEL = ("q_ptr", "k_ptr", "v_ptr", "exact_ptr", "spec_ptr")
 
 
 def _signature(arg_names: list[str], dtype: torch.dtype, constants: dict) -> dict[str, str]:
-    """Triton's argument types as the launcher passes them: the model's tensors in its dtype, positions int32,
-    decisions int1, the kernels' own buffers float32; sizes i32, the scale and lambda fp32."""
+    """Triton's argument types as the launcher passes them: the model's tensors in its dtype, the geometry and the
+    tickets int32, decisions int1, the kernel's own buffers float32; sizes i32, the scale and lambda fp32."""
     model = "*" + DTYPES[dtype]
-    types = {"q_ptr": model, "k_ptr": model, "v_ptr": model, "exact_ptr": model, "spec_ptr": model,
-             "trivial_ptr": "*i1", "accept_ptr": "*i1", "scale": "fp32", "lam": "fp32",
-             **dict.fromkeys(_POSITIONS, "*i32")}
+    types = {**dict.fromkeys(_MODEL, model), "geom_ptr": "*i32", "ticket_ptr": "*i32", "accept_ptr": "*i1",
+             "scale": "fp32", "lam": "fp32"}
     return {name: "constexpr" if name in constants else types.get(name, "*fp32" if name.endswith("_ptr") else "i32")
             for name in arg_names}
 
@@ -134,23 +160,19 @@ def _usage(cubin: bytes, name: str) -> tuple[int, int]:
 
 def compile_kernels(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, capability: int,
                     launch: Launch) -> tuple[Resources, ...]:
-    """Compile both kernels for ``sm_<capability>`` (no GPU needed) and return what each asks of a block."""
-    kernels = constexprs(dtype, group, head_dim, lam_per_row, launch).items()
-    return tuple(_compile(i, name, dtype, tuple(constants.items()), capability, launch)
-                 for i, (name, constants) in enumerate(kernels))
+    """Compile the kernel for ``sm_<capability>`` (no GPU needed) and return what it asks of a block."""
+    constants = constexprs(dtype, group, head_dim, lam_per_row, launch)
+    return (_compile("decode", dtype, tuple(constants.items()), capability, launch),)
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(index: int, name: str, dtype: torch.dtype, constants: tuple, capability: int,
-             launch: Launch) -> Resources:
+def _compile(name: str, dtype: torch.dtype, constants: tuple, capability: int, launch: Launch) -> Resources:
     """One binary, compiled once per process (shapes that differ only in runtime values share it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .triton_decode import _kernels
-
-    fn = _kernels()[index]
+    fn = kernel()
     if not hasattr(fn, "arg_names"):
         raise RuntimeError("Triton's interpreter is on (TRITON_INTERPRET=1): it compiles nothing for a GPU; run "
                            "python -m alspec_eval.kernels.triton_launch without it")

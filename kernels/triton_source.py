@@ -1,7 +1,14 @@
-"""The Triton decode kernels' source (see :mod:`.triton_decode`), imported only where Triton is installed.
+"""The Triton decode kernel's source (see :mod:`.triton_decode`), imported only where Triton is installed.
 
 Kept apart, at module level and without postponed annotations, so that every Triton from the oldest the package
 admits on resolves ``tl.constexpr`` and compiles the same source (also ahead of time, :mod:`.triton_launch`).
+
+One launch per call. Program (b, kv head, split) computes a flash partial of that KV head's query heads over its
+keys; split 0's keys are the first and last S positions, so its partial, normalised, is A~. The last split of a
+(row, KV head) to finish (an integer ticket per (row, head)) merges that head's partials, in split order, into A and
+writes both outputs and the head's squared sums; the last head of a row to finish (a ticket per row) adds the heads'
+sums in head order and decides. No float atomics: which program merges depends on scheduling, what it computes
+does not, so d, n and both outputs are the same bits run to run. The tickets return to zero for the next call.
 """
 
 import triton
@@ -9,37 +16,83 @@ import triton.language as tl
 
 
 @triton.jit
-def partial_kernel(
-    q_ptr, k_ptr, v_ptr, last_start_ptr, mid_stop_ptr, cur_pos_ptr, start_ptr, o_ptr, lse_ptr,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
-    cache_len, scale, GROUP, HEAD_DIM, WINDOW, NUM_SPLITS,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-    IEEE: tl.constexpr,
+def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, base, out, NUM_SPLITS,
+                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_S: tl.constexpr):
+    """A of one (row, KV head) from its partials (split 0's is A~), both outputs stored; returns (d^2, n^2) of the
+    head on the outputs as rounded to the model's dtype (what the caller sees). The (query head, dim) elements go
+    BLOCK_E at a time, each reading CHUNK_S partials at once, so registers stay bounded for any head size."""
+    offs_s = tl.arange(0, CHUNK_S)
+    d2 = 0.0
+    n2 = 0.0
+    for e0 in range(0, GROUP * HEAD_DIM, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)  # (query head of the group, dim) flattened: the outputs' own layout
+        e_mask = offs_e < GROUP * HEAD_DIM
+        m = tl.full([BLOCK_E], -1e30, tl.float32)
+        l = tl.zeros([BLOCK_E], tl.float32)
+        acc = tl.zeros([BLOCK_E], tl.float32)
+        for first in range(0, NUM_SPLITS, CHUNK_S):  # in split order
+            split = first + offs_s
+            mask = (split < NUM_SPLITS)[:, None] & e_mask[None, :]
+            lse = tl.load(lse_ptr + (base + split)[:, None] * GROUP + (offs_e // HEAD_DIM)[None, :], mask=mask,
+                          other=-1e30, cache_modifier=".cg")
+            o = tl.load(o_ptr + (base + split)[:, None] * (GROUP * HEAD_DIM) + offs_e[None, :], mask=mask,
+                        other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse, axis=0))
+            alpha = tl.exp(m - m_new)
+            w = tl.exp(lse - m_new[None, :])  # an empty split's lse is -inf: weight 0
+            l = l * alpha + tl.sum(w, axis=0)
+            acc = acc * alpha + tl.sum(w * o, axis=0)
+            m = m_new
+        spec = tl.load(o_ptr + base * (GROUP * HEAD_DIM) + offs_e, mask=e_mask, other=0.0, cache_modifier=".cg")
+        exact = tl.where(trivial, spec, acc / l)  # a trivial context: A~ is A, bit for bit
+        exact = exact.to(exact_ptr.dtype.element_ty)
+        spec = spec.to(spec_ptr.dtype.element_ty)
+        tl.store(exact_ptr + out + offs_e, exact, mask=e_mask)
+        tl.store(spec_ptr + out + offs_e, spec, mask=e_mask)
+        e = tl.where(e_mask, exact.to(tl.float32), 0.0)
+        diff = tl.where(e_mask, spec.to(tl.float32), 0.0) - e
+        d2 += tl.sum(diff * diff, axis=0)
+        n2 += tl.sum(e * e, axis=0)
+    return d2, n2
+
+
+@triton.jit
+def decode_kernel(
+    q_ptr, k_ptr, v_ptr, geom_ptr, o_ptr, lse_ptr, sq_ptr, ticket_ptr,
+    exact_ptr, spec_ptr, lam_ptr, lam, d_ptr, n_ptr, accept_ptr,
+    stride_kb, stride_kh, stride_kl, cache_len, scale, WINDOW, NUM_SPLITS,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_S: tl.constexpr,
+    IEEE: tl.constexpr, LAM_PER_ROW: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
+    batch = tl.num_programs(0)
     hkv = tl.num_programs(1)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     g_mask = offs_g < GROUP
-    d_mask = (offs_d < BLOCK_D) if EVEN_D else (offs_d < HEAD_DIM)  # a constant mask keeps loads vectorized
+    if HEAD_DIM == BLOCK_D:
+        d_mask = offs_d < BLOCK_D  # a constant mask keeps loads vectorized
+    else:
+        d_mask = offs_d < HEAD_DIM
     q = tl.load(
-        q_ptr + b * stride_qb + (h * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
+        q_ptr + ((b * hkv + h) * GROUP + offs_g)[:, None] * HEAD_DIM + offs_d[None, :],
         mask=g_mask[:, None] & d_mask[None, :], other=0.0,
     )
-    # cur, last_start, mid_stop are logical (counted from the first real token); physical = logical + start.
-    cur = tl.load(cur_pos_ptr + b)
-    last_start = tl.load(last_start_ptr + b)
-    first = tl.load(start_ptr + b)
+    # geom rows: last_start, mid_stop, cur (logical: counted from the first real token), start (physical), trivial.
+    last_start = tl.load(geom_ptr + b)
+    mid_stop = tl.load(geom_ptr + batch + b)
+    cur = tl.load(geom_ptr + 2 * batch + b)
+    first = tl.load(geom_ptr + 3 * batch + b)
     k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_vb + h * stride_vh
+    v_base = v_ptr + b * stride_kb + h * stride_kh
 
-    # Split 0 walks j in [0, 2S) mapped onto the two windows; split i > 0
-    # walks its share of the middle [S, mid_stop).
+    # Split 0 walks j in [0, 2S) mapped onto the two windows; split i > 0 walks its share of the middle [S, mid_stop).
     is_spec = split == 0
-    mid_len = tl.maximum(tl.load(mid_stop_ptr + b) - WINDOW, 0)
+    mid_len = tl.maximum(mid_stop - WINDOW, 0)
     per = (mid_len + NUM_SPLITS - 2) // (NUM_SPLITS - 1)  # ceil(mid_len / middle splits)
     lo = tl.where(is_spec, 0, WINDOW + (split - 1) * per)
     hi = tl.where(is_spec, 2 * WINDOW, tl.minimum(lo + per, WINDOW + mid_len))
@@ -54,7 +107,7 @@ def partial_kernel(
         valid = (j < hi) & (pos <= cur) & (phys < cache_len)
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_base + phys[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + phys[:, None] * stride_vl + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + phys[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -74,55 +127,31 @@ def partial_kernel(
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    row = (b * hkv + h) * NUM_SPLITS + split
-    tl.store(
-        o_ptr + (row * BLOCK_G + offs_g)[:, None] * BLOCK_D + offs_d[None, :], o,
-    )
-    tl.store(lse_ptr + row * BLOCK_G + offs_g, lse)
+    head = b * hkv + h
+    row = head * NUM_SPLITS + split
+    tl.store(o_ptr + row * (GROUP * HEAD_DIM) + offs_g[:, None] * HEAD_DIM + offs_d[None, :], o,
+             mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(lse_ptr + row * GROUP + offs_g, lse, mask=g_mask)
 
-@triton.jit
-def reduce_kernel(
-    o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial_ptr, lam_ptr, lam, d_ptr, n_ptr, accept_ptr,
-    HKV, GROUP, HEAD_DIM, NUM_SPLITS,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, LAM_PER_ROW: tl.constexpr,
-):
-    b = tl.program_id(0)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    tile = offs_g[:, None] * BLOCK_D + offs_d[None, :]
-    trivial = tl.load(trivial_ptr + b)
-    d2 = 0.0
-    n2 = 0.0
-    for h in range(HKV):
-        base = (b * HKV + h) * NUM_SPLITS
-        # The speculative partial is the running state the middle merges into.
-        spec = tl.load(o_ptr + base * BLOCK_G * BLOCK_D + tile)
-        lse = tl.load(lse_ptr + base * BLOCK_G + offs_g)
-        acc = spec
-        for split in range(1, NUM_SPLITS):
-            o_s = tl.load(o_ptr + (base + split) * BLOCK_G * BLOCK_D + tile)
-            lse_s = tl.load(lse_ptr + (base + split) * BLOCK_G + offs_g)
-            new = tl.maximum(lse, lse_s) + tl.log(1.0 + tl.exp(-tl.abs(lse - lse_s)))
-            w_s = tl.where(lse_s > float("-inf"), tl.exp(lse_s - new), 0.0)
-            acc = acc * tl.exp(lse - new)[:, None] + o_s * w_s[:, None]
-            lse = new
-        acc = tl.where(trivial, spec, acc)  # a trivial context: A~ is A, bit for bit
-
-        out = (b * HKV + h) * GROUP * HEAD_DIM + offs_g[:, None] * HEAD_DIM + offs_d[None, :]
-        tl.store(spec_ptr + out, spec.to(spec_ptr.dtype.element_ty), mask=mask)
-        tl.store(exact_ptr + out, acc.to(exact_ptr.dtype.element_ty), mask=mask)
-        # Verification on the rounded outputs, as the caller sees them.
-        e = tl.where(mask, acc.to(exact_ptr.dtype.element_ty).to(tl.float32), 0.0)
-        sp = tl.where(mask, spec.to(spec_ptr.dtype.element_ty).to(tl.float32), 0.0)
-        diff = sp - e
-        d2 += tl.sum(tl.sum(diff * diff, axis=1), axis=0)
-        n2 += tl.sum(tl.sum(e * e, axis=1), axis=0)
-    # semantics.accept in float32: d <= lambda n, lambda = inf accepting all; trivial rows accept
-    d = tl.sqrt_rn(d2)
-    n = tl.sqrt_rn(n2)
-    if LAM_PER_ROW:
-        lam = tl.load(lam_ptr + b)
-    tl.store(d_ptr + b, d)
-    tl.store(n_ptr + b, n)
-    tl.store(accept_ptr + b, (d <= lam * n) | (lam == float("inf")) | trivial)
+    tl.debug_barrier()  # every thread's partial is stored before the ticket releases it (acq_rel, gpu scope)
+    if tl.atomic_add(ticket_ptr + head, 1) == NUM_SPLITS - 1:  # the head's last split: merge it
+        tl.store(ticket_ptr + head, 0)
+        trivial = tl.load(geom_ptr + 4 * batch + b) != 0
+        d2, n2 = _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, head * NUM_SPLITS,
+                             head * (GROUP * HEAD_DIM), NUM_SPLITS, GROUP, HEAD_DIM, BLOCK_E, CHUNK_S)
+        tl.store(sq_ptr + 2 * head, d2)
+        tl.store(sq_ptr + 2 * head + 1, n2)
+        tl.debug_barrier()
+        if tl.atomic_add(ticket_ptr + batch * hkv + b, 1) == hkv - 1:  # the row's last head: verify
+            tl.store(ticket_ptr + batch * hkv + b, 0)
+            offs_h = tl.arange(0, BLOCK_H)
+            h_mask = offs_h < hkv
+            heads = (b * hkv + offs_h) * 2
+            d = tl.sqrt_rn(tl.sum(tl.load(sq_ptr + heads, mask=h_mask, other=0.0, cache_modifier=".cg"), axis=0))
+            n = tl.sqrt_rn(tl.sum(tl.load(sq_ptr + heads + 1, mask=h_mask, other=0.0, cache_modifier=".cg"), axis=0))
+            if LAM_PER_ROW:
+                lam = tl.load(lam_ptr + b)
+            tl.store(d_ptr + b, d)
+            tl.store(n_ptr + b, n)
+            # semantics.accept in float32: d <= lambda n, lambda = inf accepting all; trivial rows accept
+            tl.store(accept_ptr + b, (d <= lam * n) | (lam == float("inf")) | trivial)

@@ -123,14 +123,13 @@ class Ops(TorchDispatchMode):
 
 
 class Launches:
-    """Triton's kernels, each launch one op, run by the interpreter outside the count."""
+    """Triton's kernel, each launch one op, run by the interpreter outside the count."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count: Count | None = None
         self.ops: Ops | None = None
-        kernels = triton_decode._kernels()
-        monkeypatch.setattr(triton_decode, "_kernels", lambda: tuple(self._stand_in(k, n) for k, n in
-                                                                   zip(kernels, ("partial kernel", "reduce kernel"))))
+        stand_in = self._stand_in(triton_decode.kernel(), "decode kernel")
+        monkeypatch.setattr(triton_decode, "kernel", lambda: stand_in)
 
     def _stand_in(self, kernel: Any, name: str) -> Any:
         launches = self
@@ -228,7 +227,7 @@ def test_a_decode_layer_reads_nothing_back_and_launches_few_ops(kernel, approx, 
     grown = {name: n for name, n in ops.items() if n}
     assert over_hf <= STEP_OPS[kernel, approx], f"{over_hf} ops per layer and step over hf: {grown}"
     if kernel == "triton":
-        assert ops["partial kernel"] == ops["reduce kernel"] == added * steps  # one launch each per layer and step
+        assert ops["decode kernel"] == added * steps  # one launch per layer and step
 
 
 ROW_LAYERS = (2, 4)  # a model, and the same with two layers more

@@ -11,7 +11,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from kernel_oracle import fill_padding, make_inputs, padded_oracle  # noqa: E402
 
 from alspec_eval.kernels import speculative_flash_decode  # noqa: E402
-from alspec_eval.kernels import triton_decode  # noqa: E402
+from alspec_eval.kernels import triton_decode, triton_launch  # noqa: E402
 
 POSITIONS = [150, 16, 15, 3, 97]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -95,13 +95,13 @@ def test_accept_decision_matches_reference() -> None:
 def test_missing_triton_raises_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "triton", None)
     monkeypatch.delitem(__import__("sys").modules, "alspec_eval.kernels.triton_source", raising=False)
-    triton_decode._kernels.cache_clear()
+    triton_launch.kernel.cache_clear()
     q, k, v, cur_pos = make_inputs(1, 2, 1, 8, 16, [7])
     try:
         with pytest.raises(RuntimeError, match="needs the `triton` package"):
             triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 2, 0.1)
     finally:
-        triton_decode._kernels.cache_clear()
+        triton_launch.kernel.cache_clear()
 
 
 @needs_cuda
@@ -174,3 +174,39 @@ def test_many_middle_splits(align, monkeypatch):
     geometry_splits = triton_decode._num_splits(1, 300 - 8, 16, q.device)
     assert geometry_splits > 3
     _check_defaults(q, k, v, cur_pos, 8, align, 16)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+def test_the_merge_reads_partials_in_chunks_of_any_size(chunk, monkeypatch):
+    """More middle splits than the merge reads at once: its running maximum carries across chunks (each chunk's
+    partials rescaled onto the next), and one partial at a time gives the same outputs as the reference."""
+    monkeypatch.setattr(triton_decode, "_processors", lambda device: 16)
+    monkeypatch.setattr(triton_launch, "chunk_splits", lambda group, head_dim: chunk)
+    triton_decode._static.cache_clear()
+    try:
+        q, k, v, cur_pos = (t.to(DEVICE) for t in make_inputs(2, 4, 1, 300, 32, [283, 250]))
+        assert triton_decode._num_splits(2, 300 - 8, 16, q.device) > 2 * chunk
+        _check_defaults(q, k, v, cur_pos, 8, 1, 16)
+    finally:
+        triton_decode._static.cache_clear()
+
+
+def test_repeated_calls_give_the_same_bits_and_leave_the_tickets_at_zero():
+    """Which program merges depends on scheduling (on a GPU), what it computes does not: d, n and both outputs are
+    the same bits call after call, per-row lambda, trivial rows and left padding included; every ticket is back at
+    zero when a call ends, so the next call (another layer, another shape) starts clean."""
+    q, k, v, cur_pos = make_inputs(len(PAD_CUR), 6, 2, 112, 32, PAD_CUR, start=PAD_START)
+    start = torch.tensor(PAD_START)
+    q, k, v, cur_pos, start = (t.to(DEVICE) for t in (q, k, v, cur_pos, start))
+    lam = torch.tensor([0.1, 0.5, 1.0, 0.0, float("inf")], device=DEVICE)
+    runs = [triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, lam, chunk_size=16, start=start)
+            for _ in range(5 if DEVICE == "cpu" else 20)]
+    for run in runs[1:]:
+        for a, b in zip(run, runs[0]):
+            assert torch.equal(a, b)
+    assert not triton_decode._scratch.tickets[q.device].any()
+    smaller = triton_decode.speculative_flash_decode_triton(q[:2], k[:2, :, :60], v[:2, :, :60], cur_pos[:2] - 50,
+                                                            8, 0.5, chunk_size=16)
+    reference = speculative_flash_decode(q[:2], k[:2, :, :60], v[:2, :, :60], cur_pos[:2] - 50, 8, 0.5)
+    torch.testing.assert_close(smaller.exact, reference.exact, atol=1e-5, rtol=1e-5)
+    assert not triton_decode._scratch.tickets[q.device].any()

@@ -60,7 +60,7 @@ def test_settings_over_a_limit_are_refused_with_their_bytes() -> None:
     over = {(r["arch"], r["dtype"], r["head_dim"]) for r in rows if r["misfit"]}
     assert code == 1 and over == {(86, "fp32", d) for d in (80, 96, 128, 256)} | {(90, "fp32", 256)}
     row = next(r for r in rows if (r["arch"], r["dtype"], r["head_dim"]) == (86, "fp32", 128))
-    assert row["misfit"] == (f"the partial kernel needs {row['kernels']['partial']['shared']} bytes of shared memory "
+    assert row["misfit"] == (f"the decode kernel needs {row['kernels']['decode']['shared']} bytes of shared memory "
                              "per block, sm_86 allows 101376")
 
 

@@ -46,9 +46,18 @@ def test_both_kernels_equal_a_float64_oracle_at_llama3_8b_heads(dtype: torch.dty
     q64, k64, v64 = (x.cpu().double() for x in (q, k, v))
     oracle = decode_step_float64(q64, k64, v64, cur_pos, start, WINDOW, align, 1.0)
     ratio = (oracle["d"] / oracle["n"]).tolist()
-    lambdas = [float("inf"), ratio[1] * 1.5, ratio[2] / 1.5, ratio[3] * 1.5]  # per row: accept, accept, reject, accept
-    between = (sorted(ratio)[1] + sorted(ratio)[2]) / 2  # accepts one non-trivial row, rejects two
-    for lam in (between, torch.tensor(lambdas)):  # a scalar, and one lambda per row
+    margin = MARGIN[dtype]
+    assert min(ratio[1:]) > 3 * margin  # the draw: every non-trivial row far enough from 0 to be rejected surely
+
+    def above(r: float) -> float:  # accepts a row of ratio r, beyond the margin by construction
+        return 1.5 * r + 2 * margin
+
+    def below(r: float) -> float:  # rejects it
+        return r / 1.5 - margin
+
+    lambdas = [float("inf"), above(ratio[1]), below(ratio[2]), above(ratio[3])]  # per row: accept, accept, reject, accept
+    scalars = [below(min(ratio[1:])), above(max(ratio[1:]))]  # one lambda for every row: rejects all, accepts all
+    for lam in (*scalars, torch.tensor(lambdas)):  # a scalar, and one lambda per row
         out = triton_decode.speculative_flash_decode_triton(
             q, k, v, torch.tensor(cur_pos, device=DEVICE), WINDOW, lam if isinstance(lam, float) else lam.to(DEVICE),
             window_align=align, start=torch.tensor(start, device=DEVICE))
@@ -62,7 +71,7 @@ def test_both_kernels_equal_a_float64_oracle_at_llama3_8b_heads(dtype: torch.dty
         torch.testing.assert_close(out.n.double(), want["n"], rtol=TOLERANCE[dtype], atol=0)
         assert out.trivial.tolist() == want["trivial"] == [True, False, False, False]
         rows = decisions_away_from_boundary(want["d"], want["n"], lam if isinstance(lam, float) else lam.tolist(),
-                                            margin=MARGIN[dtype])
+                                            margin=margin)
         assert len(rows) == 4
         assert [out.accept.tolist()[b] for b in rows] == [want["accept"][b] for b in rows]
     assert want["accept"] == [True, True, False, True]
