@@ -60,9 +60,10 @@ def blocks(group: int, head_dim: int) -> tuple[int, int]:
 
 def launch_for(dtype: torch.dtype, head_dim: int) -> Launch:
     """Settings that fit every architecture in ARCHS (the compile test proves it), so they need no key by
-    architecture, and under which ptxas spills no register on any of them (Triton 3.9): fp32 tiles take twice the
-    bytes of 16-bit ones and its dot runs without tensor cores, so it streams 16 keys per step in 2 stages, and heads
-    wider than 128 stream 16 keys per step (32 left the merge after the loop without registers on sm_90)."""
+    architecture, and under which ptxas spills (Triton 3.9) at most 8 bytes per thread, in one shape only (fp32,
+    head_dim 96, group 16, sm_90): fp32 tiles take twice the bytes of 16-bit ones and its dot runs without tensor
+    cores, so it streams 16 keys per step in 2 stages, and heads wider than 128 stream 16 keys per step (32 left the
+    merge after the loop too few registers on sm_90)."""
     block_d = blocks(1, head_dim)[1]
     if dtype != torch.float32:
         return Launch(64, 3) if block_d <= 128 else Launch(16, 3)

@@ -24,6 +24,7 @@ from alspec_eval.plan import Plan  # noqa: E402
 from alspec_eval.rows import Row  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU, compiled on a GPU
 
 
 @contextmanager
@@ -47,7 +48,7 @@ def recorded(lm: Any) -> Any:
 
 
 def _sweep(model: torch.nn.Module, rows: list[Row], kernel: str) -> tuple[dict, list]:
-    lm = alspec_lm(model, batch_size=4, kernel=kernel)
+    lm = alspec_lm(model, batch_size=4, kernel=kernel, device=DEVICE)
     answers = {}
     with recorded(lm) as traces, lm.shared_prefill(rows) as fork:
         for row in rows:
@@ -87,14 +88,14 @@ def test_per_row_thresholds_of_a_plan_reach_their_rows():
 
     from alspec_eval.kernels import speculative_flash_decode
 
-    q, k, v, cur_pos = make_inputs(4, 6, 2, 160, 32, [150, 120, 100, 90])
+    q, k, v, cur_pos = (t.to(DEVICE) for t in make_inputs(4, 6, 2, 160, 32, [150, 120, 100, 90]))
     plan = Plan.of_rows([[0.0, 1e9, 0.0], [float("inf")] * 3, [0.0, 0.0, 5.0], [float("nan")] * 3])
     for layer in range(3):
-        lam = plan.layer(layer)
+        lam = plan.layer(layer, DEVICE)
         fused = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, lam, chunk_size=16)
-        reference = speculative_flash_decode(q, k, v, cur_pos, 8, plan.lam[:, layer])
+        reference = speculative_flash_decode(q, k, v, cur_pos, 8, plan.lam[:, layer].to(DEVICE))
         assert fused.accept.tolist() == reference.accept.tolist(), layer
-        strided = plan.lam[:, layer]  # a column of a (rows, layers) tensor: not contiguous
+        strided = plan.lam.to(DEVICE)[:, layer]  # a column of a (rows, layers) tensor: not contiguous
         assert not strided.is_contiguous()
         assert triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, strided,
                                                              chunk_size=16).accept.tolist() == reference.accept.tolist()
