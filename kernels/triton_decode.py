@@ -127,30 +127,28 @@ def speculative_flash_decode_triton(
         geometry = prepare(cur_pos.to(q.device), window, window_align, start)
     b, hq, dim = q.shape
     hkv, cache_len = k.shape[1], k.shape[2]
+    device = q.device
     per_row = isinstance(lam, torch.Tensor)
     static = _static(q.dtype, hq, hkv, dim, per_row, chunk_size)
     q = q.contiguous()
     if k.stride(3) != 1 or v.stride() != k.stride():  # one set of strides serves both
         k, v = k.contiguous(), v.contiguous()
-    splits = _num_splits(b * hkv, cache_len - window, static.block_n, q.device)
-    group_dim = hq * dim // hkv
+    splits = _num_splits(b * hkv, cache_len - window, static.block_n, device)
     parts = b * hkv * splits
-    scratch, tickets = _scratch.get(q.device, parts * (group_dim + hq // hkv) + 2 * b * hkv, b * hkv + b)
-    o_part = scratch[: parts * group_dim]
-    lse_part = scratch[parts * group_dim: parts * (group_dim + hq // hkv)]
-    squares = scratch[parts * (group_dim + hq // hkv):]
-    outputs = torch.empty((2, b, hq, dim), device=q.device, dtype=q.dtype)
-    norms = torch.empty((2, b), device=q.device, dtype=torch.float32)
-    decision = torch.empty(b, device=q.device, dtype=torch.bool)
+    scratch, tickets = _scratch.get(device, parts * (hq // hkv) * (dim + 1) + 2 * b * hkv, b * hkv + b)
+    outputs = torch.empty((2, b, hq, dim), device=device, dtype=q.dtype)  # A, then A~
+    norms = torch.empty((2, b), device=device, dtype=torch.float32)  # d, then n
+    decision = torch.empty(b, device=device, dtype=torch.bool)
     if per_row:
-        lam = lam.to(device=q.device, dtype=torch.float32).contiguous()  # the kernel reads row b at lam_ptr + b
+        lam = lam.to(device=device, dtype=torch.float32).contiguous()  # the kernel reads row b at lam_ptr + b
     kernel()[(b, hkv, splits)](
-        q, k, v, geometry.packed, o_part, lse_part, squares, tickets, outputs[0], outputs[1],
-        lam if per_row else norms, 0.0 if per_row else float(lam), norms[0], norms[1], decision,
-        k.stride(0), k.stride(1), k.stride(2), cache_len, dim**-0.5 if scale is None else scale, window, splits,
-        **static.constants, **static.settings,
+        q, k, v, geometry.packed, scratch, tickets, outputs, lam if per_row else norms, 0.0 if per_row else float(lam),
+        norms, decision, k.stride(0), k.stride(1), k.stride(2), cache_len, dim**-0.5 if scale is None else scale,
+        window, splits, **static.constants, **static.settings,
     )
-    return SpecDecodeOutput(outputs[0], outputs[1], norms[0], norms[1], decision, geometry.trivial)
+    exact, spec = outputs.unbind()
+    d, n = norms.unbind()
+    return SpecDecodeOutput(exact, spec, d, n, decision, geometry.trivial)
 
 
 speculative_flash_decode_triton.prepare = prepare  # type: ignore[attr-defined]  # see registry.DecodeKernel

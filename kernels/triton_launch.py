@@ -131,7 +131,7 @@ def kernel() -> Any:
     return triton_source.decode_kernel
 
 
-_MODEL = ("q_ptr", "k_ptr", "v_ptr", "exact_ptr", "spec_ptr")
+_MODEL = ("q_ptr", "k_ptr", "v_ptr", "exact_ptr")
 
 
 def _signature(arg_names: list[str], dtype: torch.dtype, constants: dict) -> dict[str, str]:

@@ -56,10 +56,9 @@ def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, base, out, NUM_SPL
     return d2, n2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["cache_len", "WINDOW", "NUM_SPLITS"])  # one binary as the cache grows
 def decode_kernel(
-    q_ptr, k_ptr, v_ptr, geom_ptr, o_ptr, lse_ptr, sq_ptr, ticket_ptr,
-    exact_ptr, spec_ptr, lam_ptr, lam, d_ptr, n_ptr, accept_ptr,
+    q_ptr, k_ptr, v_ptr, geom_ptr, o_ptr, ticket_ptr, exact_ptr, lam_ptr, lam, d_ptr, accept_ptr,
     stride_kb, stride_kh, stride_kl, cache_len, scale, WINDOW, NUM_SPLITS,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_S: tl.constexpr,
@@ -70,6 +69,13 @@ def decode_kernel(
     split = tl.program_id(2)
     batch = tl.num_programs(0)
     hkv = tl.num_programs(1)
+    # One buffer each, as few arguments as the launcher must look at: the scratch holds the partials' outputs, then
+    # their log-sum-exps, then each head's squared sums; the outputs hold A, then A~; the norms hold d, then n.
+    parts = batch * hkv * NUM_SPLITS
+    lse_ptr = o_ptr + parts * (GROUP * HEAD_DIM)
+    sq_ptr = lse_ptr + parts * GROUP
+    spec_ptr = exact_ptr + batch * hkv * (GROUP * HEAD_DIM)
+    n_ptr = d_ptr + batch
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)

@@ -47,16 +47,23 @@ def test_both_kernels_equal_a_float64_oracle_at_llama3_8b_heads(dtype: torch.dty
     oracle = decode_step_float64(q64, k64, v64, cur_pos, start, WINDOW, align, 1.0)
     ratio = (oracle["d"] / oracle["n"]).tolist()
     margin = MARGIN[dtype]
-    assert min(ratio[1:]) > 3 * margin  # the draw: every non-trivial row far enough from 0 to be rejected surely
 
     def above(r: float) -> float:  # accepts a row of ratio r, beyond the margin by construction
         return 1.5 * r + 2 * margin
 
-    def below(r: float) -> float:  # rejects it
+    def below(r: float) -> float:  # rejects it (r > 3 margin), beyond the margin by construction
         return r / 1.5 - margin
 
-    lambdas = [float("inf"), above(ratio[1]), below(ratio[2]), above(ratio[3])]  # per row: accept, accept, reject, accept
-    scalars = [below(min(ratio[1:])), above(max(ratio[1:]))]  # one lambda for every row: rejects all, accepts all
+    # per row: accept (trivial), accept, reject, accept; the row to reject is the one of the largest ratio
+    rejected = max((1, 2, 3), key=lambda b: ratio[b])
+    assert ratio[rejected] > 3 * margin
+    lambdas = [float("inf"), *(below(ratio[b]) if b == rejected else above(ratio[b]) for b in (1, 2, 3))]
+    # one lambda for every row: the middle of the widest gap between ratios (the trivial row's 0 among them), which
+    # accepts the rows below it and rejects those above; and one above every ratio, which accepts all
+    points = sorted([0.0, *ratio[1:]])
+    gap, middle = max((b - a, (a + b) / 2) for a, b in zip(points, points[1:]))
+    assert gap > 2 * margin
+    scalars = [middle, above(max(ratio[1:]))]
     for lam in (*scalars, torch.tensor(lambdas)):  # a scalar, and one lambda per row
         out = triton_decode.speculative_flash_decode_triton(
             q, k, v, torch.tensor(cur_pos, device=DEVICE), WINDOW, lam if isinstance(lam, float) else lam.to(DEVICE),
@@ -74,4 +81,4 @@ def test_both_kernels_equal_a_float64_oracle_at_llama3_8b_heads(dtype: torch.dty
                                             margin=margin)
         assert len(rows) == 4
         assert [out.accept.tolist()[b] for b in rows] == [want["accept"][b] for b in rows]
-    assert want["accept"] == [True, True, False, True]
+    assert want["accept"] == [b != rejected for b in range(4)]

@@ -61,6 +61,7 @@ def _sweep(model: torch.nn.Module, rows: list[Row], kernel: str) -> tuple[dict, 
 def test_a_shared_prefill_batch_through_triton_equals_kernel_model(tmp_path):
     model = tiny_model()
     lam = median_ratio(alspec_lm(model), PROMPTS[0])
+    model = model.to(DEVICE)  # an instance stays where it is (lm-eval moves only what it loads)
     rows = [e.row for e in examples(lam, folder=tmp_path) if e.row.shares_prefill] + [Row.dynamic(2 * lam)]
     assert {r.kind for r in rows} >= {"baseline", "dynamic", "sink", "selfspec", "tuned"}
     model_answers, model_traces = _sweep(model, rows, "model")
