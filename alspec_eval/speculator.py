@@ -43,7 +43,8 @@ class _Pass:
 
     rows, cols: the speculated (batch row, query index) positions, ``pos`` their logical positions and ``pad`` their
     rows' left padding; ``keys``: what the approximation computes once per pass for them (the sink's window
-    positions; Approximation.per_pass).
+    positions; Approximation.per_pass). A fused decode step (``dense``) has none of them, only the mask
+    ``speculated``: finding the positions would read back from the device once per step.
     """
 
     q_len: int
@@ -53,10 +54,10 @@ class _Pass:
     cols: torch.Tensor | None = None
     pos: torch.Tensor | None = None
     pad: torch.Tensor | None = None
-    speculated: torch.Tensor | None = None  # (B,) bool of a decode step (q_len 1): the rows in ``rows``
+    speculated: torch.Tensor | None = None  # (B,) bool of a fused decode step (``dense``): its speculated rows
     kernel_inputs: dict | None = None  # a fused decode step's positions (and kernel geometry), shared by its layers
     decisions: dict[int, Decision] = field(default_factory=dict)
-    dense: bool = False  # decisions hold every batch row (a fused decode step), not only ``rows``
+    dense: bool = False  # a fused decode step: decisions hold every batch row, ``speculated`` says which count
     keys: tuple[torch.Tensor | None, ...] = ()
     copies: dict = field(default_factory=dict, repr=False)  # the geometry on the other devices of a device map
     TENSORS: ClassVar[tuple[str, ...]] = ("trivial", "rows", "cols", "pos", "pad", "speculated")
@@ -211,13 +212,12 @@ class Speculator:
         if step.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         exact_layer = self.session.plan.layer_kinds[layer] == EXACT_REJECTED  # nothing to measure: A, rejected
-        if query.shape[2] == 1 and self.has_fused_decode():
+        if step.dense:
             fused = self.fused_decode(layer, step, query, key, value, scaling)
             if exact_layer:
                 step.decisions[layer] = None
                 return fused.exact[:, None], None
             # every batch row at once: A~ where the kernel accepted a speculated row (no gather per layer)
-            first.dense = True
             step.decisions[layer] = (fused.accept, fused.d, fused.n)
             use = (fused.accept & step.speculated)[:, None, None]
             return torch.where(use, fused.spec, fused.exact)[:, None], None
@@ -253,11 +253,14 @@ class Speculator:
         in_region = (phys >= region.spec_start.to(query.device)[:, None]) & (phys < region.row_end.to(query.device)[:, None])
         in_region &= session.plan.active_rows.to(query.device)[:, None]  # rows off at every layer: as the model
         trivial = in_region & semantics.is_trivial(pos, cfg.window)
-        rows, cols = (in_region & ~trivial).nonzero(as_tuple=True)
+        speculated = in_region & ~trivial
+        if q_len == 1 and self.has_fused_decode():  # every row at once, by mask: no read-back of the positions
+            session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, speculated=speculated[:, 0], dense=True)
+            return session.passes[-1]
+        rows, cols = speculated.nonzero(as_tuple=True)
         pos, pad = pos[rows, cols], pad[rows]
         keys = cfg.approx.per_pass(pos, pad, k_len, cfg.window, cfg.window_align)
-        speculated = (in_region & ~trivial)[:, 0] if q_len == 1 else None
-        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, speculated, keys=keys)
+        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, keys=keys)
         return session.passes[-1]
 
     def observe(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -384,20 +387,30 @@ class Speculator:
                 continue
             decided = torch.tensor(sorted(p.decisions), device=device)
             c[:, :, decided] = torch.where(p.trivial[:, :, None], TRIVIAL, 0).to(torch.int8)
-            rows, cols = p.rows[:, None], p.cols[:, None]
             exact = [layer for layer, decision in p.decisions.items() if decision is None]
+            measured = sorted(layer for layer, decision in p.decisions.items() if decision is not None)
+            # (R, layers) or, for a fused decode step, (B, layers): each layer's decisions moved from the layer's
+            # own device (a device map spreads them)
+            accept, d, n = (torch.stack([p.decisions[layer][i].to(device) for layer in measured], 1)
+                            if measured else None for i in range(3))
+            if p.dense:  # every batch row decided: keep the speculated ones, by mask
+                speculated = p.speculated.to(device)[:, None]
+                if exact:
+                    at = torch.tensor(exact, device=device)
+                    c[:, 0, at] = torch.where(speculated, REJECTED, c[:, 0, at]).to(torch.int8)
+                if measured:
+                    at = torch.tensor(measured, device=device)
+                    code = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
+                    c[:, 0, at] = torch.where(speculated, code, c[:, 0, at])
+                    r[:, 0, at] = torch.where(speculated, (d / n).float(), r[:, 0, at])
+                continue
+            rows, cols = p.rows[:, None], p.cols[:, None]
             if exact:
                 c[rows, cols, torch.tensor(exact, device=device)] = REJECTED
-            measured = sorted(layer for layer, decision in p.decisions.items() if decision is not None)
-            if not measured:
-                continue
-            # (R, layers), each layer's decisions moved from the layer's own device (a device map spreads them)
-            accept, d, n = (torch.stack([p.decisions[layer][i].to(device) for layer in measured], 1) for i in range(3))
-            if p.dense:  # a fused decode step decided every batch row: keep the speculated ones
-                accept, d, n = accept[p.rows], d[p.rows], n[p.rows]
-            at = torch.tensor(measured, device=device)
-            c[rows, cols, at] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
-            r[rows, cols, at] = (d / n).float()
+            if measured:
+                at = torch.tensor(measured, device=device)
+                c[rows, cols, at] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
+                r[rows, cols, at] = (d / n).float()
         if not codes:
             return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
         codes, ratios = torch.cat(codes, 1).cpu(), torch.cat(ratios, 1).cpu()

@@ -112,6 +112,26 @@ def comparable(stats: Any, rel: float = 1e-4) -> Any:
 
 
 @contextmanager
+def recorded(lm: ALSpecLM) -> Iterator[list]:
+    """Every trace the speculator fills inside the block (codes: accepted, rejected or trivial per row, position and
+    layer; ratios: d/n), in the order the calls ended."""
+    traces = []
+    opened = lm.speculator.speculating
+
+    @contextmanager
+    def speculating(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with opened(*args, **kwargs) as trace:
+            yield trace
+        traces.append(trace)
+
+    lm.speculator.speculating = speculating
+    try:
+        yield traces
+    finally:
+        del lm.speculator.speculating
+
+
+@contextmanager
 def task_managers_built() -> Iterator[list[dict[str, Any]]]:
     """The lm-eval TaskManagers built inside the block (their keyword arguments), as a list filled while it runs."""
     import lm_eval.tasks

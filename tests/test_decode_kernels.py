@@ -7,7 +7,10 @@ import os
 
 import pytest
 
-from helpers import PROMPTS, alspec_lm, gen_requests, median_ratio, sample_stats
+import torch
+
+from helpers import PROMPTS, alspec_lm, gen_requests, median_ratio, recorded, sample_stats
+from row_kinds import examples
 from tiny import tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
@@ -40,3 +43,23 @@ def test_kernel_decisions_equal_sdpa_path(model, kernel, align):
     assert runs[kernel] == runs["model"]
     accepted = sum(s["accepted"] for s in runs["model"][1])
     assert 0 < accepted < sum(s["speculated"] for s in runs["model"][1])
+
+
+@pytest.mark.parametrize("kind", [e.id for e in examples(0.1)])
+def test_every_row_kind_records_through_a_fused_kernel_what_kernel_model_records(model, kind, tmp_path):
+    """A fused decode step decides every batch row and records the speculated ones by mask (no read-back of their
+    positions): each row kind run alone from its model_args (a static row's exact layers recorded as rejected, a
+    tuned row's per-layer thresholds, self-speculation's drafts) records the very codes and ratios of kernel=model."""
+    lam = median_ratio(alspec_lm(model), PROMPTS[0])
+    example = next(e for e in examples(lam, model.config.num_hidden_layers, tmp_path) if e.id == kind)
+    runs = {}
+    for kernel in ("model", "torch"):
+        lm = alspec_lm(model, batch_size=2, kernel=kernel, **example.model_args)
+        with recorded(lm) as traces:
+            requests = gen_requests()
+            runs[kernel] = (lm.generate_until(requests), sample_stats(requests), traces)
+    assert runs["torch"][:2] == runs["model"][:2]
+    assert len(runs["torch"][2]) == len(runs["model"][2]) > 0
+    for fused, plain in zip(runs["torch"][2], runs["model"][2]):
+        assert torch.equal(fused.codes, plain.codes)
+        torch.testing.assert_close(fused.ratios, plain.ratios, rtol=1e-4, atol=1e-6, equal_nan=True)

@@ -7,15 +7,12 @@ The bug it guards: a layer's per-row thresholds were a strided column of the pla
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any
-
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, sample_stats  # noqa: E402
+from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, recorded, sample_stats  # noqa: E402
 from row_kinds import examples  # noqa: E402
 from tiny import tiny_model  # noqa: E402
 
@@ -25,26 +22,6 @@ from alspec_eval.rows import Row  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU, compiled on a GPU
-
-
-@contextmanager
-def recorded(lm: Any) -> Any:
-    """Every trace the speculator fills inside the block (codes: accepted, rejected, trivial per row, position and
-    layer; ratios: d/n)."""
-    traces = []
-    opened = lm.speculator.speculating
-
-    @contextmanager
-    def speculating(*args: Any, **kwargs: Any) -> Any:
-        with opened(*args, **kwargs) as trace:
-            yield trace
-        traces.append(trace)
-
-    lm.speculator.speculating = speculating
-    try:
-        yield traces
-    finally:
-        del lm.speculator.speculating
 
 
 def _sweep(model: torch.nn.Module, rows: list[Row], kernel: str) -> tuple[dict, list]:
