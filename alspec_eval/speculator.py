@@ -113,6 +113,16 @@ class Session:
     hidden: dict[int, tuple] = field(default_factory=dict)  # per layer, until observed: its input and rotary terms
     prefix: PromptPrefix | None = None  # a shared prefill's prompt positions, for approximations that score it
     trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
+    _on: dict = field(default_factory=dict, repr=False)
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The region's pad, spec_start and row_end and the plan's active rows on ``device``, copied there once per
+        call (a copy from the host per pass would synchronise a GPU's stream each decode step)."""
+        if device not in self._on:
+            region = self.region
+            self._on[device] = tuple(t.to(device) for t in (region.pad, region.spec_start, region.row_end,
+                                                             self.plan.active_rows))
+        return self._on[device]
 
     @property
     def first_speculated(self) -> int:
@@ -242,16 +252,16 @@ class Speculator:
         session = self.session
         if session.passes[-1] is not None:
             return session.passes[-1]
-        cfg, region = session.config, session.region
+        cfg = session.config
         q_len, k_len = query.shape[2], key.shape[2]
         if k_len <= session.first_speculated:  # no position of this pass is in the region: allocate nothing for it
             session.passes[-1] = _Pass(q_len, k_len - q_len, None)
             return session.passes[-1]
         phys = torch.arange(k_len - q_len, k_len, device=query.device)
-        pad = region.pad.to(query.device)
+        pad, spec_start, row_end, active = session.on(query.device)
         pos = phys - pad[:, None]  # (B, Tq) position within the sequence
-        in_region = (phys >= region.spec_start.to(query.device)[:, None]) & (phys < region.row_end.to(query.device)[:, None])
-        in_region &= session.plan.active_rows.to(query.device)[:, None]  # rows off at every layer: as the model
+        in_region = (phys >= spec_start[:, None]) & (phys < row_end[:, None])
+        in_region &= active[:, None]  # rows off at every layer: as the model
         trivial = in_region & semantics.is_trivial(pos, cfg.window)
         speculated = in_region & ~trivial
         if q_len == 1 and self.has_fused_decode():  # every row at once, by mask: no read-back of the positions
@@ -287,8 +297,8 @@ class Speculator:
                     hidden = torch.cat([kept["hidden"], hidden], 1)
                     terms = tuple(_joined(a, b) for a, b in zip(kept["terms"], terms))
                 extra = {"layer": LayerInputs(module, value, hidden, terms, self.rotary_emb)}
-            session.observed[layer] = approx.observe_prompt(
-                query, key, scaling, region.spec_start.to(key.device), region.pad.to(key.device), offset, **extra)
+            pad, spec_start = session.on(key.device)[:2]
+            session.observed[layer] = approx.observe_prompt(query, key, scaling, spec_start, pad, offset, **extra)
 
     def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
         """The plan's threshold at ``layer`` of each batch row in ``rows`` (None: every row, on ``device``): one float
@@ -306,7 +316,7 @@ class Speculator:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
         cfg = self.session.config
         if step.kernel_inputs is None:  # once per pass: every layer has the same positions
-            pad = self.session.region.pad.to(query.device)
+            pad = self.session.on(query.device)[0]
             cur_pos = torch.full_like(pad, key.shape[2] - 1)
             step.kernel_inputs = {"cur_pos": cur_pos, "start": pad}
             prepare = getattr(self.decode_kernel, "prepare", None)
@@ -327,7 +337,7 @@ class Speculator:
         chunk's selected keys at a time."""
         cfg = self.session.config
         extra = {"layer": LayerInputs(module, value, rotary_emb=self.rotary_emb)} if cfg.approx.reads_layer else {}
-        shared = cfg.approx.prepare(key, self.session.region.pad.to(key.device), cfg.window,
+        shared = cfg.approx.prepare(key, self.session.on(key.device)[0], cfg.window,
                                     self.session.observed.get(module.layer_idx), **extra)
         chunk = gather_chunk(key, 2 * cfg.window, query.shape[1], cfg.approx.position_bytes(key, query.shape[1]))
         parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs, shared)

@@ -61,7 +61,7 @@ class TTSpeculator(Speculator):
     def fused_decode(self, layer: int, plan: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step's A, A~, d, n and decision for every batch row; query (B, Hq, 1, D), key/value (B, Hkv, L, D)."""
-        pad = self.session.region.pad.to(key.device)
+        pad = self.session.on(key.device)[0]
         pos = key.shape[2] - 1 - pad  # logical position of the current token
         lam = self.thresholds(None, layer, key.device)
         return self.decode(layer, query[:, :, 0], key, value, pad, pos, lam, scaling, self.session.config)
