@@ -26,7 +26,7 @@ import torch
 
 @dataclass(frozen=True)
 class Launch:
-    """The partial kernel's keys per loop step and software-pipeline stages, and both kernels' warps."""
+    """The kernel's keys per loop step, software-pipeline stages and warps."""
 
     block_n: int
     num_stages: int

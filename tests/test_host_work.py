@@ -4,7 +4,7 @@ On a GPU each read of a tensor on the host (``.item()``, ``int``/``bool``/``floa
 ``.tolist()``, ``nonzero``, boolean-mask indexing) stalls the stream, and each tensor op is a kernel launch that an
 eager, host-bound decode pays in wall time. Over ``generate_until`` on tiny models of 2 and 8 layers, the difference
 between them is what each layer adds: no read-back, and few ops over ``--model hf`` on the same requests. Triton's
-two launches run through its interpreter outside the count and count one op each.
+launch runs through its interpreter outside the count and counts one op.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def sm86(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 
     def misfit(dtype, group, head_dim, per_row, arch):
         asked.append((dtype, group, head_dim, per_row, arch.capability))
-        return "the partial kernel needs 143424 bytes of shared memory per block, sm_86 allows 101376" \
+        return "the decode kernel needs 143424 bytes of shared memory per block, sm_86 allows 101376" \
             if dtype == torch.float32 else None
 
     monkeypatch.setattr(triton_launch, "misfit", misfit)
@@ -45,7 +45,7 @@ def test_auto_runs_triton_where_both_lambda_kinds_fit(sm86) -> None:
 
 def test_auto_takes_the_model_kernel_where_triton_does_not_fit_and_says_why(sm86) -> None:
     assert sim.choose_kernel("auto", CUDA, True, torch.float32, LLAMA3_8B) == (
-        "model", "model: kernel=auto found that the partial kernel needs 143424 bytes of shared memory per block, "
+        "model", "model: kernel=auto found that the decode kernel needs 143424 bytes of shared memory per block, "
                  "sm_86 allows 101376 (torch.float32, head_dim 128, 4 query heads per KV head)")
 
 
@@ -60,7 +60,7 @@ def test_auto_takes_the_model_kernel_off_cuda_without_triton_or_for_other_formul
 
 def test_kernel_triton_that_cannot_run_is_refused_before_loading(sm86) -> None:
     backend = sim.SimBackend(SpeculationConfig(kernel="triton"))
-    with pytest.raises(ConfigError, match=r"^kernel=triton cannot run here: the partial kernel needs 143424 bytes .* "
+    with pytest.raises(ConfigError, match=r"^kernel=triton cannot run here: the decode kernel needs 143424 bytes .* "
                                           r"\(torch.float32, head_dim 128, 4 query heads per KV head\); use kernel=auto"):
         backend.check_model(LLAMA3_8B, 1, CUDA, torch.float32)
     backend.check_model(LLAMA3_8B, 1, CUDA, torch.bfloat16)  # fits

@@ -130,7 +130,7 @@ def test_auto_selects_triton_on_cuda() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test")
 def test_interpreter_decides_per_row_as_semantics_and_a_shared_geometry_changes_nothing() -> None:
-    """The reduce kernel's decision is semantics.accept on its own d and n (per-row lambdas, inf, trivial rows
+    """The kernel's decision is semantics.accept on its own d and n (per-row lambdas, inf, trivial rows
     accepted whatever lambda), and a pass's prepared geometry gives the very outputs computed per call."""
     from alspec_eval import semantics
 

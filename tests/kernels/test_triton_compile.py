@@ -65,7 +65,7 @@ def test_settings_over_a_limit_are_refused_with_their_bytes() -> None:
 
 
 def test_registers_are_checked_per_thread_and_per_block() -> None:
-    assert Resources("reduce", 0, 256, 128).misfit(ARCHS[90]).startswith("the reduce kernel needs 256 registers")
+    assert Resources("decode", 0, 256, 128).misfit(ARCHS[90]).startswith("the decode kernel needs 256 registers")
     assert Resources("reduce", 0, 255, 128).misfit(ARCHS[90]) is None
     assert "registers" in Resources("partial", 0, 200, 128).misfit(Arch(90, 232448, registers_per_block=25599))
     assert Resources("partial", 101377, 1, 128).misfit(ARCHS[89]).endswith("sm_89 allows 101376")
