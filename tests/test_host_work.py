@@ -40,7 +40,7 @@ LAYERS = (2, 8)
 # quest: 55 on transformers 5.24, 59 on 4.56, whose sdpa copies K and V per query head (repeat_kv: a clone and a
 # view each) for a single-query GQA call with a mask, as Quest's A~ call is, where 5.x packs the query heads instead
 # ops per layer and decode step over hf's, at most: each registered approximation's (default_approximations.py)
-STEP_OPS = {("model", "sink"): 12, ("triton", "sink"): 4, ("model", "local"): 12, ("model", "quest"): 60,
+STEP_OPS = {("model", "sink"): 12, ("triton", "sink"): 0, ("model", "local"): 12, ("model", "quest"): 60,
             ("model", "topk"): 26, ("model", "snapkv"): 45}
 
 
