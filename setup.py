@@ -20,7 +20,7 @@ class BuildPyWithPth(build_py):
 class EditableWheelWithPth(editable_wheel):
     """Editable installs (`pip install -e .`) build their own wheel, without build_py's extra files."""
 
-    def _create_wheel_file(self, bdist_wheel):  # noqa: ANN001, ANN202 (setuptools' signature)
+    def _create_wheel_file(self, bdist_wheel):
         from wheel.wheelfile import WheelFile
 
         wheel_path = super()._create_wheel_file(bdist_wheel)

@@ -43,7 +43,7 @@ def add_task_path(manager_module: ModuleType) -> None:
         return
     signature = inspect.signature(init)
 
-    def __init__(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, N807
+    def __init__(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         given = bound.arguments.get("include_path")
         user = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
@@ -89,7 +89,7 @@ def _apply(patch: Callable[[ModuleType], None], module: ModuleType) -> None:
     use of lm-eval goes on."""
     try:
         patch(module)
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
 
 
@@ -99,7 +99,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     def __init__(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
         self.patches = patches
 
-    def find_spec(self, name: str, path, target=None):  # noqa: ANN001
+    def find_spec(self, name: str, path, target=None):
         patch = self.patches.pop(name, None)
         if patch is None:
             return None
@@ -130,5 +130,5 @@ def plug_in() -> None:
                 pending[name] = patch
         if pending:
             sys.meta_path.insert(0, _PatchOnImport(pending))
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass

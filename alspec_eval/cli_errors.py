@@ -24,7 +24,7 @@ def bad_input(program: str, err: BaseException) -> int:
     return BAD_INPUT
 
 
-def _one_line(previous):  # noqa: ANN001, ANN202 (sys.excepthook's own types)
+def _one_line(previous):
     def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         from .config import ConfigError
 

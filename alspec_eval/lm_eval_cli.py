@@ -49,7 +49,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
         try:
             merged.update(EvaluatorConfig.load_yaml_config(args.config))
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     merged.update({key: value for key, value in vars(args).items() if value or value == 0})
     return merged

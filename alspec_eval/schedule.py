@@ -102,7 +102,9 @@ class LambdaSchedule:
 
     def to_json(self) -> Any:
         """The file's form (what :meth:`from_json` reads back)."""
-        enc = lambda x: x if math.isfinite(x) else "inf"  # noqa: E731
+        def enc(x: float) -> float | str:
+            return x if math.isfinite(x) else "inf"
+
         if self.default is None:
             return [enc(lam) for _, lam in self.layers]
         return {"default": enc(self.default), "layers": {str(i): enc(lam) for i, lam in self.layers}}

@@ -18,7 +18,6 @@ Two speculation paths:
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 from typing import Any

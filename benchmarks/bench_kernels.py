@@ -65,11 +65,7 @@ def cuda_main(args: argparse.Namespace) -> None:
     from alspec_eval.kernels.triton_decode import prepare, speculative_flash_decode_triton
 
     hq, hkv, dim = 32, 8, 128
-    src = torch.empty(2**28, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_us = _graph_us(lambda: dst.copy_(src), 5, 3)
-    bandwidth = 2 * src.numel() / (copy_us / 1e6)  # bytes read plus written per second
-    del src, dst
+    bandwidth = _copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, {hq}/{hkv} heads, d {dim}, "
           f"1 query token, S={args.window}, copy bandwidth {bandwidth / 1e12:.2f} TB/s; microseconds per call; "
           f"gpu = CUDA graph of {args.graph_calls} calls; host = {args.host_calls} calls back to back; "
@@ -105,8 +101,14 @@ def cuda_main(args: argparse.Namespace) -> None:
             print(f"| {batch} | {ctx // 1024}K | {floor:.1f} | {cell['flash']} | {cell['cudnn']} | {cell['triton']} | "
                   f"{gpu['triton'] / gpu['flash']:.2f} | {', '.join(f'{n} {t:.1f}' for n, t in kernels.items())} | "
                   f"{host['flash']:.1f} | {host['triton']:.1f} | {host['triton'] / host['flash']:.2f} |", flush=True)
-            del q, k, v, grouped
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the next shape's cache where this one's was
+
+
+def _copy_bandwidth() -> float:
+    """Bytes read plus written per second by a large device-to-device copy."""
+    src = torch.empty(2**28, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / (_graph_us(lambda: dst.copy_(src), 5, 3) / 1e6)
 
 
 def _runs(name: str, fn: Callable[[], object]) -> bool:

@@ -96,11 +96,13 @@ def _triton_process(args: Any) -> bool:
     return False
 
 
-def _processes_refused(nodeid: str, popen: Callable[..., None], compiles: bool) -> Callable[..., None]:
-    """Popen.__init__ for a fast test: Triton's compiler processes, a compiles test's python -m COMPILER, and nothing
-    else."""
+def _processes_refused(nodeid: str, popen: Callable[..., None], compiles: bool, lints: bool) -> Callable[..., None]:
+    """Popen.__init__ for a fast test: Triton's compiler processes, a compiles test's python -m COMPILER, a lints
+    test's ruff, and nothing else."""
     def start(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
-        if not _triton_process(args):
+        if lints and os.path.basename(str(list(args)[0])).startswith("ruff"):
+            pass
+        elif not _triton_process(args):
             if not compiles:
                 _refusal(nodeid, "starts a process")()
             elif COMPILER not in list(args):
@@ -118,7 +120,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     with pytest.MonkeyPatch.context() as patch:
         compiles = item.get_closest_marker("compiles") is not None
-        patch.setattr(subprocess.Popen, "__init__", _processes_refused(item.nodeid, subprocess.Popen.__init__, compiles))
+        lints = item.get_closest_marker("lints") is not None
+        patch.setattr(subprocess.Popen, "__init__",
+                      _processes_refused(item.nodeid, subprocess.Popen.__init__, compiles, lints))
         patch.setattr(multiprocessing.process.BaseProcess, "start", _refusal(item.nodeid, "starts a process"))
         if "transformers" in sys.modules:  # every test module that builds a model has imported it by now
             from transformers import PreTrainedModel

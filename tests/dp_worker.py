@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import alspec_lm  # noqa: E402
-from tiny import tiny_model  # noqa: E402
+from helpers import alspec_lm
+from tiny import tiny_model
 
 DP_PRESSES = ["KnormPress", "SnapKVPress"]  # kvpress's drafts on two ranks: a key-only and a prompt-time press
 

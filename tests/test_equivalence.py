@@ -190,7 +190,9 @@ def test_statistics_add_up(model):
 
 def test_rolling_loglikelihood_speculates_every_position(model, chunks):
     text = PROMPTS[0] + " " + PROMPTS[1]
-    requests = lambda: [Instance("loglikelihood_rolling", {}, (text,), 0, ("roll", 0, 1))]  # noqa: E731
+    def requests() -> list[Instance]:
+        return [Instance("loglikelihood_rolling", {}, (text,), 0, ("roll", 0, 1))]
+
     assert alspec_lm(model, **{"lambda": 0.0}).loglikelihood_rolling(requests()) == \
         hf_lm(model).loglikelihood_rolling(requests())
     sink = alspec_lm(model, policy="sink", window=8)

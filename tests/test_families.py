@@ -6,7 +6,6 @@ speculated and left out of the hit rates."""
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 

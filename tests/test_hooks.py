@@ -90,11 +90,11 @@ def test_the_cache_goes_by_the_name_the_installed_forward_takes():
     """transformers 5.24 on takes ``cache=`` (``past_key_values=`` warns); the versions before it only
     ``past_key_values=``: each model class gets the keyword its own forward names."""
     class Before:
-        def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None):  # noqa: ANN001, ANN202
+        def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None):
             return input_ids
 
     class From524:
-        def forward(self, input_ids, attention_mask=None, cache=None, use_cache=None, **kwargs):  # noqa: ANN001, ANN202, ANN003
+        def forward(self, input_ids, attention_mask=None, cache=None, use_cache=None, **kwargs):
             return input_ids
 
     cache = object()
@@ -123,15 +123,15 @@ def test_rope_settings_are_written_as_the_config_class_takes_them():
     """5.x configs take ``rope_parameters`` (theta inside); 4.x configs ``rope_theta`` and ``rope_scaling`` (and
     Gemma 3's ``rope_local_base_freq``), and would keep an unknown ``rope_parameters`` silently as an attribute."""
     class Before:
-        def __init__(self, rope_theta=10000.0, rope_scaling=None, **kwargs):  # noqa: ANN001, ANN003
+        def __init__(self, rope_theta=10000.0, rope_scaling=None, **kwargs):
             pass
 
     class BeforeGemma3(Before):
-        def __init__(self, rope_theta=1e4, rope_scaling=None, rope_local_base_freq=1e4, **kwargs):  # noqa: ANN001, ANN003
+        def __init__(self, rope_theta=1e4, rope_scaling=None, rope_local_base_freq=1e4, **kwargs):
             pass
 
     class From5:
-        def __init__(self, rope_parameters=None, **kwargs):  # noqa: ANN001, ANN003
+        def __init__(self, rope_parameters=None, **kwargs):
             pass
 
     llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}

@@ -114,7 +114,7 @@ def test_cells_of_one_task_index_equal_cells_each_indexed_afresh(swept, tmp_path
     evaluate = runner.evaluate_cell
     managers = []
 
-    def afresh(lm, config, task, row, extra, tasks):  # noqa: ANN001, ANN202
+    def afresh(lm, config, task, row, extra, tasks):
         managers.append(runner.task_manager(config))
         return evaluate(lm, config, task, row, extra, managers[-1])
 

@@ -167,7 +167,9 @@ def test_a_stop_inside_a_step_gives_hf_text_and_counts_only_kept_drafts(where):
         assert kwargs["until"][0] not in TOKENIZER.decode(tokens[:q])
     else:
         kwargs["max_gen_toks"] = q + 1
-    requests = lambda: [Instance("generate_until", {}, (PROMPTS[0], dict(kwargs)), 0, ("gen", 0, 1))]  # noqa: E731
+    def requests() -> list[Instance]:
+        return [Instance("generate_until", {}, (PROMPTS[0], dict(kwargs)), 0, ("gen", 0, 1))]
+
     expected = hf_lm(model).generate_until(requests())
     assert expected[0] == TOKENIZER.decode(tokens[:q + (where != "until")])[:len(expected[0])]  # hf stops at q
     selfspec = requests()

@@ -246,7 +246,7 @@ def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(
 
     forks, original = [], SharedPrefill._forks
 
-    def spy(self, indices, cache):  # noqa: ANN001, ANN202
+    def spy(self, indices, cache):
         parts = list(original(self, indices, cache))
         forks.append([(config.approx.name, config.window) for config, _, _ in parts])
         return iter(parts)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0 if check(approx, args.window, families) else 1)
 
 
-def check(approx, window: int, families: list[str]) -> bool:  # noqa: ANN001 (an Approximation)
+def check(approx, window: int, families: list[str]) -> bool:
     """Print one line per property and family; whether all hold."""
     from .models import char_tokenizer, tiny_model
     from .properties import KEY_RULES, PROPERTIES, Contract

@@ -443,7 +443,7 @@ def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "SweepPr
     fig = _figure(9.0, 3.4)
     left, right = fig.subplots(1, 2)
 
-    def speedup(cell) -> str:  # noqa: ANN001 (a report Cell)
+    def speedup(cell) -> str:
         entry = projection.entries.get((cell.row, task))
         return "" if entry is None else f"{entry.speedup:.2f}×"
 

@@ -180,7 +180,7 @@ def _approximations_in_order(column: pd.Series) -> pd.Series:
     return column.map(lambda name: order.get(name, len(order))) if column.name == "approx" else column
 
 
-def _baseline_name(sweep, task: str) -> str | None:  # noqa: ANN001 (report.cells.Sweep)
+def _baseline_name(sweep, task: str) -> str | None:
     cell = sweep.cell(task, BASELINE)
     return None if cell is None else cell.name
 

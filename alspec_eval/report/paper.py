@@ -139,20 +139,25 @@ def verdicts(comparison: pd.DataFrame, table: str) -> dict[str, str]:
     return out
 
 
-def _diff(r, what: str) -> float:  # noqa: ANN001 (a comparison row)
+def _star(flag: bool) -> str:
+    """The mark of a figure outside the paper's interval."""
+    return " *" if flag else ""
+
+
+def _diff(r, what: str) -> float:
     return r.score_diff if what == "score" else r.hit_diff
 
 
-def _fmt(r, what: str) -> str:  # noqa: ANN001
+def _fmt(r, what: str) -> str:
     d = _diff(r, what)
     return f"{d:+.3f}" if what == "score" else f"{100 * d:+.1f} points"
 
 
-def _ours(r, what: str) -> str:  # noqa: ANN001
+def _ours(r, what: str) -> str:
     return f"{r.score:.3f}" if what == "score" else f"{100 * r.hit_rate:.1f}%"
 
 
-def _paper(r, what: str) -> str:  # noqa: ANN001
+def _paper(r, what: str) -> str:
     return f"{r.paper_score:.3f}" if what == "score" else f"{100 * r.paper_hit_rate:.1f}%"
 
 
@@ -165,12 +170,11 @@ def comparison_rows(comparison: pd.DataFrame) -> list[list[str]]:
     header = ["task", "row", "score [95%]", "paper", "Δ", "hit rate [95%]", "paper", "Δ"]
     lines = [header]
     for r in comparison.itertuples():
-        star = lambda flag: " *" if flag else ""  # noqa: E731
         score = f"{r.score:.3f} [{r.score_low:.3f}, {r.score_high:.3f}]" if not math.isnan(r.score_low) else f"{r.score:.3f}"
         hit = (MISSING if math.isnan(r.hit_rate) else
                f"{pct(r.hit_rate)} [{pct(r.hit_low)}, {pct(r.hit_high)}]" + (" (per decision)" if r.hit_interval == "decisions" else ""))
-        lines.append([r.task, r.row, score, f"{r.paper_score:.3f}{star(r.score_outside)}", f"{r.score_diff:+.3f}", hit,
-                      f"{pct(r.paper_hit_rate)}{star(r.hit_outside)}",
+        lines.append([r.task, r.row, score, f"{r.paper_score:.3f}{_star(r.score_outside)}", f"{r.score_diff:+.3f}", hit,
+                      f"{pct(r.paper_hit_rate)}{_star(r.hit_outside)}",
                       MISSING if math.isnan(r.hit_diff) else f"{100 * r.hit_diff:+.1f}"])
     return lines
 

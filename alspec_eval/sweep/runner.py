@@ -42,7 +42,7 @@ def resolved_model_args(config: SweepConfig) -> dict[str, Any]:
     return args
 
 
-def build_lm(config: SweepConfig):  # noqa: ANN201 (ALSpecLM; imported late: it pulls in torch)
+def build_lm(config: SweepConfig):
     from ..adapter import ALSpecLM
 
     args = resolved_model_args(config)

@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan_from_args(args: argparse.Namespace):  # noqa: ANN201 (TunePlan; imported late)
+def plan_from_args(args: argparse.Namespace):
     """The plan, every setting checked before the model loads."""
     from dataclasses import replace
 

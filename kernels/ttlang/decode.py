@@ -106,7 +106,9 @@ def ttlang_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cur_pos: li
     rowmask[:group] = 1.0
 
     kv_dtype = ttnn.bfloat16 if kv_dtype is None else kv_dtype
-    dev = lambda t, dtype=ttnn.bfloat16: from_torch(t.contiguous(), dtype, device)  # noqa: E731
+    def dev(t: torch.Tensor, dtype: Any = ttnn.bfloat16) -> Any:
+        return from_torch(t.contiguous(), dtype, device)
+
     outs = [dev(torch.zeros(pairs * TILE, dp)), dev(torch.zeros(pairs * TILE, dp))]  # spec, exact
     sums = [dev(torch.zeros(pairs * TILE, TILE)), dev(torch.zeros(pairs * TILE, TILE))]  # d2, n2
     op = _operation(tuple(schedule(cur_pos, window, hkv)), lt, float(scale))

@@ -16,7 +16,7 @@ import torch
 
 BF16 = torch.bfloat16  # tt-lang-sim rebinds torch.bfloat16 to float32 when it loads
 
-from ..reference import speculative_flash_decode  # noqa: E402
+from ..reference import speculative_flash_decode
 
 
 def pcc(a: torch.Tensor, b: torch.Tensor) -> float:

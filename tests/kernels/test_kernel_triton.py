@@ -8,10 +8,10 @@ import torch
 # tests/conftest.py sets TRITON_INTERPRET=1 without CUDA, before any kernel is built.
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from kernel_oracle import fill_padding, make_inputs, padded_oracle  # noqa: E402
+from kernel_oracle import fill_padding, make_inputs, padded_oracle
 
-from alspec_eval.kernels import speculative_flash_decode  # noqa: E402
-from alspec_eval.kernels import triton_decode, triton_launch  # noqa: E402
+from alspec_eval.kernels import speculative_flash_decode
+from alspec_eval.kernels import triton_decode, triton_launch
 
 POSITIONS = [150, 16, 15, 3, 97]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

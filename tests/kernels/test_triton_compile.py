@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from alspec_eval.kernels.triton_launch import ARCHS, DTYPES, MATRIX, Arch, Resources, blocks, launch_for  # noqa: E402
+from alspec_eval.kernels.triton_launch import ARCHS, DTYPES, MATRIX, Arch, Resources, blocks, launch_for
 
 pytestmark = pytest.mark.compiles  # starts the compiler's process, in the fast tier
 

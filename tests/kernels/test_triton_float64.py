@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from float64_oracle import decisions_away_from_boundary, decode_step_float64  # noqa: E402
+from float64_oracle import decisions_away_from_boundary, decode_step_float64
 
-from alspec_eval.kernels import triton_decode  # noqa: E402
+from alspec_eval.kernels import triton_decode
 
 pytestmark = pytest.mark.slow  # about a minute in the interpreter
 

@@ -12,13 +12,13 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, recorded, sample_stats  # noqa: E402
-from row_kinds import examples  # noqa: E402
-from tiny import tiny_model  # noqa: E402
+from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, recorded, sample_stats
+from row_kinds import examples
+from tiny import tiny_model
 
-from alspec_eval.kernels import triton_decode  # noqa: E402
-from alspec_eval.plan import Plan  # noqa: E402
-from alspec_eval.rows import Row  # noqa: E402
+from alspec_eval.kernels import triton_decode
+from alspec_eval.plan import Plan
+from alspec_eval.rows import Row
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU, compiled on a GPU

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
-from lm_eval.api.model import LM  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
+from lm_eval.api.model import LM
+from lm_eval.tasks import TaskManager
 
-from alspec_eval.niah import tolerance  # noqa: E402
+from alspec_eval.niah import tolerance
 
 # Wherever the package maps `alspec_eval.tasks` from (a source folder or the installed copy).
 TASKS = Path(next(iter(importlib.util.find_spec("alspec_eval.tasks").submodule_search_locations)))

@@ -19,7 +19,7 @@ from pathlib import Path
 from importlib.metadata import version
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synthetic_sweep import write_sweep  # noqa: E402
+from synthetic_sweep import write_sweep
 
 GOLDEN = Path(__file__).parent / "golden"
 EXTRA_KINDS = ("selfspec", "tuned")  # with documents: paired differences, the frontier and every further figure

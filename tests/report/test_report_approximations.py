@@ -6,7 +6,6 @@ lambda rows as their own curve where figures draw score against hit rate."""
 from __future__ import annotations
 
 import csv
-import html
 import json
 import math
 from pathlib import Path

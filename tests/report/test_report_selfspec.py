@@ -110,7 +110,7 @@ def test_a_task_without_generations_has_a_selfspec_row_without_tau(tmp_path):
     add_selfspec(out, generating=(TASKS[0],))
     written = {p.name for p in write_report(out)}
     line = next(l for l in (out / "report" / "table1.md").read_text().splitlines() if l.startswith("| selfspec γ = 2 |"))
-    assert line.endswith(f"/ τ = – |") and f"τ = {TAU[2]:.2f}" in line
+    assert line.endswith("/ τ = – |") and f"τ = {TAU[2]:.2f}" in line
     assert f"alspec_vs_selfspec_{TASKS[0]}.png" in written and f"alspec_vs_selfspec_{TASKS[1]}.png" not in written
     p = project_sweep(load_sweep(out), preset("h100-tp4-32k"))
     assert (Row.selfspec(2), TASKS[1]) not in p.entries and (Row.selfspec(2), TASKS[0]) in p.entries

@@ -51,7 +51,7 @@ def memoize(module: ModuleType) -> None:
     own = Path(module.__file__).parent.resolve()
     file = Path(os.environ[ENV])
 
-    def cached_build(paths, *, resolve_includes=True):  # noqa: ANN001, ANN202 (lm-eval's signature)
+    def cached_build(paths, *, resolve_includes=True):
         paths = [Path(p) for p in paths]
         key = _key(paths, resolve_includes, own)
         if key not in _memory:

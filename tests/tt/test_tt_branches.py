@@ -15,11 +15,11 @@ import torch
 
 ttnn = pytest.importorskip("ttnn", reason="ttnn is not importable here; it needs Python 3.10/3.12: scripts/tt_env.sh")
 
-import fake_card  # noqa: E402
-import tt_compare  # noqa: E402
-from tiny import save_tiny, tiny_model  # noqa: E402
+import fake_card
+import tt_compare
+from tiny import save_tiny, tiny_model
 
-from alspec_eval.config import ConfigError  # noqa: E402
+from alspec_eval.config import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models and runs lm-eval requests
 

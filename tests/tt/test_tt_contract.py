@@ -12,13 +12,13 @@ import torch
 
 ttnn = pytest.importorskip("ttnn", reason="ttnn is not importable here; it needs Python 3.10/3.12: scripts/tt_env.sh")
 
-import fake_card  # noqa: E402
-import tt_compare  # noqa: E402
-from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats  # noqa: E402
-from tiny import tiny_model  # noqa: E402
+import fake_card
+import tt_compare
+from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats
+from tiny import tiny_model
 
-from alspec_eval.backends.tt import contract, runtime as tt_runtime  # noqa: E402
-from alspec_eval.config import ConfigError, SpeculationConfig, TTSettings  # noqa: E402
+from alspec_eval.backends.tt import contract, runtime as tt_runtime
+from alspec_eval.config import ConfigError, SpeculationConfig, TTSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models and runs lm-eval requests
 WINDOW = 32

@@ -18,8 +18,8 @@ def _devices() -> int:
 pytestmark = [pytest.mark.skipif(_devices() == 0, reason="needs a Tenstorrent device"),
               pytest.mark.filterwarnings("ignore")]
 
-from alspec_eval.backends.tt import TTRuntime, TTSpeculator, round_bfloat8_b  # noqa: E402
-from alspec_eval.config import SpeculationConfig, TTSettings  # noqa: E402
+from alspec_eval.backends.tt import TTRuntime, TTSpeculator, round_bfloat8_b
+from alspec_eval.config import SpeculationConfig, TTSettings
 
 
 def test_host_bfloat8_b_rounding_is_the_devices():

@@ -10,13 +10,13 @@ import torch
 
 ttnn = pytest.importorskip("ttnn", reason="ttnn is not importable here; it needs Python 3.10/3.12: scripts/tt_env.sh")
 
-from helpers import PROMPTS, alspec_lm, comparable, gen_requests, sample_stats  # noqa: E402
-from tiny import tiny_model  # noqa: E402
+from helpers import PROMPTS, alspec_lm, comparable, gen_requests, sample_stats
+from tiny import tiny_model
 
-from alspec_eval.backends.tt import TTRuntime, TTSpeculator, round_bfloat8_b  # noqa: E402
-from alspec_eval.config import SpeculationConfig, TTSettings  # noqa: E402
-from alspec_eval.kernels import speculative_flash_decode  # noqa: E402
-from alspec_eval.stats import RATIO_EDGES  # noqa: E402
+from alspec_eval.backends.tt import TTRuntime, TTSpeculator, round_bfloat8_b
+from alspec_eval.config import SpeculationConfig, TTSettings
+from alspec_eval.kernels import speculative_flash_decode
+from alspec_eval.stats import RATIO_EDGES
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models and runs lm-eval requests
 WINDOW = 32

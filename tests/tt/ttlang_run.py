@@ -14,14 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny, helpers
 
-import torch  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
+import torch
+from transformers import DynamicCache
 
-from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, sample_stats  # noqa: E402
-from tiny import tiny_model  # noqa: E402
+from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, sample_stats
+from tiny import tiny_model
 
-from alspec_eval.kernels import speculative_flash_decode  # noqa: E402
-from alspec_eval.region import DecodeRegion  # noqa: E402
+from alspec_eval.kernels import speculative_flash_decode
+from alspec_eval.region import DecodeRegion
 
 WINDOW = 32
 STEPS = 10
