@@ -72,7 +72,7 @@ def test_use_cache_is_refused_in_one_line_before_loading(tmp_path):
     assert "Traceback" not in result.stderr and not list(tmp_path.glob("cache*"))
 
 
-def test_use_cache_through_simple_evaluate_is_refused():
+def test_use_cache_through_simple_evaluate_is_refused(tmp_path):
     import pytest
     from lm_eval import simple_evaluate
 
@@ -81,7 +81,7 @@ def test_use_cache_through_simple_evaluate_is_refused():
     from tiny import tiny_model
 
     with pytest.raises(ConfigError, match="--use_cache is not supported"):
-        simple_evaluate(model=alspec_lm(tiny_model()), tasks=["alspec_recall"], limit=1, use_cache="/tmp/alspec_cache_x")
+        simple_evaluate(model=alspec_lm(tiny_model()), tasks=["alspec_recall"], limit=1, use_cache=str(tmp_path / "cache"))
 
 
 def test_every_cli_without_its_required_arguments_prints_usage_and_exits_2():

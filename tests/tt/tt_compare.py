@@ -25,7 +25,7 @@ from alspec_eval import semantics
 # TOL * ||A|| in the L2 norm over heads x head_dim, d and n within TOL * ||A||. bfloat16 keeps 8 significant bits
 # (2^-8 relative); two computations of one attention output in bfloat16 (the model's sdpa on a masked cache, the
 # card's per row) differ by a few units of the last place, and their d by as much again, so TOL = 2^-6. Measured on
-# these runs (test_tt_branches.py prints the worst of each with -s): at most 0.6% for A, A~ and the committed
+# these runs (compare_calls and compare_committed return the worst of each): at most 0.6% for A, A~ and the committed
 # outputs, 0.2% for d and n; the single bugs of test_tt_branches.py move some row by more than 2.7%.
 TOL = 2.0 ** -6
 MARGIN = 1.015  # a decision this close to lambda (relative) could flip between the backends
