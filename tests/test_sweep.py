@@ -317,3 +317,19 @@ def test_unknown_task_stops_before_loading(tmp_path):
     with pytest.raises(ConfigError, match="'alspec_recal' is not an lm-eval task or group; did you mean 'alspec_recall'"):
         run_sweep(config)
     assert not (tmp_path / "cells").exists()
+
+
+@pytest.mark.slow
+def test_the_console_keeps_to_the_progress_bar_and_lm_eval_logs_to_the_run_folder(tmp_path, capfd, monkeypatch):
+    """lm-eval's per-cell warnings (a task's custom dataset, once per cell) go to the run's lm_eval.log, and git's
+    complaint outside a checkout (lm-eval reads the commit hash per cell) reaches neither."""
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    monkeypatch.chdir(tmp_path)  # outside any git checkout
+    out = run_sweep(load_config(CONFIGS / "smoke.yaml", {"model_args": {"pretrained": model}, "lambdas": [0.5],
+                                                          "static": False, "output": str(tmp_path / "out")}))
+    console = capfd.readouterr()
+    log = (out / "lm_eval.log").read_text()
+    cells = len(list((out / "cells").rglob("*.json")))
+    assert cells == 3 and log.count("Custom kwargs can be passed") == cells
+    assert "Custom kwargs" not in console.err + console.out and "fatal" not in console.err + console.out
+    assert "sweep" in console.err  # the progress bar

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +31,9 @@ if TYPE_CHECKING:  # lm-eval's import is slow and sets environment variables: on
 CellHook = Callable[[Path], None]
 # lm-eval's own stderr of each score (closed form for means; a bootstrap of this size for other aggregations).
 BOOTSTRAP_ITERS = 1000
+
+
+LOG = "lm_eval.log"  # lm-eval's own logging of a sweep's cells, in its output folder
 
 
 def cell_path(out: Path, task: str, row: Row) -> Path:
@@ -244,6 +249,15 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
     lm = lm or build_lm(config)
     progress = tqdm(total=len(config.tasks) * len(rows), initial=len(config.tasks) * len(rows) - len(missing),
                     desc=f"sweep {config.name}", unit="cell")
+    with lm_eval_logged_to(out / LOG):
+        _run_missing(config, on_cell, lm, tasks, rows, missing, progress)
+    progress.close()
+    return out
+
+
+def _run_missing(config: SweepConfig, on_cell: CellHook | None, lm: Any, tasks: TaskManager, rows: list[Row],
+                 missing: list[tuple[str, Row]], progress: Any) -> None:
+    out = config.output_dir
 
     def write(task: str, row: Row, extra: dict[str, Any]) -> None:
         progress.set_postfix_str(f"{task}: {row.name}, {lm.decode_tokens} tokens so far")
@@ -275,5 +289,33 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
             with lm.answering(row, tuple(layers)):
                 write(task, row, {**row.record(layers),
                                   "calibration": {"p": config.static.p, "lambda": config.static.lam}})
-    progress.close()
-    return out
+
+
+@contextmanager
+def lm_eval_logged_to(log: Path) -> Iterator[None]:
+    """lm-eval's logging inside the block goes to ``log`` (appended), not to the console: it repeats per cell what
+    is said once (a task's custom dataset warning, for one), through the progress bar. lm-eval's git commit hash of
+    the working folder is read once, with git's complaint outside a checkout kept off the console too."""
+    import lm_eval.evaluator
+
+    logger = logging.getLogger("lm_eval")
+    handler = logging.FileHandler(log, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = logger.handlers[:], logger.propagate, lm_eval.evaluator.get_git_commit_hash
+    git_hash = _git_hash()
+    logger.handlers, logger.propagate = [handler], False
+    lm_eval.evaluator.get_git_commit_hash = lambda: git_hash
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate, lm_eval.evaluator.get_git_commit_hash = saved
+        handler.close()
+
+
+def _git_hash() -> str | None:
+    """What lm-eval records as ``git_hash``: ``git describe --always`` of the working folder, else None."""
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)
+    except FileNotFoundError:  # no git
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
