@@ -1,12 +1,14 @@
 """Where alspec-eval meets versions of its libraries: the lm-eval versions the adapter is tested with (it relies on
 HFLM internals; see setup.cfg), and where transformers' API differs within the range setup.cfg admits (4.56 on):
-the name of the KV cache argument, a config's dtype, cutting a KV cache back, a config's RoPE settings, and the
-folders it saves."""
+the name of the KV cache argument, a config's dtype, cutting a KV cache back, a config's RoPE settings, the folders
+it saves, and its registered attention functions kept from a library that wraps them at import."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -90,3 +92,21 @@ def saved_model_suffix() -> str:
     none for 5.x (the folder as before), ``-transformers4`` for 4.x."""
     major = int(version("transformers").split(".")[0])
     return "" if major >= 5 else f"-transformers{major}"
+
+
+@contextmanager
+def attention_functions_kept() -> Iterator[None]:
+    """transformers' registered attention functions, after the block, as they were before it: a library that wraps
+    every one of them when it is imported (kvpress's ``patch_attention_functions``) changes nothing outside the
+    block. It restores ``AttentionInterface``'s two private mappings, the class's ``_global_mapping`` and the
+    instance's ``_local_mapping``, in every version setup.cfg admits."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local, shared = dict(ALL_ATTENTION_FUNCTIONS._local_mapping), dict(ALL_ATTENTION_FUNCTIONS._global_mapping)
+    try:
+        yield
+    finally:
+        ALL_ATTENTION_FUNCTIONS._local_mapping.clear()
+        ALL_ATTENTION_FUNCTIONS._local_mapping.update(local)
+        type(ALL_ATTENTION_FUNCTIONS)._global_mapping.clear()
+        type(ALL_ATTENTION_FUNCTIONS)._global_mapping.update(shared)

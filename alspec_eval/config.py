@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from .backends import BACKENDS
+from .constants import TILE, WINDOW_ALIGNS
 from .errors import ConfigError
 from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 
@@ -19,8 +20,6 @@ POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact", "selfspec")
 DEFAULT_GAMMA = 4  # draft tokens per verification step under policy=selfspec
 KERNELS: tuple[str, ...] = ("auto", "model", "torch", "triton")  # backends/sim/__init__.py says what each computes
 KERNEL_ALIASES = {"sdpa": "model"}  # the name kernel=model had before it also covered eager attention
-TILE = 32  # a Tenstorrent tile; window_align=32 mirrors the TT op (the rules themselves: semantics.py)
-WINDOW_ALIGNS: tuple[int, ...] = (1, TILE)
 TT_MODES: tuple[str, ...] = ("device", "host")
 TT_KV_DTYPES: tuple[str, ...] = ("bfloat8_b", "bfloat16")
 TT_KERNELS: tuple[str, ...] = ("ttnn", "ttlang")

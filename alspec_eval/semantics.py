@@ -14,8 +14,6 @@ import math
 
 import torch
 
-from .config import TILE, WINDOW_ALIGNS  # noqa: F401  (settings, kept torch-free in config; re-exported here)
-
 
 def is_trivial(pos: torch.Tensor, window: int) -> torch.Tensor:
     """The context fits in the two windows (pos + 1 <= 2S): A~ equals A, accepted, counted as trivial."""

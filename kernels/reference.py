@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..semantics import WINDOW_ALIGNS, accept, distances, window_bounds, window_positions
+from ..constants import WINDOW_ALIGNS
+from ..semantics import accept, distances, window_bounds, window_positions
 
 
 class SpecDecodeOutput(NamedTuple):

@@ -16,6 +16,7 @@ import torch
 import approx_oracle as oracle
 from alspec_eval import Approximation, register_approximation
 from alspec_eval.approximations import make_approximation, name_of, names, registry
+from alspec_eval.approximations import catalog as registered
 from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.rows import Row
 from default_approximations import APPROXIMATIONS, approx_args
@@ -49,7 +50,7 @@ def test_the_default_list_and_the_oracle_cover_the_registry():
 
 
 def test_registering_a_class_makes_its_name_an_approx(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registered.APPROXIMATIONS, "_entries", dict(registered.APPROXIMATIONS._entries))
     register_approximation("every", Every)
     config = SpeculationConfig(approx="every", approx_args="stride:3;scale:0.25;causal:false;tag:y")
     assert config.approx == Every(stride=3, scale=0.25, causal=False, tag="y")

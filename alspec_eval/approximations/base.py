@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ConfigError
+from .catalog import name_of
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +61,6 @@ class Approximation:
 
     @property
     def name(self) -> str:
-        from .registry import name_of
         return name_of(type(self))
 
     @property

@@ -58,18 +58,13 @@ SEED = 0  # presses that draw random numbers (Random, LeverageScore's sketch) dr
 def import_kvpress() -> Any:
     """The ``kvpress`` package, imported with transformers' attention functions as they were before: its
     ``__init__`` wraps every one of them (``patch_attention_functions``)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from ..compat import attention_functions_kept
 
-    local, shared = dict(ALL_ATTENTION_FUNCTIONS._local_mapping), dict(ALL_ATTENTION_FUNCTIONS._global_mapping)
     try:
-        return importlib.import_module("kvpress")
+        with attention_functions_kept():
+            return importlib.import_module("kvpress")
     except ImportError as err:
         raise ConfigError(f"approx=kvpress:... needs kvpress ({err}); install it with {INSTALL}") from None
-    finally:
-        ALL_ATTENTION_FUNCTIONS._local_mapping.clear()
-        ALL_ATTENTION_FUNCTIONS._local_mapping.update(local)
-        type(ALL_ATTENTION_FUNCTIONS)._global_mapping.clear()
-        type(ALL_ATTENTION_FUNCTIONS)._global_mapping.update(shared)
 
 
 @functools.cache

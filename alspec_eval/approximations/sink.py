@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config import WINDOW_ALIGNS
+from ..constants import WINDOW_ALIGNS
 from .base import Approximation, Selected
 
 if TYPE_CHECKING:

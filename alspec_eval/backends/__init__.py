@@ -7,8 +7,9 @@ loaded model); the adapter calls them and knows no backend by name. Registered l
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from ..lazy import LazyRegistry
 
 if TYPE_CHECKING:
     import torch
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from ..config import SpeculationConfig
     from ..speculator import Speculator
 
-BACKENDS: dict[str, str] = {"sim": "alspec_eval.backends.sim:SimBackend", "tt": "alspec_eval.backends.tt:TTBackend"}
+BACKENDS = LazyRegistry("backend", {"sim": "alspec_eval.backends.sim:SimBackend", "tt": "alspec_eval.backends.tt:TTBackend"})
 
 
 class Backend:
@@ -40,10 +41,9 @@ class Backend:
 
 def register_backend(name: str, target: str) -> None:
     """Make ``backend=name`` load ``target`` (``"package.module:Class"``, a :class:`Backend`)."""
-    BACKENDS[name] = target
+    BACKENDS.register(name, target)
 
 
 def load_backend(config: SpeculationConfig) -> Backend:
     """The backend ``config.backend`` names, its environment checked."""
-    module, _, cls = BACKENDS[config.backend].partition(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    return BACKENDS.load(config.backend)(config)

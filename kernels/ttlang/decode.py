@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ...semantics import TILE
+from ...constants import TILE
 SIM, COMPILER = "tt-lang-sim", "tt-lang"
 INSTALL_HINT = ("on a machine with a Tenstorrent card install the TT-Lang compiler (the `tt-lang` wheel, "
                 "https://github.com/tenstorrent/tt-lang, next to ttnn) and use tt_mode=device; anywhere else "

@@ -22,8 +22,8 @@ import ttl
 import ttnn
 
 from ... import semantics
+from ...constants import TILE
 
-TILE = semantics.TILE
 
 
 @dataclass(frozen=True)

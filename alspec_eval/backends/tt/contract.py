@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import semantics
+from ...constants import TILE
 from ...config import ConfigError, tt_window_problem
 
 OP_NAME = "speculative_scaled_dot_product_attention_decode"
@@ -38,7 +39,7 @@ OP_KEYWORDS = frozenset({"lambda_", "is_causal", "attn_mask", "cur_pos", "cur_po
                          "program_config", "compute_kernel_config", "priority_tensor", "other_priority_tensor",
                          "ccl_enabled", "multi_device_global_semaphore", "queue_id"})
 MAX_QUERY_HEADS = 32
-TILE = semantics.TILE
+
 # Host mode has no device to ask for its grid: a Wormhole N150's worker grid is assumed (an assumption of
 # this project, not a number of the contract); on a card the device's compute_with_storage_grid_size() counts.
 HOST_GRID = (8, 7)
