@@ -110,7 +110,7 @@ def install(model: PreTrainedModel, speculator_cls: Callable[..., Speculator] = 
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
     speculator = speculator_cls(num_layers, sliding_layers(model.config, num_layers), base_fn,
                                 additive_mask=base_name == "eager", **speculator_args)
-    speculator.rotary_emb = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
+    speculator.prompts.rotary_emb = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
     for module in modules.values():
         setattr(module, ATTR, speculator)
     handles = [model.register_forward_pre_hook(speculator.new_forward),

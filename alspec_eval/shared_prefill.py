@@ -32,7 +32,8 @@ from .plan import Plan
 from .region import DecodeRegion
 from .rows import Row
 from .selfspec import check_greedy, row_cache, selfspec_generate
-from .speculator import PromptPrefix, Speculator
+from .prompt_observer import PromptPrefix
+from .speculator import Speculator
 from .stopping import StopRule
 
 
@@ -170,7 +171,7 @@ class SharedPrefill:
         one (their forks observe the prompt from it): queries, inputs and rotary terms of every layer, held until
         the forks have run."""
         if any(v.approx.prompt_keys and not v.exact_attention for v in self.variants):
-            with self.speculator.capturing(length) as kept:
+            with self.speculator.prompts.capturing(length) as kept:
                 yield kept
         else:
             yield None

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from . import semantics
-from .approximations import LayerInputs
 from .config import SpeculationConfig
 from .plan import EXACT_REJECTED, IDLE, Plan
+from .prompt_observer import PromptObserver, PromptPrefix, PromptState
 from .kernels import DecodeKernel, SpecDecodeOutput
 from .region import DecodeRegion, Trace
 from .stats import ACCEPTED, REJECTED, TRIVIAL
@@ -76,26 +76,6 @@ class _Pass:
 
 
 @dataclass
-class PromptPrefix:
-    """What a shared prefill's pass over the first ``length`` prompt positions gives the approximations that score
-    the prompt (``prompt_keys``), per layer: the queries after RoPE, the attention module's input and its rotary
-    terms (``capture``), so that a fork's first pass observes the whole prompt as a prefill of its own would."""
-
-    length: int
-    layers: dict[int, dict[str, object]] = field(default_factory=dict)
-
-    def repeated(self, times: int) -> PromptPrefix:
-        """Each batch row ``times`` times over, as a fork repeats the prefill's cache (a row of rotary terms
-        shared by every batch row stays one)."""
-        def rows(t: object, shared_row: bool) -> object:
-            if isinstance(t, tuple):
-                return tuple(rows(x, True) for x in t)
-            return t if t is None or (shared_row and t.shape[0] == 1) else t.repeat_interleave(times, 0)
-        return PromptPrefix(self.length, {layer: {k: rows(v, False) for k, v in kept.items()}
-                                          for layer, kept in self.layers.items()})
-
-
-@dataclass
 class Session:
     """One call's speculation: its config (window and alignment), its decode region and plan (the region's, else the
     config's for every row, with the speculator's skipped layers off), the passes run so far, and its trace (filled
@@ -108,10 +88,7 @@ class Session:
     region: DecodeRegion
     plan: Plan
     passes: list[_Pass | None] = field(default_factory=list)
-    observed: dict[int, object] = field(default_factory=dict)  # per layer: what the approximation kept of the prompt
-    holds_prompt: tuple[int, bool] | None = None  # (pass, whether it holds every row's prompt end)
-    hidden: dict[int, tuple] = field(default_factory=dict)  # per layer, until observed: its input and rotary terms
-    prefix: PromptPrefix | None = None  # a shared prefill's prompt positions, for approximations that score it
+    prompt: PromptState = field(default_factory=PromptState)  # what an approximation that scores it sees of the prompt
     trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
     _on: dict = field(default_factory=dict, repr=False)
 
@@ -141,8 +118,7 @@ class Speculator:
         self.decode_kernel = decode_kernel
         self.additive_mask = additive_mask  # the base attention takes a float mask added to the logits (eager)
         self._sessions: list[Session] = []
-        self.rotary_emb: torch.nn.Module | None = None  # the model's, for approximations that read the layer
-        self.capture: PromptPrefix | None = None  # while a shared prefill keeps its prompt positions (capturing)
+        self.prompts = PromptObserver()  # the prompt as the sessions' approximations see it (prompt_observer.py)
 
     # ------------------------------------------------------------------ sessions and passes
 
@@ -151,10 +127,10 @@ class Speculator:
                     prefix: PromptPrefix | None = None) -> Iterator[Trace]:
         """Speculate with ``config`` inside ``region`` for the forward passes run in this block; the trace fills on
         exit. Sessions nest (self-speculation drafts in a sink session inside its exact one): the innermost runs.
-        ``prefix``: the prompt positions a shared prefill computed before this block (:meth:`capturing`)."""
+        ``prefix``: the prompt positions a shared prefill computed before this block (PromptObserver.capturing)."""
         config.check_layers(self.num_layers)
         plan = region.plan or Plan.uniform(config.thresholds(self.num_layers), len(region.pad))
-        session = Session(config, region, plan.without(sorted(self.skipped_layers)), prefix=prefix)
+        session = Session(config, region, plan.without(sorted(self.skipped_layers)), prompt=PromptState(prefix))
         self._sessions.append(session)
         try:
             yield session.trace
@@ -164,16 +140,6 @@ class Speculator:
             session.trace.codes, session.trace.ratios = self._assemble(session.plan, passes)
             session.trace.offset = passes[0].offset if passes else 0
             session.trace.pad, session.trace.window = region.pad.cpu(), config.window
-
-    @contextmanager
-    def capturing(self, length: int) -> Iterator[PromptPrefix]:
-        """Keep, per layer, the queries, input and rotary terms of the passes in this block (a shared prefill over
-        the first ``length`` positions), for the approximations that score the prompt in the forks after it."""
-        self.capture = PromptPrefix(length)
-        try:
-            yield self.capture
-        finally:
-            self.capture = None
 
     @property
     def session(self) -> Session | None:
@@ -186,20 +152,10 @@ class Speculator:
             self._sessions[-1].passes.append(None)
 
     def layer_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        """Forward pre-hook of each attention module: keeps the layer's input and rotary terms for an approximation
-        that scores the prompt from them (``reads_layer`` and ``prompt_keys``: kvpress's prompt-time presses), until
-        the layer has observed the prompt."""
+        """Forward pre-hook of each attention module: its input and rotary terms, for the prompt observer."""
         hidden = args[0] if args else kwargs.get("hidden_states")
-        if self.capture is not None and not self._sessions:
-            self.capture.layers.setdefault(module.layer_idx, {}).update(
-                hidden=hidden, terms=kwargs.get("position_embeddings"))
-            return
-        session = self.session
-        approx = session.config.approx if session is not None else None
-        if approx is None or not (approx.reads_layer and approx.prompt_keys) or module.layer_idx in session.observed \
-                or not self.speculates(module.layer_idx):
-            return
-        session.hidden[module.layer_idx] = (hidden, kwargs.get("position_embeddings"))
+        self.prompts.layer_input(self.session, self.speculates(module.layer_idx), module, hidden,
+                                 kwargs.get("position_embeddings"))
 
     def speculates(self, layer: int) -> bool:
         """Whether ``layer`` decides anything in this call (the plan is on the host: no read-back)."""
@@ -211,12 +167,9 @@ class Speculator:
                attention_mask: torch.Tensor | None, scaling: float, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The committed attention output (B, q_len, Hq, D) of one layer, and the base attention's weights."""
         layer = module.layer_idx
-        if self.capture is not None and not self._sessions:
-            self.capture.layers.setdefault(layer, {})["query"] = query
+        self.prompts.attention(self.session, self.speculates(layer), module, query, key, value, scaling)
         if not self.speculates(layer):
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        if self.session.config.approx.prompt_keys and layer not in self.session.observed:
-            self.observe(module, query, key, value, scaling)
         first = self.locate(query, key)
         step = first.on(query.device)
         if step.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
@@ -273,33 +226,6 @@ class Speculator:
         session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, keys=keys)
         return session.passes[-1]
 
-    def observe(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                scaling: float) -> None:
-        """Let a prompt-scoring approximation see the prompt: in the pass that holds the last (up to) ``observe``
-        prompt positions of every row, once per layer (Approximation.observe_prompt)."""
-        session, layer = self.session, module.layer_idx
-        region, approx = session.region, session.config.approx
-        offset = key.shape[2] - query.shape[2]
-        prefix = session.prefix if session.prefix is not None and session.prefix.length == offset else None
-        if prefix is not None:  # the first pass after a shared prefill: the prompt's positions from 0
-            kept = prefix.layers[layer]
-            query, offset = torch.cat([kept["query"], query], 2), 0
-        if session.holds_prompt is None or session.holds_prompt[0] != len(session.passes):  # once per pass
-            start, pad = region.spec_start.cpu(), region.pad.cpu()
-            first = start - (start - pad).clamp(max=approx.prompt_window())
-            held = (start <= key.shape[2]) & ((first >= offset) | (start == pad))
-            session.holds_prompt = (len(session.passes), bool(held.all()))
-        if session.holds_prompt[1]:
-            extra = {}
-            if approx.reads_layer:
-                hidden, terms = session.hidden.pop(layer, (None, None))
-                if prefix is not None:
-                    hidden = torch.cat([kept["hidden"], hidden], 1)
-                    terms = tuple(_joined(a, b) for a, b in zip(kept["terms"], terms))
-                extra = {"layer": LayerInputs(module, value, hidden, terms, self.rotary_emb)}
-            pad, spec_start = session.on(key.device)[:2]
-            session.observed[layer] = approx.observe_prompt(query, key, scaling, spec_start, pad, offset, **extra)
-
     def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
         """The plan's threshold at ``layer`` of each batch row in ``rows`` (None: every row, on ``device``): one float
         where all rows share it."""
@@ -336,9 +262,7 @@ class Speculator:
         dtype. Positions go in chunks (:func:`gather_chunk`), so scoring where every position speculates holds one
         chunk's selected keys at a time."""
         cfg = self.session.config
-        extra = {"layer": LayerInputs(module, value, rotary_emb=self.rotary_emb)} if cfg.approx.reads_layer else {}
-        shared = cfg.approx.prepare(key, self.session.on(key.device)[0], cfg.window,
-                                    self.session.observed.get(module.layer_idx), **extra)
+        shared = self.prompts.prepare(self.session, module, key, value, self.session.on(key.device)[0])
         chunk = gather_chunk(key, 2 * cfg.window, query.shape[1], cfg.approx.position_bytes(key, query.shape[1]))
         parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs, shared)
                  for lo in range(0, len(step.rows), chunk)]
@@ -448,10 +372,3 @@ def gather_chunk(key: torch.Tensor, window_keys: int, query_heads: int, selectio
     dim = key.shape[3]
     per_position = 2 * max(query_heads, key.shape[1]) * window_keys * dim * key.element_size() + selection_bytes
     return max(1, max(GATHER_BUDGET, 2 * key.numel() * key.element_size()) // per_position)
-
-
-def _joined(first: torch.Tensor, then: torch.Tensor) -> torch.Tensor:
-    """Rotary terms (rows, positions, D) of a prefix and the pass after it, one row shared by every batch row
-    expanded to the other's rows."""
-    rows = max(len(first), len(then))
-    return torch.cat([first.expand(rows, *first.shape[1:]), then.expand(rows, *then.shape[1:])], 1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from alspec_eval.approximations import approximation_class
+
 # name -> its approx_args at a window of S tokens (quest: pages of S/2 tokens, so two pages are chosen by bound
 # besides the first and the current one)
 DEFAULT_APPROXIMATIONS: dict[str, Callable[[int], dict]] = {
@@ -16,8 +18,8 @@ DEFAULT_APPROXIMATIONS: dict[str, Callable[[int], dict]] = {
     "snapkv": lambda window: {"observe": 8, "pool": 3, "recent": max(1, window // 2)},
 }
 APPROXIMATIONS = list(DEFAULT_APPROXIMATIONS)
-BEYOND_SINK = APPROXIMATIONS[1:]  # the ones no fused kernel computes
-PROMPT_SCORING = ["snapkv"]  # they score the prompt at prefill: no self-speculation drafts
+BEYOND_SINK = [a for a in APPROXIMATIONS if not approximation_class(a).fused_kernel]  # no fused kernel computes them
+PROMPT_SCORING = [a for a in APPROXIMATIONS if approximation_class(a).prompt_keys]  # no self-speculation drafts
 DRAFTS = [a for a in BEYOND_SINK if a not in PROMPT_SCORING]  # those self-speculation drafts with and rows share
 
 
