@@ -5,7 +5,8 @@ the plain model) and then, for the positions of the active decode region, the st
 Algorithm 1, each a method: locate the pass's positions, approximate, verify, commit, record. What each
 (row, layer) decides comes from the region's plan (plan.py), never from a policy's name. A fused decode
 kernel (kernel=torch|triton, the TT op) computes A, A~, d, n and the decision in one call; its numbers
-are the ones recorded.
+are the ones recorded. A pass and its decisions, and the record assembled from them, are passes.py's; what an
+approximation that scores the prompt sees of it is prompt_observer.py's.
 
 Backends (alspec_eval.backends) bring their decode kernel or subclass :class:`Speculator`; this module and
 :mod:`alspec_eval.hooks` are the same for all.
@@ -14,66 +15,20 @@ Backends (alspec_eval.backends) bring their decode kernel or subclass :class:`Sp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import ClassVar
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from . import semantics
 from .config import SpeculationConfig
+from .kernels import DecodeKernel, SpecDecodeOutput
+from .passes import Pass, assemble
 from .plan import EXACT_REJECTED, IDLE, Plan
 from .prompt_observer import PromptObserver, PromptPrefix, PromptState
-from .kernels import DecodeKernel, SpecDecodeOutput
 from .region import DecodeRegion, Trace
-from .stats import ACCEPTED, REJECTED, TRIVIAL
 
 ATTR = "alspec_speculator"  # the attribute of each attention module that holds its speculator
-
-# A layer's decisions in one pass: (accept, d, n) of its speculated positions (of every batch row, for a fused
-# decode step: ``_Pass.dense``), or None for a static policy's exact layer (decided, not measured). They stay where
-# the layer computed them until the call ends (a read-back per layer would stall a GPU's stream).
-Decision = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-
-
-@dataclass
-class _Pass:
-    """The decode-region geometry of one forward pass, shared by all its layers, and their decisions.
-
-    rows, cols: the speculated (batch row, query index) positions, ``pos`` their logical positions and ``pad`` their
-    rows' left padding; ``keys``: what the approximation computes once per pass for them (the sink's window
-    positions; Approximation.per_pass). A fused decode step (``dense``) has none of them, only the mask
-    ``speculated``: finding the positions would read back from the device once per step.
-    """
-
-    q_len: int
-    offset: int  # physical index of the first query
-    trivial: torch.Tensor | None  # (B, q_len) bool; None for an idle pass (no position in the region)
-    rows: torch.Tensor | None = None
-    cols: torch.Tensor | None = None
-    pos: torch.Tensor | None = None
-    pad: torch.Tensor | None = None
-    speculated: torch.Tensor | None = None  # (B,) bool of a fused decode step (``dense``): its speculated rows
-    kernel_inputs: dict | None = None  # a fused decode step's positions (and kernel geometry), shared by its layers
-    decisions: dict[int, Decision] = field(default_factory=dict)
-    dense: bool = False  # a fused decode step: decisions hold every batch row, ``speculated`` says which count
-    keys: tuple[torch.Tensor | None, ...] = ()
-    copies: dict = field(default_factory=dict, repr=False)  # the geometry on the other devices of a device map
-    TENSORS: ClassVar[tuple[str, ...]] = ("trivial", "rows", "cols", "pos", "pad", "speculated")
-
-    def on(self, device: torch.device) -> _Pass:
-        """This pass's geometry on ``device`` (a layer of a device map), copied there once per pass; decisions are
-        recorded in this pass's own ``decisions`` whichever copy a layer uses."""
-        if self.trivial is None or self.trivial.device == device:
-            return self
-        if device not in self.copies:
-            moved = {name: getattr(self, name).to(device) for name in _Pass.TENSORS if getattr(self, name) is not None}
-            keys = tuple(None if t is None else t.to(device) for t in self.keys)
-            self.copies[device] = dataclasses.replace(self, **moved, keys=keys, kernel_inputs=None,
-                                                      decisions=self.decisions, copies={})
-        return self.copies[device]
-
 
 @dataclass
 class Session:
@@ -87,7 +42,7 @@ class Session:
     config: SpeculationConfig  # its ``approx`` chooses A~'s keys (alspec_eval.approximations)
     region: DecodeRegion
     plan: Plan
-    passes: list[_Pass | None] = field(default_factory=list)
+    passes: list[Pass | None] = field(default_factory=list)
     prompt: PromptState = field(default_factory=PromptState)  # what an approximation that scores it sees of the prompt
     trace: Trace = field(default_factory=lambda: Trace(torch.empty(0), torch.empty(0)))
     _on: dict = field(default_factory=dict, repr=False)
@@ -137,7 +92,7 @@ class Speculator:
         finally:
             self._sessions.pop()
             passes = [p for p in session.passes if p is not None]
-            session.trace.codes, session.trace.ratios = self._assemble(session.plan, passes)
+            session.trace.codes, session.trace.ratios = assemble(session.plan, passes, self.num_layers)
             session.trace.offset = passes[0].offset if passes else 0
             session.trace.pad, session.trace.window = region.pad.cpu(), config.window
 
@@ -199,7 +154,7 @@ class Speculator:
         exact[rows, cols] = self.commit(current, approx, accept)
         return exact, weights
 
-    def locate(self, query: torch.Tensor, key: torch.Tensor) -> _Pass:
+    def locate(self, query: torch.Tensor, key: torch.Tensor) -> Pass:
         """Which positions of this pass speculate, and what the approximation computes once per pass for them (at
         the pass's first layer)."""
         session = self.session
@@ -208,7 +163,7 @@ class Speculator:
         cfg = session.config
         q_len, k_len = query.shape[2], key.shape[2]
         if k_len <= session.first_speculated:  # no position of this pass is in the region: allocate nothing for it
-            session.passes[-1] = _Pass(q_len, k_len - q_len, None)
+            session.passes[-1] = Pass(q_len, k_len - q_len, None)
             return session.passes[-1]
         phys = torch.arange(k_len - q_len, k_len, device=query.device)
         pad, spec_start, row_end, active = session.on(query.device)
@@ -218,12 +173,12 @@ class Speculator:
         trivial = in_region & semantics.is_trivial(pos, cfg.window)
         speculated = in_region & ~trivial
         if q_len == 1 and self.has_fused_decode():  # every row at once, by mask: no read-back of the positions
-            session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, speculated=speculated[:, 0], dense=True)
+            session.passes[-1] = Pass(q_len, k_len - q_len, trivial, speculated=speculated[:, 0], dense=True)
             return session.passes[-1]
         rows, cols = speculated.nonzero(as_tuple=True)
         pos, pad = pos[rows, cols], pad[rows]
         keys = cfg.approx.per_pass(pos, pad, k_len, cfg.window, cfg.window_align)
-        session.passes[-1] = _Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, keys=keys)
+        session.passes[-1] = Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, keys=keys)
         return session.passes[-1]
 
     def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
@@ -237,7 +192,7 @@ class Speculator:
         compute the sink A~ only)."""
         return self.decode_kernel is not None and self.session.config.approx.fused_kernel
 
-    def fused_decode(self, layer: int, step: _Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    def fused_decode(self, layer: int, step: Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
         cfg = self.session.config
@@ -254,7 +209,7 @@ class Speculator:
                                   window_align=cfg.window_align, scale=scaling, start=inputs["start"],
                                   **({"geometry": inputs["geometry"]} if "geometry" in inputs else {}))
 
-    def approximate(self, module: torch.nn.Module, step: _Pass, query: torch.Tensor, key: torch.Tensor,
+    def approximate(self, module: torch.nn.Module, step: Pass, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, scaling: float, kwargs: dict) -> torch.Tensor:
         """A~ (R, Hq, D) of the speculated positions: the model's own attention function (with every term its family
         applies: scaling, soft-capping, sinks) called on each position's query and the at most 2S keys its
@@ -268,7 +223,7 @@ class Speculator:
                  for lo in range(0, len(step.rows), chunk)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _approximate_rows(self, module: torch.nn.Module, step: _Pass, part: slice, query: torch.Tensor,
+    def _approximate_rows(self, module: torch.nn.Module, step: Pass, part: slice, query: torch.Tensor,
                           key: torch.Tensor, value: torch.Tensor, scaling: float, kwargs: dict,
                           shared: object = None) -> torch.Tensor:
         """A~ of the speculated positions ``part`` (a slice of ``step.rows``): the keys the session's approximation
@@ -304,52 +259,6 @@ class Speculator:
         return torch.where(accept[:, None, None], approx.to(exact.dtype), exact)
 
     # ------------------------------------------------------------------ the record
-
-    def _assemble(self, plan: Plan, passes: list[_Pass]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-pass sparse decisions as dense (batch, positions, layers) codes and ratios, put together where the
-        decisions are and copied to the host once (no read-back per layer: on a GPU each would stall the stream).
-        A (row, layer) the plan has off records nothing, whatever its batch mates decided."""
-        batch = plan.rows
-        device = next((p.trivial.device for p in passes if p.trivial is not None), torch.device("cpu"))
-        codes, ratios = [], []
-        for p in passes:
-            c = torch.zeros(batch, p.q_len, self.num_layers, dtype=torch.int8, device=device)
-            r = torch.full((batch, p.q_len, self.num_layers), float("nan"), device=device)
-            codes.append(c)
-            ratios.append(r)
-            if p.trivial is None or not p.decisions:  # an idle pass: nothing in the region
-                continue
-            decided = torch.tensor(sorted(p.decisions), device=device)
-            c[:, :, decided] = torch.where(p.trivial[:, :, None], TRIVIAL, 0).to(torch.int8)
-            exact = [layer for layer, decision in p.decisions.items() if decision is None]
-            measured = sorted(layer for layer, decision in p.decisions.items() if decision is not None)
-            # (R, layers) or, for a fused decode step, (B, layers): each layer's decisions moved from the layer's
-            # own device (a device map spreads them)
-            accept, d, n = (torch.stack([p.decisions[layer][i].to(device) for layer in measured], 1)
-                            if measured else None for i in range(3))
-            if p.dense:  # every batch row decided: keep the speculated ones, by mask
-                speculated = p.speculated.to(device)[:, None]
-                if exact:
-                    at = torch.tensor(exact, device=device)
-                    c[:, 0, at] = torch.where(speculated, REJECTED, c[:, 0, at]).to(torch.int8)
-                if measured:
-                    at = torch.tensor(measured, device=device)
-                    code = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
-                    c[:, 0, at] = torch.where(speculated, code, c[:, 0, at])
-                    r[:, 0, at] = torch.where(speculated, (d / n).float(), r[:, 0, at])
-                continue
-            rows, cols = p.rows[:, None], p.cols[:, None]
-            if exact:
-                c[rows, cols, torch.tensor(exact, device=device)] = REJECTED
-            if measured:
-                at = torch.tensor(measured, device=device)
-                c[rows, cols, at] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
-                r[rows, cols, at] = (d / n).float()
-        if not codes:
-            return torch.zeros(batch, 0, self.num_layers, dtype=torch.int8), torch.zeros(batch, 0, self.num_layers)
-        codes, ratios = torch.cat(codes, 1).cpu(), torch.cat(ratios, 1).cpu()
-        off = plan.lam.isnan()[:, None, :]
-        return codes.masked_fill(off, 0), ratios.masked_fill(off, float("nan"))
 
 
 def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -18,7 +18,8 @@ from alspec_eval.config import SpeculationConfig
 from alspec_eval.plan import Plan
 from alspec_eval.region import DecodeRegion
 from default_approximations import APPROXIMATIONS, approx_args
-from alspec_eval.speculator import Session, Speculator, _Pass
+from alspec_eval.passes import Pass
+from alspec_eval.speculator import Session, Speculator
 
 
 # S4: quest's sort must be stable (ties: the earlier page), on the code path, not only in the oracle
@@ -61,7 +62,7 @@ def test_selection_masks_follow_repeat_kv():
     config = SpeculationConfig(window=8, approx=_HeadMask())
     region = DecodeRegion.build([0], [0])
     spec._sessions.append(Session(config, region, Plan.uniform([0.0], 1)))
-    step = _Pass(1, length - 1, None, rows=torch.tensor([0]), cols=torch.tensor([0]), pos=torch.tensor([length - 1]),
+    step = Pass(1, length - 1, None, rows=torch.tensor([0]), cols=torch.tensor([0]), pos=torch.tensor([length - 1]),
                  pad=torch.tensor([0]))
     module = types.SimpleNamespace(is_causal=False, training=False, num_key_value_groups=hq // hkv)
     ours = spec._approximate_rows(module, step, slice(0, 1), q, k, v, d ** -0.5, {})

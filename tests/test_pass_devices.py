@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from alspec_eval.speculator import _Pass
+from alspec_eval.passes import Pass
 
 
-def _pass() -> _Pass:
-    return _Pass(q_len=1, offset=7, trivial=torch.zeros(2, 1, dtype=torch.bool), rows=torch.tensor([0, 1]),
+def _pass() -> Pass:
+    return Pass(q_len=1, offset=7, trivial=torch.zeros(2, 1, dtype=torch.bool), rows=torch.tensor([0, 1]),
                  cols=torch.tensor([0, 0]), pos=torch.tensor([7, 5]), pad=torch.tensor([0, 2]),
                  speculated=torch.ones(2, dtype=torch.bool), keys=(torch.arange(8).repeat(2, 1), None))
 
@@ -25,7 +25,7 @@ def test_a_pass_on_another_device_is_copied_there_once_and_shares_its_decisions(
     meta = torch.device("meta")
     moved = step.on(meta)
     assert moved is step.on(meta)  # once per pass
-    for name in _Pass.TENSORS:
+    for name in Pass.TENSORS:
         value = getattr(moved, name)
         assert value is None if getattr(step, name) is None else (value.device == meta and value.shape ==
                                                                    getattr(step, name).shape), name
@@ -36,5 +36,5 @@ def test_a_pass_on_another_device_is_copied_there_once_and_shares_its_decisions(
 
 
 def test_an_idle_pass_has_nothing_to_copy():
-    idle = _Pass(q_len=4, offset=0, trivial=None)
+    idle = Pass(q_len=4, offset=0, trivial=None)
     assert idle.on(torch.device("meta")) is idle
