@@ -75,13 +75,13 @@ class _Static:
 
 
 @functools.lru_cache(maxsize=256)
-def _static(dtype: torch.dtype, hq: int, hkv: int, dim: int, per_row: bool, chunk_size: int | None) -> _Static:
+def _static(dtype: torch.dtype, hq: int, hkv: int, dim: int, chunk_size: int | None) -> _Static:
     launch = launch_for(dtype, dim)
     if chunk_size:
         if chunk_size < 16 or chunk_size & (chunk_size - 1):
             raise ValueError(f"chunk_size (BLOCK_N) must be a power of two >= 16 for tl.dot, got {chunk_size}")
         launch = dataclasses.replace(launch, block_n=chunk_size)
-    return _Static(launch.block_n, constexprs(dtype, hq // hkv, dim, per_row, launch, hkv),
+    return _Static(launch.block_n, constexprs(dtype, hq // hkv, dim, launch),
                    {"num_stages": launch.num_stages, "num_warps": launch.num_warps})
 
 
@@ -129,7 +129,7 @@ def speculative_flash_decode_triton(
     hkv, cache_len = k.shape[1], k.shape[2]
     device = q.device
     per_row = isinstance(lam, torch.Tensor)
-    static = _static(q.dtype, hq, hkv, dim, per_row, chunk_size)
+    static = _static(q.dtype, hq, hkv, dim, chunk_size)
     q = q.contiguous()
     if k.stride(3) != 1 or v.stride() != k.stride():  # one set of strides serves both
         k, v = k.contiguous(), v.contiguous()
@@ -144,7 +144,7 @@ def speculative_flash_decode_triton(
     kernel()[(b, hkv, splits)](
         q, k, v, geometry.packed, scratch, tickets, outputs, lam if per_row else norms, 0.0 if per_row else float(lam),
         norms, decision, k.stride(0), k.stride(1), k.stride(2), cache_len, dim**-0.5 if scale is None else scale,
-        window, splits, **static.constants, **static.settings,
+        window, splits, hq // hkv, dim, int(per_row), **static.constants, **static.settings,
     )
     exact, spec = outputs.unbind()
     d, n = norms.unbind()

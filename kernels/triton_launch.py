@@ -60,8 +60,8 @@ def blocks(group: int, head_dim: int) -> tuple[int, int]:
 
 def launch_for(dtype: torch.dtype, head_dim: int) -> Launch:
     """Settings that fit every architecture in ARCHS (the compile test proves it), so they need no key by
-    architecture, and under which ptxas spills (Triton 3.9) at most 8 bytes per thread, in one shape only (fp32,
-    head_dim 96, group 16, sm_90): fp32 tiles take twice the bytes of 16-bit ones and its dot runs without tensor
+    architecture, and under which ptxas spills (Triton 3.9) at most 8 bytes per thread, in one case only (fp32,
+    head_dim 128, sm_90): fp32 tiles take twice the bytes of 16-bit ones and its dot runs without tensor
     cores, so it streams 16 keys per step in 2 stages, and heads wider than 128 stream 16 keys per step (32 left the
     merge after the loop too few registers on sm_90)."""
     block_d = blocks(1, head_dim)[1]
@@ -100,22 +100,18 @@ class Resources:
         return None
 
 
-MERGE_ELEMENTS = 1024  # (query head, dim) elements the merge holds at once: 8 floats per thread of 4 warps
+# The merge after the partials: (query head, dim) elements it holds at once (4 floats per thread of 4 warps), the
+# partials it reads at once (their loads overlap), and the heads whose squared sums the verdict adds at once.
+MERGE = {"BLOCK_E": 512, "CHUNK_S": 4, "BLOCK_H": 16}
 
 
-def chunk_splits(group: int, head_dim: int) -> int:
-    """Partials the merge reads at once, so that their loads overlap: as many as keep its tile at 2048 floats."""
-    return max(1, 2048 // min(pow2(group * head_dim), MERGE_ELEMENTS))
-
-
-def constexprs(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, launch: Launch,
-               kv_heads: int = 8) -> dict[str, object]:
-    """The kernel's constexprs: what :func:`.triton_decode.speculative_flash_decode_triton` launches (a binary per
-    dtype, group, head_dim and power of two of ``kv_heads``)."""
+def constexprs(dtype: torch.dtype, group: int, head_dim: int, launch: Launch) -> dict[str, object]:
+    """The kernel's constexprs: what :func:`.triton_decode.speculative_flash_decode_triton` launches. A binary per
+    dtype, block sizes and launch settings: shapes that differ only in their group, head_dim (within a block) or
+    lambda's kind share one."""
     block_g, block_d = blocks(group, head_dim)
-    return {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": launch.block_n,
-            "BLOCK_E": min(pow2(group * head_dim), MERGE_ELEMENTS), "BLOCK_H": max(2, pow2(kv_heads)), "CHUNK_S": chunk_splits(group, head_dim),
-            "IEEE": dtype == torch.float32, "LAM_PER_ROW": lam_per_row}
+    return {"BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": launch.block_n, "EVEN_D": head_dim == block_d,
+            **MERGE, "IEEE": dtype == torch.float32}
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,10 +155,10 @@ def _usage(cubin: bytes, name: str) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
-def compile_kernels(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, capability: int,
+def compile_kernels(dtype: torch.dtype, group: int, head_dim: int, capability: int,
                     launch: Launch) -> tuple[Resources, ...]:
     """Compile the kernel for ``sm_<capability>`` (no GPU needed) and return what it asks of a block."""
-    constants = constexprs(dtype, group, head_dim, lam_per_row, launch)
+    constants = constexprs(dtype, group, head_dim, launch)
     return (_compile("decode", dtype, tuple(constants.items()), capability, launch),)
 
 
@@ -184,12 +180,11 @@ def _compile(name: str, dtype: torch.dtype, constants: tuple, capability: int, l
     return Resources(name, binary.metadata.shared, registers, 32 * launch.num_warps, stack)
 
 
-def misfit(dtype: torch.dtype, group: int, head_dim: int, lam_per_row: bool, arch: Arch,
-           launch: Launch | None = None) -> str | None:
+def misfit(dtype: torch.dtype, group: int, head_dim: int, arch: Arch, launch: Launch | None = None) -> str | None:
     """Why the kernels cannot run this shape on ``arch`` (with :func:`launch_for`'s settings by default), else None."""
     if dtype not in DTYPES:
         return f"the Triton kernels take {', '.join(map(str, DTYPES))}, not {dtype}"
-    for resources in compile_kernels(dtype, group, head_dim, lam_per_row, arch.capability,
+    for resources in compile_kernels(dtype, group, head_dim, arch.capability,
                                      launch or launch_for(dtype, head_dim)):
         reason = resources.misfit(arch)
         if reason:
@@ -201,8 +196,9 @@ MATRIX = {"dtype": tuple(DTYPES), "head_dim": (64, 80, 96, 128, 256), "group": (
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print, one JSON line per shape, what both kernels ask of a block on each architecture and whether it fits
-    (every dtype, head_dim and group ``kernel=auto`` can pick, scalar and per-row lambda). Exits 1 if one does not."""
+    """Print, one JSON line per shape, what the kernel asks of a block on each architecture and whether it fits
+    (every dtype, head_dim and group ``kernel=auto`` can pick; scalar and per-row lambda share a binary). Exits 1 if
+    one does not."""
     parser = argparse.ArgumentParser(prog="python -m alspec_eval.kernels.triton_launch", description=main.__doc__)
     parser.add_argument("--arch", type=int, action="append", choices=sorted(ARCHS),
                         help="compute capability (repeatable; default: all of 80, 86, 89, 90)")
@@ -212,14 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     worst = 0
-    for capability, dtype, head_dim, group, per_row in itertools.product(
-            args.arch or sorted(ARCHS), *MATRIX.values(), (False, True)):
+    for capability, dtype, head_dim, group in itertools.product(args.arch or sorted(ARCHS), *MATRIX.values()):
         launch = args.launch or launch_for(dtype, head_dim)
-        found = compile_kernels(dtype, group, head_dim, per_row, capability, launch)
-        reason = misfit(dtype, group, head_dim, per_row, ARCHS[capability], launch)
+        found = compile_kernels(dtype, group, head_dim, capability, launch)
+        reason = misfit(dtype, group, head_dim, ARCHS[capability], launch)
         worst = max(worst, reason is not None)
         print(json.dumps({"triton": triton.__version__, "arch": capability, "dtype": DTYPES[dtype], "head_dim": head_dim, "group": group,
-                          "per_row_lambda": per_row, "launch": vars(launch),
+                          "launch": vars(launch),
                           "kernels": {r.kernel: {"shared": r.shared, "registers": r.registers, "spilled": r.spilled}
                                       for r in found},
                           "misfit": reason}), flush=True)

@@ -16,8 +16,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, base, out, NUM_SPLITS,
-                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_S: tl.constexpr):
+def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, base, out, NUM_SPLITS, GROUP, HEAD_DIM,
+                BLOCK_E: tl.constexpr, CHUNK_S: tl.constexpr):
     """A of one (row, KV head) from its partials (split 0's is A~), both outputs stored; returns (d^2, n^2) of the
     head on the outputs as rounded to the model's dtype (what the caller sees). The (query head, dim) elements go
     BLOCK_E at a time, each reading CHUNK_S partials at once, so registers stay bounded for any head size."""
@@ -56,13 +56,14 @@ def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, base, out, NUM_SPL
     return d2, n2
 
 
-@triton.jit(do_not_specialize=["cache_len", "WINDOW", "NUM_SPLITS"])  # one binary as the cache grows
+# One binary per dtype, block sizes and launch settings: the group, head_dim, window, lengths and whether lambda is
+# per row are runtime values (no specialisation on the ones that change as the cache grows).
+@triton.jit(do_not_specialize=["cache_len", "WINDOW", "NUM_SPLITS", "GROUP", "HEAD_DIM", "LAM_PER_ROW"])
 def decode_kernel(
     q_ptr, k_ptr, v_ptr, geom_ptr, o_ptr, ticket_ptr, exact_ptr, lam_ptr, lam, d_ptr, accept_ptr,
-    stride_kb, stride_kh, stride_kl, cache_len, scale, WINDOW, NUM_SPLITS,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_S: tl.constexpr,
-    IEEE: tl.constexpr, LAM_PER_ROW: tl.constexpr,
+    stride_kb, stride_kh, stride_kl, cache_len, scale, WINDOW, NUM_SPLITS, GROUP, HEAD_DIM, LAM_PER_ROW,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_S: tl.constexpr, IEEE: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -80,7 +81,7 @@ def decode_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     g_mask = offs_g < GROUP
-    if HEAD_DIM == BLOCK_D:
+    if EVEN_D:
         d_mask = offs_d < BLOCK_D  # a constant mask keeps loads vectorized
     else:
         d_mask = offs_d < HEAD_DIM
@@ -150,13 +151,17 @@ def decode_kernel(
         tl.debug_barrier()
         if tl.atomic_add(ticket_ptr + batch * hkv + b, 1) == hkv - 1:  # the row's last head: verify
             tl.store(ticket_ptr + batch * hkv + b, 0)
-            offs_h = tl.arange(0, BLOCK_H)
-            h_mask = offs_h < hkv
-            heads = (b * hkv + offs_h) * 2
-            d = tl.sqrt_rn(tl.sum(tl.load(sq_ptr + heads, mask=h_mask, other=0.0, cache_modifier=".cg"), axis=0))
-            n = tl.sqrt_rn(tl.sum(tl.load(sq_ptr + heads + 1, mask=h_mask, other=0.0, cache_modifier=".cg"), axis=0))
-            if LAM_PER_ROW:
-                lam = tl.load(lam_ptr + b)
+            d2 = 0.0
+            n2 = 0.0
+            for h0 in range(0, hkv, BLOCK_H):  # in head order
+                offs_h = h0 + tl.arange(0, BLOCK_H)
+                heads = (b * hkv + offs_h) * 2
+                h_mask = offs_h < hkv
+                d2 += tl.sum(tl.load(sq_ptr + heads, mask=h_mask, other=0.0, cache_modifier=".cg"), axis=0)
+                n2 += tl.sum(tl.load(sq_ptr + heads + 1, mask=h_mask, other=0.0, cache_modifier=".cg"), axis=0)
+            d = tl.sqrt_rn(d2)
+            n = tl.sqrt_rn(n2)
+            lam = tl.where(LAM_PER_ROW != 0, tl.load(lam_ptr + b), lam)
             tl.store(d_ptr + b, d)
             tl.store(n_ptr + b, n)
             # semantics.accept in float32: d <= lambda n, lambda = inf accepting all; trivial rows accept

@@ -23,8 +23,8 @@ def sm86(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     asked = []
     monkeypatch.setattr(triton_launch, "arch_of", lambda device: triton_launch.ARCHS[86])
 
-    def misfit(dtype, group, head_dim, per_row, arch):
-        asked.append((dtype, group, head_dim, per_row, arch.capability))
+    def misfit(dtype, group, head_dim, arch):
+        asked.append((dtype, group, head_dim, arch.capability))
         return "the decode kernel needs 143424 bytes of shared memory per block, sm_86 allows 101376" \
             if dtype == torch.float32 else None
 
@@ -37,10 +37,10 @@ def test_the_attention_shape_of_a_config() -> None:
     assert sim.attention_shape(LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=32)) == (32, 1)
 
 
-def test_auto_runs_triton_where_both_lambda_kinds_fit(sm86) -> None:
+def test_auto_runs_triton_where_the_shape_fits(sm86) -> None:
     assert sim.choose_kernel("auto", CUDA, True, torch.bfloat16, LLAMA3_8B) == (
         "triton", "triton: kernel=auto, and it fits sm_86")
-    assert sm86 == [(torch.bfloat16, 4, 128, per_row, 86) for per_row in (False, True)]
+    assert sm86 == [(torch.bfloat16, 4, 128, 86)]  # scalar and per-row lambda share one binary
 
 
 def test_auto_takes_the_model_kernel_where_triton_does_not_fit_and_says_why(sm86) -> None:

@@ -176,17 +176,23 @@ def test_many_middle_splits(align, monkeypatch):
     _check_defaults(q, k, v, cur_pos, 8, align, 16)
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 4])
-def test_the_merge_reads_partials_in_chunks_of_any_size(chunk, monkeypatch):
-    """More middle splits than the merge reads at once: its running maximum carries across chunks (each chunk's
-    partials rescaled onto the next), and one partial at a time gives the same outputs as the reference."""
-    monkeypatch.setattr(triton_decode, "_processors", lambda device: 16)
-    monkeypatch.setattr(triton_launch, "chunk_splits", lambda group, head_dim: chunk)
+@pytest.mark.parametrize(("chunk", "elements", "heads"), [(1, 16, 2), (2, 32, 2), (4, 1024, 16)])
+def test_the_merge_reads_partials_elements_and_heads_in_blocks_of_any_size(chunk, elements, heads, monkeypatch):
+    """More middle splits than the merge reads at once (its running maximum carries across chunks, each chunk's
+    partials rescaled onto the next), more (query head, dim) elements than it holds at once (3 KV heads of 2 query
+    heads of 32: 64 per head) and more KV heads than the verdict adds at once: the reference's outputs, d and n."""
+    monkeypatch.setattr(triton_decode, "_processors", lambda device: 64)
+    monkeypatch.setitem(triton_launch.MERGE, "CHUNK_S", chunk)
+    monkeypatch.setitem(triton_launch.MERGE, "BLOCK_E", elements)
+    monkeypatch.setitem(triton_launch.MERGE, "BLOCK_H", heads)
     triton_decode._static.cache_clear()
     try:
-        q, k, v, cur_pos = (t.to(DEVICE) for t in make_inputs(2, 4, 1, 300, 32, [283, 250]))
-        assert triton_decode._num_splits(2, 300 - 8, 16, q.device) > 2 * chunk
+        q, k, v, cur_pos = (t.to(DEVICE) for t in make_inputs(2, 6, 3, 300, 32, [283, 250]))
+        assert triton_decode._num_splits(2 * 3, 300 - 8, 16, q.device) > 2 * chunk
         _check_defaults(q, k, v, cur_pos, 8, 1, 16)
+        ref = speculative_flash_decode(q, k, v, cur_pos, 8, 0.5)
+        out = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, 0.5, chunk_size=16)
+        torch.testing.assert_close(out.n, ref.n, atol=1e-5, rtol=1e-5)
     finally:
         triton_decode._static.cache_clear()
 

@@ -38,11 +38,8 @@ def triton_misfit(device: torch.device, dtype: torch.dtype, config: Any) -> str 
 
     head_dim, group = attention_shape(config)
     arch = triton_launch.arch_of(device)
-    for per_row in (False, True):  # one lambda for every row, or one per row (a sweep's shared prefill)
-        reason = triton_launch.misfit(dtype, group, head_dim, per_row, arch)
-        if reason:
-            return f"{reason} ({dtype}, head_dim {head_dim}, {group} query heads per KV head)"
-    return None
+    reason = triton_launch.misfit(dtype, group, head_dim, arch)  # scalar and per-row lambda share one binary
+    return f"{reason} ({dtype}, head_dim {head_dim}, {group} query heads per KV head)" if reason else None
 
 
 def choose_kernel(name: str, device: torch.device, plain_softmax: bool, dtype: torch.dtype,
