@@ -16,7 +16,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, base, out, NUM_SPLITS, GROUP, HEAD_DIM,
+def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, base, out, NUM_SPLITS, GROUP, HEAD_DIM,
                 BLOCK_E: tl.constexpr, CHUNK_S: tl.constexpr):
     """A of one (row, KV head) from its partials (split 0's is A~), both outputs stored; returns (d^2, n^2) of the
     head on the outputs as rounded to the model's dtype (what the caller sees). The (query head, dim) elements go
@@ -44,7 +44,8 @@ def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, base, out, NUM_SPL
             acc = acc * alpha + tl.sum(w * o, axis=0)
             m = m_new
         spec = tl.load(o_ptr + base * (GROUP * HEAD_DIM) + offs_e, mask=e_mask, other=0.0, cache_modifier=".cg")
-        exact = tl.where(trivial, spec, acc / l)  # a trivial context: A~ is A, bit for bit
+        # A trivial context has no middle: split 0 weighs exp(0) = 1 and the empty splits 0, so A is A~ bit for bit.
+        exact = acc / l
         exact = exact.to(exact_ptr.dtype.element_ty)
         spec = spec.to(spec_ptr.dtype.element_ty)
         tl.store(exact_ptr + out + offs_e, exact, mask=e_mask)
@@ -143,8 +144,7 @@ def decode_kernel(
     tl.debug_barrier()  # every thread's partial is stored before the ticket releases it (acq_rel, gpu scope)
     if tl.atomic_add(ticket_ptr + head, 1) == NUM_SPLITS - 1:  # the head's last split: merge it
         tl.store(ticket_ptr + head, 0)
-        trivial = tl.load(geom_ptr + 4 * batch + b) != 0
-        d2, n2 = _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, trivial, head * NUM_SPLITS,
+        d2, n2 = _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, head * NUM_SPLITS,
                              head * (GROUP * HEAD_DIM), NUM_SPLITS, GROUP, HEAD_DIM, BLOCK_E, CHUNK_S)
         tl.store(sq_ptr + 2 * head, d2)
         tl.store(sq_ptr + 2 * head + 1, n2)
@@ -162,6 +162,7 @@ def decode_kernel(
             d = tl.sqrt_rn(d2)
             n = tl.sqrt_rn(n2)
             lam = tl.where(LAM_PER_ROW != 0, tl.load(lam_ptr + b), lam)
+            trivial = tl.load(geom_ptr + 4 * batch + b) != 0
             tl.store(d_ptr + b, d)
             tl.store(n_ptr + b, n)
             # semantics.accept in float32: d <= lambda n, lambda = inf accepting all; trivial rows accept

@@ -137,7 +137,8 @@ def test_interpreter_decides_per_row_as_semantics_and_a_shared_geometry_changes_
     q, k, v, cur_pos = make_inputs(len(POSITIONS), 6, 2, 160, 32, POSITIONS)  # rows 2 and 3 trivial at S = 8
     plain = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, 0.5, chunk_size=16)
     ratio = plain.d / plain.n
-    lam = torch.stack([ratio[0] * 1.001, ratio[1] * 0.999, torch.tensor(0.0), torch.tensor(0.0),
+    # rows 2 and 3 are trivial: accepted whatever their threshold, a plan's REJECT (-inf) and OFF (NaN) included
+    lam = torch.stack([ratio[0] * 1.001, ratio[1] * 0.999, torch.tensor(float("-inf")), torch.tensor(float("nan")),
                        torch.tensor(float("inf"))])
     out = triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, 8, lam, chunk_size=16)
     assert out.accept.tolist() == [True, False, True, True, True]
