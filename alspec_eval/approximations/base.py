@@ -132,6 +132,11 @@ class Approximation:
         return 0
 
 
+def scores_bytes(key: torch.Tensor) -> int:
+    """What ranking one position's keys by score holds: a row's float32 scores, and the sort's values and indices."""
+    return key.shape[2] * key.shape[1] * 16
+
+
 @dataclasses.dataclass
 class LayerInputs:
     """What a ``reads_layer`` approximation sees of a layer beyond its keys: the attention module (its projections

@@ -8,7 +8,7 @@ Two ways of scoring, as the presses are written:
   chunk) would otherwise leak the future into a scoring pass;
 - **prompt-time** presses (SnapKV, PyramidKV, ExpectedAttention, Cap, LeverageScore, NonCausalAttn, Compactor) score
   the prompt once, at prefill, from the layer's input; each decode step keeps the newest ``recent`` tokens and the
-  top 2S - recent prompt keys (SnapKV's rule, :func:`.snapkv.newest_and_top`).
+  top 2S - recent prompt keys (SnapKV's rule, :class:`.prompt_scored.PromptScored`).
 Each row is scored on its own unpadded keys (kvpress assumes no left padding); ties go to the earlier key.
 Importing kvpress patches every transformers attention function; :func:`import_kvpress` undoes that.
 """
@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import ConfigError
-from .base import Approximation, LayerInputs, Selected
-from .snapkv import newest_and_top
+from .base import Approximation, LayerInputs, Selected, scores_bytes
+from .prompt_scored import PromptScored
 
 INSTALL = "pip install 'alspec-eval[kvpress]' && pip install --no-deps kvpress==0.5.5"
 KEY_ONLY = ("KnormPress", "KeyDiffPress", "CURPress", "LagKVPress", "RandomPress", "StreamingLLMPress",
@@ -176,6 +176,7 @@ class _PressDraft(Approximation):
         if inner is not None and (inner not in KEY_ONLY or inner == "CriticalKVPress"):
             raise ConfigError(f"approx_args press:{inner} is not a key-only press; CriticalKVPress wraps one of "
                               f"{', '.join(p for p in KEY_ONLY if p != 'CriticalKVPress')}")
+        super().check(window)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ class KeyScoredPress(_PressDraft):
         return torch.stack(chosen), None
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
-        return key.shape[2] * key.shape[1] * 16
+        return scores_bytes(key)
 
 
 @dataclass
@@ -217,21 +218,11 @@ class _Prompt:
 
 
 @dataclass(frozen=True)
-class PromptScoredPress(_PressDraft):
+class PromptScoredPress(_PressDraft, PromptScored):
     """A prompt-time press: the press scores each row's prompt once, at prefill, from the layer's input; each step
     keeps the newest ``recent`` tokens and the top 2S - recent prompt keys."""
 
     recent: int = field(default=8, metadata={"short": "r", "label": "R"})
-    prompt_keys = True
-
-    def check(self, window: int) -> None:
-        if not 1 <= self.recent < 2 * window:
-            raise ConfigError(f"approx_args recent:{self.recent} leaves no prompt key in the budget 2S = {2 * window}; "
-                              f"use 1 <= recent < {2 * window}, e.g. recent:{min(8, 2 * window - 1)}")
-        super().check(window)
-
-    def keys_read(self, context: int, window: int) -> float:
-        return min(2 * window, context)  # the prompt is scored once, at prefill
 
     def prompt_window(self) -> int:
         return 1 << 62  # the whole prompt: one pass must hold all of it
@@ -268,10 +259,3 @@ class PromptScoredPress(_PressDraft):
                 scores[row, :, a:s] = scored[0].float().nan_to_num(nan=-math.inf)
             observed.scores, observed.rows = scores, []  # the prompt's inputs are no longer held
         return observed.scores
-
-    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-               pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
-        return newest_and_top(prepared, key, rows, pos, pad, window, self.recent)
-
-    def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
-        return key.shape[2] * key.shape[1] * 16

@@ -12,18 +12,17 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .base import Approximation, Selected
+from .prompt_scored import PromptScored
 
 
 @dataclass(frozen=True)
-class SnapKV(Approximation):
+class SnapKV(PromptScored):
     observe: int = field(default=32, metadata={"short": "w", "label": "W"})  # the prompt's last queries that score
     pool: int = field(default=5, metadata={"short": "k", "label": "k"})  # average-pooling kernel (odd)
     recent: int = field(default=8, metadata={"short": "r", "label": "R"})  # newest tokens always kept
 
     description = "the newest {recent} tokens and the prompt keys its last {observe} queries attend to most"
     marker, colour = "D", "tab:olive"
-    prompt_keys = True
 
     def check(self, window: int) -> None:
         if self.observe < 1:
@@ -32,12 +31,7 @@ class SnapKV(Approximation):
         if self.pool < 1 or self.pool % 2 == 0:
             raise ConfigError(f"approx_args pool:{self.pool} is invalid; use an odd integer >= 1 (the pooling kernel "
                               "over neighbouring keys), e.g. pool:5")
-        if not 1 <= self.recent < 2 * window:
-            raise ConfigError(f"approx_args recent:{self.recent} leaves no prompt key in the budget 2S = {2 * window}; "
-                              f"use 1 <= recent < {2 * window}, e.g. recent:{min(8, 2 * window - 1)}")
-
-    def keys_read(self, context: int, window: int) -> float:
-        return min(2 * window, context)  # the prompt is scored once, at prefill: no cost per decode step
+        super().check(window)
 
     def prompt_window(self) -> int:
         return self.observe
@@ -76,30 +70,3 @@ class SnapKV(Approximation):
         observed = (t[None, :] >= (start - window)[:, None]) & (t[None, :] < start[:, None])
         scores = torch.where(observed[:, None, :], math.inf, pooled)
         return scores.masked_fill(~(prefix | observed)[:, None, :], -math.inf)
-
-    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-               pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
-        return newest_and_top(prepared, key, rows, pos, pad, window, self.recent)
-
-    def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
-        return key.shape[2] * key.shape[1] * 16  # a row's scores, and the sort's values and indices
-
-
-def newest_and_top(scores: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
-                   window: int, recent: int) -> Selected:
-    """SnapKV's rule for every prompt-time scorer (kvpress's too): at each position the newest ``recent`` tokens,
-    then the 2S - recent prompt keys of highest ``scores`` (B, Hkv, L_prompt; physical, -inf where none) older than
-    them, ties to the earlier key."""
-    newest = pad[:, None] + pos[:, None] - recent + 1 + torch.arange(recent, device=pos.device)
-    scores = scores[rows]
-    t = torch.arange(scores.shape[-1], device=pos.device)
-    older = t[None, :] < (newest[:, :1])  # a prompt key among the newest R is kept as one of them
-    ranked = scores.masked_fill(~older[:, None, :], -math.inf)
-    budget = 2 * window - recent
-    if ranked.shape[-1] < budget:  # fewer prompt keys than the budget: the rest never count
-        ranked = F.pad(ranked, (0, budget - ranked.shape[-1]), value=-math.inf)
-    top = ranked.sort(dim=-1, descending=True, stable=True)
-    chosen, valid = top.indices[..., :budget], top.values[..., :budget] > -math.inf
-    heads = scores.shape[1]
-    index = torch.cat([newest[:, None, :].expand(-1, heads, -1), chosen], -1).clamp_max(key.shape[2] - 1)
-    return index, torch.cat([torch.ones_like(newest, dtype=torch.bool)[:, None, :].expand(-1, heads, -1), valid], -1)
