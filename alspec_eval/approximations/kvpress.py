@@ -31,12 +31,6 @@ from .base import Approximation, LayerInputs, Selected, scores_bytes
 from .prompt_scored import PromptScored
 
 INSTALL = "pip install 'alspec-eval[kvpress]' && pip install --no-deps kvpress==0.5.5"
-KEY_ONLY = ("KnormPress", "KeyDiffPress", "CURPress", "LagKVPress", "RandomPress", "StreamingLLMPress",
-            "CriticalKVPress")
-PROMPT_TIME = ("SnapKVPress", "PyramidKVPress", "ExpectedAttentionPress", "CapPress", "LeverageScorePress",
-               "NonCausalAttnPress", "CompactorPress")
-SUPPORTED = KEY_ONLY + PROMPT_TIME
-BY_POSITION = ("StreamingLLMPress", "RandomPress")  # they rank by position or chance: they read no key to rank
 REFUSED = {
     "TOVAPress": "it ranks keys by the current query's exact attention, every step: an oracle; use approx=topk",
     "ObservedAttentionPress": "it needs the exact attention weights of every query (eager attention): an oracle; "
@@ -48,10 +42,6 @@ REFUSED = {
 }
 MARKERS = "osv^<>pP*XdhH8"
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
-# Prompts shorter than a press can score (SnapKV asserts more tokens than its window): their keys rank newest first.
-_SHORTEST = {"SnapKVPress": lambda d: d.window_size, "PyramidKVPress": lambda d: d.window_size,
-             "ExpectedAttentionPress": lambda d: d.n_sink, "CapPress": lambda d: d.n_sink,
-             "CompactorPress": lambda d: d.sink_size_start + d.sink_size_end}
 SEED = 0  # presses that draw random numbers (Random, LeverageScore's sketch) draw the same ones at every call
 
 
@@ -73,28 +63,20 @@ def press_draft(press: str) -> type[Approximation]:
     if press in REFUSED:
         raise ConfigError(f"approx=kvpress:{press} is not supported: {REFUSED[press]}")
     kvpress = import_kvpress()
-    if press not in SUPPORTED:
+    if press not in PRESSES:
         found = getattr(kvpress, press, None)
         what = ("is not a class of kvpress" if not isinstance(found, type) else
                 "is not a ScorerPress" if not issubclass(found, kvpress.ScorerPress) else
                 "is a ScorerPress that alspec-eval does not run yet")
         raise ConfigError(f"approx=kvpress:{press} {what}; use one of "
-                          f"{', '.join(f'kvpress:{name}' for name in SUPPORTED)}")
-    press_cls = getattr(kvpress, press)
-    base = PromptScoredPress if press in PROMPT_TIME else KeyScoredPress
-    if press == "CriticalKVPress":  # a press around a press: the inner one by name, with its defaults
-        fields = [("press", str, field(default="KnormPress", metadata={"short": "of", "label": "of"})),
-                  ("epsilon", float, field(default=1e-4)), ("first_stage_ratio", float, field(default=0.5))]
-    else:
-        hints = typing.get_type_hints(press_cls)
-        fields = [(f.name, hints[f.name], field(default=f.default)) for f in dataclasses.fields(press_cls)
-                  if f.init and f.name != "compression_ratio" and not f.name.startswith("_")]
-    index = SUPPORTED.index(press)
+                          f"{', '.join(f'kvpress:{name}' for name in PRESSES)}")
+    base = PRESSES[press]
+    index = list(PRESSES).index(press)
     namespace = {"press_name": press, "family_name": f"kvpress:{press}", "__module__": __name__,
-                 "ranks_by_position": press in BY_POSITION, "names_defaults": False,
-                 "marker": MARKERS[index % len(MARKERS)], "colour": COLOURS[index % len(COLOURS)],
-                 "description": f"kvpress's {press} ({'prompt-time' if press in PROMPT_TIME else 'key-only'})"}
-    cls = dataclasses.make_dataclass(_class_name(press), fields, bases=(base,), frozen=True, namespace=namespace)
+                 "names_defaults": False, "marker": MARKERS[index % len(MARKERS)],
+                 "colour": COLOURS[index % len(COLOURS)], "description": f"kvpress's {press} ({base.kind})"}
+    cls = dataclasses.make_dataclass(_class_name(press), base.fields_of(getattr(kvpress, press)), bases=(base,),
+                                     frozen=True, namespace=namespace)
     cls.__qualname__ = cls.__name__
     return cls
 
@@ -155,28 +137,26 @@ class _PressDraft(Approximation):
     """What every press's draft shares: making the press with a compression ratio that keeps 2S of L keys."""
 
     press_name: ClassVar[str] = ""
-    ranks_by_position: ClassVar[bool] = False
+    kind: ClassVar[str] = ""  # how its description names the kind of press
     reads_layer = True
+
+    @classmethod
+    def fields_of(cls, press: type) -> list[tuple]:
+        """The draft's fields: the press's own arguments with their defaults, but the compression ratio (the
+        draft sets it from the budget)."""
+        hints = typing.get_type_hints(press)
+        return [(f.name, hints[f.name], field(default=f.default)) for f in dataclasses.fields(press)
+                if f.init and f.name != "compression_ratio" and not f.name.startswith("_")]
 
     def make_press(self, keep: int, length: int) -> Any:
         """The press, its compression ratio keeping ``keep`` of ``length`` keys (kvpress keeps int(length * (1 -
         ratio)): half a key more makes that exact in floating point)."""
         ratio = max(0.0, 1.0 - (keep + 0.5) / length) if length else 0.0
-        kvpress = import_kvpress()
-        args = self.args()
-        if self.press_name == "CriticalKVPress":
-            made = kvpress.CriticalKVPress(getattr(kvpress, args.pop("press"))(), **args)
-            made.compression_ratio = ratio
-            return made
-        args.pop("recent", None)
-        return getattr(kvpress, self.press_name)(compression_ratio=ratio, **args)
+        return self.build(import_kvpress(), ratio)
 
-    def check(self, window: int) -> None:
-        inner = self.args().get("press") if self.press_name == "CriticalKVPress" else None
-        if inner is not None and (inner not in KEY_ONLY or inner == "CriticalKVPress"):
-            raise ConfigError(f"approx_args press:{inner} is not a key-only press; CriticalKVPress wraps one of "
-                              f"{', '.join(p for p in KEY_ONLY if p != 'CriticalKVPress')}")
-        super().check(window)
+    def build(self, kvpress: Any, ratio: float) -> Any:
+        """The press at ``ratio``, from the draft's own arguments."""
+        return getattr(kvpress, self.press_name)(compression_ratio=ratio, **self.args())
 
 
 @dataclass(frozen=True)
@@ -184,9 +164,11 @@ class KeyScoredPress(_PressDraft):
     """A key-only press: at each speculated position, the press scores that row's keys up to it, A~ takes the top
     2S per KV head."""
 
+    kind = "key-only"
+
     def keys_read(self, context: int, window: int) -> float:
-        """Every key is scored at every step (a miss), unless the press ranks by position or chance."""
-        return min(2 * window, context) if self.ranks_by_position else context
+        """Every key is scored at every step (a miss)."""
+        return context
 
     def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
                 layer: LayerInputs | None = None) -> LayerInputs:
@@ -206,6 +188,38 @@ class KeyScoredPress(_PressDraft):
         return scores_bytes(key)
 
 
+@dataclass(frozen=True)
+class PositionRankedPress(KeyScoredPress):
+    """A key-only press that ranks by position or by chance: it reads no key to rank, so a step costs 2S."""
+
+    def keys_read(self, context: int, window: int) -> float:
+        return min(2 * window, context)
+
+
+@dataclass(frozen=True)
+class WrappingPress(KeyScoredPress):
+    """A press around a key-only press (CriticalKV): the inner one by name, with its defaults."""
+
+    @classmethod
+    def fields_of(cls, press: type) -> list[tuple]:
+        return [("press", str, field(default="KnormPress", metadata={"short": "of", "label": "of"})),
+                ("epsilon", float, field(default=1e-4)), ("first_stage_ratio", float, field(default=0.5))]
+
+    def build(self, kvpress: Any, ratio: float) -> Any:
+        args = self.args()
+        made = getattr(kvpress, self.press_name)(getattr(kvpress, args.pop("press"))(), **args)
+        made.compression_ratio = ratio
+        return made
+
+    def check(self, window: int) -> None:
+        wrapped = [name for name, kind in PRESSES.items() if issubclass(kind, KeyScoredPress)
+                   and not issubclass(kind, WrappingPress)]
+        if self.press not in wrapped:
+            raise ConfigError(f"approx_args press:{self.press} is not a key-only press; {self.press_name} wraps one "
+                              f"of {', '.join(wrapped)}")
+        super().check(window)
+
+
 @dataclass
 class _Prompt:
     """One layer's prompt, as observed at prefill: per row (pad, start, input, keys, values, rotary terms), until
@@ -223,6 +237,16 @@ class PromptScoredPress(_PressDraft, PromptScored):
     keeps the newest ``recent`` tokens and the top 2S - recent prompt keys."""
 
     recent: int = field(default=8, metadata={"short": "r", "label": "R"})
+    kind = "prompt-time"
+
+    def shortest(self) -> int:
+        """Prompts of at most this many tokens are too short for the press to score: their keys rank newest first."""
+        return 0
+
+    def build(self, kvpress: Any, ratio: float) -> Any:
+        args = self.args()
+        del args["recent"]  # the draft's, not the press's
+        return getattr(kvpress, self.press_name)(compression_ratio=ratio, **args)
 
     def prompt_window(self) -> int:
         return 1 << 62  # the whole prompt: one pass must hold all of it
@@ -249,7 +273,7 @@ class PromptScoredPress(_PressDraft, PromptScored):
                                "whole prompt (a prompt prefilled outside the call)")
         if observed.scores is None:
             scores = torch.full(observed.shape, -math.inf, device=key.device)
-            shortest = _SHORTEST.get(self.press_name, lambda _: 0)(self)
+            shortest = self.shortest()
             for row, (a, s, hidden, keys, values, terms) in enumerate(observed.rows):
                 if s - a <= shortest:  # too short for the press: newest first
                     scores[row, :, a:s] = torch.arange(s - a, device=key.device, dtype=scores.dtype)
@@ -259,3 +283,38 @@ class PromptScoredPress(_PressDraft, PromptScored):
                 scores[row, :, a:s] = scored[0].float().nan_to_num(nan=-math.inf)
             observed.scores, observed.rows = scores, []  # the prompt's inputs are no longer held
         return observed.scores
+
+
+@dataclass(frozen=True)
+class WindowedPromptPress(PromptScoredPress):
+    """A prompt-time press that scores with the prompt's last ``window_size`` queries (SnapKV asserts more tokens)."""
+
+    def shortest(self) -> int:
+        return self.window_size
+
+
+@dataclass(frozen=True)
+class SinkPromptPress(PromptScoredPress):
+    """A prompt-time press that keeps ``n_sink`` first tokens apart."""
+
+    def shortest(self) -> int:
+        return self.n_sink
+
+
+@dataclass(frozen=True)
+class TwoSinkPromptPress(PromptScoredPress):
+    """A prompt-time press that keeps sinks at both ends (Compactor)."""
+
+    def shortest(self) -> int:
+        return self.sink_size_start + self.sink_size_end
+
+
+# Every press alspec-eval runs, by kvpress's name, with the kind of draft it runs as; the order is the reports'.
+PRESSES: dict[str, type[_PressDraft]] = {
+    "KnormPress": KeyScoredPress, "KeyDiffPress": KeyScoredPress, "CURPress": KeyScoredPress,
+    "LagKVPress": KeyScoredPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": PositionRankedPress,
+    "CriticalKVPress": WrappingPress,
+    "SnapKVPress": WindowedPromptPress, "PyramidKVPress": WindowedPromptPress,
+    "ExpectedAttentionPress": SinkPromptPress, "CapPress": SinkPromptPress, "LeverageScorePress": PromptScoredPress,
+    "NonCausalAttnPress": PromptScoredPress, "CompactorPress": TwoSinkPromptPress,
+}
