@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from alspec_eval.kernels import speculative_flash_decode, torch_kernel
+from alspec_eval.kernels.triton_launch import Launch
 
 SHAPES = [(9, 3, 64), (32, 8, 128)]  # (q heads, kv heads, head_dim): SmolLM2-135M, Llama-3-8B-like
 CONTEXTS = [4096, 16384, 32768]
@@ -102,6 +103,85 @@ def cuda_main(args: argparse.Namespace) -> None:
                   f"{gpu['triton'] / gpu['flash']:.2f} | {', '.join(f'{n} {t:.1f}' for n, t in kernels.items())} | "
                   f"{host['flash']:.1f} | {host['triton']:.1f} | {host['triton'] / host['flash']:.2f} |", flush=True)
             torch.cuda.empty_cache()  # the next shape's cache where this one's was
+
+
+def _constexpr_kernel():
+    """The decode kernel with the group compiled in too (a binary per group), to measure what making it a runtime
+    value costs."""
+    import importlib.util
+    import inspect
+    import tempfile
+
+    from alspec_eval.kernels import triton_source
+
+    text = inspect.getsource(triton_source)
+    text = text.replace('"NUM_SPLITS", "GROUP", "LAM_PER_ROW"', '"NUM_SPLITS", "LAM_PER_ROW"')
+    text = text.replace("NUM_SPLITS, GROUP, LAM_PER_ROW,", "NUM_SPLITS, GROUP: tl.constexpr, LAM_PER_ROW,")
+    assert "GROUP: tl.constexpr" in text
+    path = tempfile.mkdtemp() + "/constexpr_source.py"
+    with open(path, "w") as f:
+        f.write(text)
+    spec = importlib.util.spec_from_file_location("constexpr_source", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.decode_kernel
+
+
+EXPLORE = [  # (BLOCK_N, stages, warps), split blocks, split waves
+    ((64, 3, 4), 1, 2), ((64, 3, 4), 4, 2), ((64, 3, 4), 8, 2), ((64, 3, 8), 4, 2), ((128, 2, 8), 4, 2),
+]
+
+
+def explore_main(args: argparse.Namespace) -> None:
+    """GPU-only time of the Triton call under other launch settings and split sizes, with the group a runtime value
+    (rt, as shipped) or compiled in (ce), as a ratio to flash SDPA in the same rounds (the shapes of
+    :func:`cuda_main`): where the chosen settings are measured, not guessed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from alspec_eval.kernels import triton_decode, triton_launch
+
+    hq, hkv, dim = 32, 8, 128
+    kernels = {"rt": triton_launch.kernel(), "ce": _constexpr_kernel()}
+    variants = [(name, Launch(*launch), blocks, waves) for name in kernels for launch, blocks, waves in EXPLORE]
+    print(f"{torch.cuda.get_device_name()}: the Triton call's GPU time / flash SDPA's (CUDA graph of "
+          f"{args.graph_calls} calls, medians of {args.rounds} rounds); variant = kernel BLOCK_N,stages,warps "
+          "/ split blocks / split waves")
+    print("| B | L | flash gpu | " + " | ".join(f"{name} {lc.block_n},{lc.num_stages},{lc.num_warps}/{nb}/{nw}"
+                                              for name, lc, nb, nw in variants) + " |")
+    print("|" + " --- |" * (3 + len(variants)), flush=True)
+    for batch in args.batches:
+        for ctx in args.contexts:
+            q = torch.randn(batch, hq, dim, dtype=torch.bfloat16, device="cuda")
+            k, v = (torch.randn(batch, hkv, ctx, dim, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+            cur_pos = torch.full((batch,), ctx - 1, device="cuda")
+            start = torch.zeros(batch, dtype=torch.long, device="cuda")
+            geometry = triton_decode.prepare(cur_pos, args.window, 1, start)
+            grouped = q.view(batch, hkv, hq // hkv, dim)
+
+            def flash() -> object:
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return F.scaled_dot_product_attention(grouped, k, v)
+
+            cells, flash_us = [], []
+            for name, launch, blocks, waves in variants:
+                triton_decode.kernel = lambda fn=kernels[name]: fn
+                triton_decode.launch_for = lambda dtype, head_dim, launch=launch: launch
+                triton_decode._static.cache_clear()
+                triton_decode.SPLIT_BLOCKS, triton_decode.SPLIT_WAVES = blocks, waves
+
+                def triton() -> object:
+                    return triton_decode.speculative_flash_decode_triton(q, k, v, cur_pos, args.window, 0.1,
+                                                                         start=start, geometry=geometry)
+                if not _runs(f"{name} {launch}", triton):
+                    cells.append("-")
+                    continue
+                gpu = _interleaved({"flash": flash, "triton": triton}, args.graph_calls, args.rounds)
+                flash_us.append(gpu["flash"])
+                cells.append(f"{gpu['triton'] / gpu['flash']:.2f}")
+            print(f"| {batch} | {ctx // 1024}K | {statistics.median(flash_us or [0]):.1f} | " + " | ".join(cells)
+                  + " |", flush=True)
+            torch.cuda.empty_cache()
+    triton_decode.kernel, triton_decode.launch_for = triton_launch.kernel, triton_launch.launch_for
 
 
 def _copy_bandwidth() -> float:
@@ -198,7 +278,12 @@ def main() -> None:
                         default=[2048, 8192, 32768, 131072], help="CUDA: context lengths (default 2K, 8K, 32K, 128K)")
     parser.add_argument("--graph-calls", type=int, default=50, help="CUDA: calls per graph")
     parser.add_argument("--host-calls", type=int, default=200, help="CUDA: calls per host-time round")
+    parser.add_argument("--explore", action="store_true",
+                        help="CUDA: the Triton call's GPU time under the settings of EXPLORE, beside flash SDPA")
     args = parser.parse_args()
+    if args.explore:
+        explore_main(args)
+        return
     if args.device == "cuda":
         cuda_main(args)
         return

@@ -34,13 +34,18 @@ def _processors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+SPLIT_BLOCKS = 4  # the fewest key blocks a middle split streams: fewer splits leave the merge fewer partials
+SPLIT_WAVES = 2  # programs per processor the middle splits aim at: more, the shorter the last wave's tail
+
+
 def _num_splits(batch_heads: int, max_mid: int, block_n: int, device: torch.device) -> int:
-    """Speculative split plus enough middle splits to fill the GPU (a couple of waves). ``max_mid`` bounds the
-    middle from the cache's length (no read-back of the positions); splits past a row's middle stay empty."""
+    """Speculative split plus enough middle splits to fill the GPU (a couple of waves), each of at least
+    ``SPLIT_BLOCKS`` blocks. ``max_mid`` bounds the middle from the cache's length (no read-back of the positions);
+    splits past a row's middle stay empty."""
     if max_mid <= 0:
         return 2  # keep one (empty) middle split so the grid shape is stable
-    want = max(1, math.ceil(2 * _processors(device) / batch_heads))
-    return 1 + min(want, math.ceil(max_mid / block_n))
+    want = max(1, math.ceil(SPLIT_WAVES * _processors(device) / batch_heads))
+    return 1 + min(want, math.ceil(max_mid / (block_n * SPLIT_BLOCKS)))
 
 
 class Geometry(NamedTuple):
@@ -144,7 +149,7 @@ def speculative_flash_decode_triton(
     kernel()[(b, hkv, splits)](
         q, k, v, geometry.packed, scratch, tickets, outputs, lam if per_row else norms, 0.0 if per_row else float(lam),
         norms, decision, k.stride(0), k.stride(1), k.stride(2), cache_len, dim**-0.5 if scale is None else scale,
-        window, splits, hq // hkv, dim, int(per_row), **static.constants, **static.settings,
+        window, splits, hq // hkv, int(per_row), **static.constants, **static.settings,
     )
     exact, spec = outputs.unbind()
     d, n = norms.unbind()

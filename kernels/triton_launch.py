@@ -1,7 +1,7 @@
 """Launch settings of the Triton decode kernels per (dtype, head_dim), and whether they fit a GPU architecture.
 
-A binary of the kernel depends only on its constexprs (the dtype, the group, head_dim and the block sizes) and the
-launch settings; the window, lengths, batch and left padding are runtime values. What may
+A binary of the kernel depends only on its constexprs (the dtype, head_dim and the block sizes) and the launch
+settings; the group, window, lengths, batch and left padding are runtime values. What may
 run where is decided from a compiled binary, its shared memory and registers against the architecture's per-block
 limits. Triton compiles for any CUDA architecture without a GPU (its wheel ships ptxas and cuobjdump): the tests
 prove every combination on the CPU, and ``kernel=auto`` checks the one a model needs before anything launches.
@@ -107,10 +107,10 @@ MERGE = {"BLOCK_E": 512, "CHUNK_S": 4, "BLOCK_H": 16}
 
 def constexprs(dtype: torch.dtype, group: int, head_dim: int, launch: Launch) -> dict[str, object]:
     """The kernel's constexprs: what :func:`.triton_decode.speculative_flash_decode_triton` launches. A binary per
-    dtype, block sizes and launch settings: shapes that differ only in their group, head_dim (within a block) or
-    lambda's kind share one."""
+    dtype, head_dim, block sizes and launch settings: shapes that differ only in their group or lambda's kind share
+    one."""
     block_g, block_d = blocks(group, head_dim)
-    return {"BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": launch.block_n, "EVEN_D": head_dim == block_d,
+    return {"HEAD_DIM": head_dim, "BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": launch.block_n, "EVEN_D": head_dim == block_d,
             **MERGE, "IEEE": dtype == torch.float32}
 
 

@@ -171,6 +171,7 @@ def test_head_dim_not_a_power_of_two(dim):
 def test_many_middle_splits(align, monkeypatch):
     """One row, one KV head: _num_splits asks for several middle splits, the middle not a multiple of them."""
     monkeypatch.setattr(triton_decode, "_processors", lambda device: 16)
+    monkeypatch.setattr(triton_decode, "SPLIT_BLOCKS", 1)  # a split per key block
     q, k, v, cur_pos = (t.to(DEVICE) for t in make_inputs(1, 4, 1, 300, 32, [283]))
     geometry_splits = triton_decode._num_splits(1, 300 - 8, 16, q.device)
     assert geometry_splits > 3
@@ -183,6 +184,7 @@ def test_the_merge_reads_partials_elements_and_heads_in_blocks_of_any_size(chunk
     partials rescaled onto the next), more (query head, dim) elements than it holds at once (3 KV heads of 2 query
     heads of 32: 64 per head) and more KV heads than the verdict adds at once: the reference's outputs, d and n."""
     monkeypatch.setattr(triton_decode, "_processors", lambda device: 64)
+    monkeypatch.setattr(triton_decode, "SPLIT_BLOCKS", 1)
     monkeypatch.setitem(triton_launch.MERGE, "CHUNK_S", chunk)
     monkeypatch.setitem(triton_launch.MERGE, "BLOCK_E", elements)
     monkeypatch.setitem(triton_launch.MERGE, "BLOCK_H", heads)
@@ -217,3 +219,16 @@ def test_repeated_calls_give_the_same_bits_and_leave_the_tickets_at_zero():
     reference = speculative_flash_decode(q[:2], k[:2, :, :60], v[:2, :, :60], cur_pos[:2] - 50, 8, 0.5)
     torch.testing.assert_close(smaller.exact, reference.exact, atol=1e-5, rtol=1e-5)
     assert not triton_decode._scratch.tickets[q.device].any()
+
+
+def test_a_middle_split_streams_at_least_split_blocks_blocks(monkeypatch):
+    """Short contexts take fewer, longer splits (the merge then reads fewer partials); long ones as many as fill
+    SPLIT_WAVES programs per processor."""
+    monkeypatch.setattr(triton_decode, "_processors", lambda device: 132)
+    cpu = torch.device("cpu")
+    blocks = triton_decode.SPLIT_BLOCKS * 64
+    assert triton_decode._num_splits(8, 1984, 64, cpu) == 1 + -(-1984 // blocks)
+    assert triton_decode._num_splits(8, 4 * blocks, 64, cpu) == 1 + 4
+    assert triton_decode._num_splits(8, 4 * blocks + 1, 64, cpu) == 1 + 5
+    assert triton_decode._num_splits(8, 2**17, 64, cpu) == 1 + -(-triton_decode.SPLIT_WAVES * 132 // 8)
+    assert triton_decode._num_splits(8, 0, 64, cpu) == 2
