@@ -1,4 +1,4 @@
-"""The test tiers, and Triton's CPU interpreter where there is no CUDA.
+"""The test tiers, the tiny models tests share, and Triton's CPU interpreter where there is no CUDA.
 
 A test that builds a model (``PreTrainedModel``), runs lm-eval's evaluator or starts a process is ``slow``: it says
 so with ``pytest.mark.slow`` on itself or its module. The fast tier, ``pytest -m "not slow"``, is everything else
@@ -21,10 +21,13 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 if not torch.cuda.is_available():  # read when a Triton kernel is first built
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -64,6 +67,23 @@ def _task_index_site() -> Any:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if getattr(config, "_alspec_index_dir", None):
         shutil.rmtree(config._alspec_index_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def model() -> PreTrainedModel:
+    """The default tiny model (llama, float32, 3 layers, seed 0), built once per process: the tests that take it pass
+    it to alspec_lm and hf_lm, which work on a copy, so it stays as built."""
+    from alspec_eval.approx_check.models import tiny_model
+
+    return tiny_model()
+
+
+@pytest.fixture(scope="session")
+def bf16_model() -> PreTrainedModel:
+    """The same model in bfloat16 (the TT backend's tests), also only ever copied."""
+    from alspec_eval.approx_check.models import tiny_model
+
+    return tiny_model().to(torch.bfloat16)
 
 
 SLOW_BECAUSE = "builds a model, runs lm-eval or starts a process"

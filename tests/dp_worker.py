@@ -22,7 +22,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import alspec_lm
-from tiny import tiny_model
+from alspec_eval.approx_check.models import tiny_model
 
 DP_PRESSES = ["KnormPress", "SnapKVPress"]  # kvpress's drafts on two ranks: a key-only and a prompt-time press
 

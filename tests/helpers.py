@@ -16,19 +16,13 @@ from lm_eval.models.huggingface import HFLM
 from transformers import DynamicCache
 
 from alspec_eval.adapter import ALSpecLM
+from alspec_eval.approx_check.models import PROMPTS, char_tokenizer
 from alspec_eval.compat import with_cache
 from alspec_eval.region import DecodeRegion
 from alspec_eval.stats import OUTPUT_ERROR
-from tiny import char_tokenizer
 
 TOKENIZER = char_tokenizer()
 GEN_KWARGS = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
-PROMPTS = [
-    "It was the best of times, it was the worst of times, it was the age of wisdom",
-    "A wonderful fact to reflect upon, that every human creature is constituted to be",
-    "There were a king with a large jaw and a queen with a plain face, on the throne",
-    "Hundreds",
-]
 
 
 def hf_lm(model: torch.nn.Module, batch_size: int = 1) -> HFLM:
@@ -54,23 +48,6 @@ def ll_requests(task: str = "ll") -> list[Instance]:
 def sample_stats(requests: list[Instance]) -> list[dict[str, Any]]:
     """The per-sample entry the adapter appended to each request's arguments."""
     return [r.arguments[-1]["alspec"] for r in requests]
-
-
-def median_ratio(lm: ALSpecLM, text: str) -> float:
-    """A lambda near the median d/n of ``text`` (exact commits), halfway between two measured ratios so that
-    no decision sits on the threshold, where float noise between equivalent computations could flip it."""
-    ids = torch.tensor([TOKENIZER(text)["input_ids"]])
-    region = DecodeRegion.build([0], [ids.shape[1] // 3])
-    with torch.no_grad(), lm.speculator.speculating(region, _measuring(lm.spec_config)) as trace:
-        lm.model(ids)
-    ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
-    middle = len(ratios) // 2
-    return float(ratios[middle - 1] + ratios[middle]) / 2
-
-
-def _measuring(config):
-    """lambda 0 (every position measured, exact commits) with the config's window and approximation."""
-    return type(config)(lam=0.0, window=config.window, approx=config.approx)
 
 
 def stepwise_logprob(lm: ALSpecLM, context: list[int], continuation: list[int]):

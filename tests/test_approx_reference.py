@@ -16,10 +16,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import approx_oracle as oracle
+from alspec_eval.approx_check.models import tiny_model
 from alspec_eval.compat import with_cache
 from alspec_eval.region import DecodeRegion
 from helpers import PROMPTS, TOKENIZER, alspec_lm
-from tiny import tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 

@@ -9,7 +9,7 @@ from lm_eval.models.huggingface import HFLM
 
 from default_approximations import APPROXIMATIONS, approx_args
 from helpers import PROMPTS, alspec_lm, comparable, gen_requests, ll_requests, sample_stats
-from tiny import tiny_model
+from alspec_eval.approx_check.models import tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 

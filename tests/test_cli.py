@@ -47,7 +47,7 @@ def test_bad_lambda_stops_before_loading_with_one_message(tmp_path):
 
 
 def test_a_model_arg_nobody_takes_is_one_line(tmp_path):
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     result = subprocess.run(
         [LM_EVAL, "--model", "alspec", "--model_args", f"pretrained={save_tiny(tmp_path / 'm')},foo=1",
@@ -78,7 +78,7 @@ def test_use_cache_through_simple_evaluate_is_refused(tmp_path):
 
     from alspec_eval.config import ConfigError
     from helpers import alspec_lm
-    from tiny import tiny_model
+    from alspec_eval.approx_check.models import tiny_model
 
     with pytest.raises(ConfigError, match="--use_cache is not supported"):
         simple_evaluate(model=alspec_lm(tiny_model()), tasks=["alspec_recall"], limit=1, use_cache=str(tmp_path / "cache"))

@@ -7,9 +7,9 @@ import math
 import pytest
 from transformers import LlamaForCausalLM
 
+from alspec_eval.approx_check.models import tiny_model
 from alspec_eval.config import ConfigError, SpeculationConfig, parse_layers
 from helpers import alspec_lm
-from tiny import tiny_model
 
 BAD = [
     ({"lambda": -0.1}, "lambda=-0.1"),
@@ -122,7 +122,7 @@ def test_a_key_nobody_takes_stops_before_the_weights_load(tmp_path, monkeypatch,
     from transformers import PreTrainedModel
 
     from alspec_eval.adapter import ALSpecLM
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     path = save_tiny(tmp_path)
 

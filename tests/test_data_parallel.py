@@ -65,7 +65,7 @@ def test_every_approximation_on_two_ranks_equals_one_process(tmp_path):
     and two of kvpress's presses', swept on two ranks: the cells of one process."""
     from default_approximations import APPROXIMATIONS
     from dp_worker import DP_PRESSES
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     model = save_tiny(tmp_path / "model", max_positions=4096)
     _launch(1, tmp_path / "one", "approx", model)
@@ -77,7 +77,7 @@ def test_every_approximation_on_two_ranks_equals_one_process(tmp_path):
 
 @pytest.mark.filterwarnings("ignore")
 def test_sweep_on_two_ranks_writes_one_process_cells_and_resumes(tmp_path):
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     model = save_tiny(tmp_path / "model", max_positions=4096)
     schedule = tmp_path / "schedule.json"

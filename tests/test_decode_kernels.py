@@ -9,9 +9,9 @@ import pytest
 
 import torch
 
-from helpers import PROMPTS, alspec_lm, gen_requests, median_ratio, recorded, sample_stats
+from helpers import PROMPTS, alspec_lm, gen_requests, recorded, sample_stats
 from row_kinds import examples
-from tiny import tiny_model
+from alspec_eval.approx_check.properties import median_ratio
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 
@@ -21,11 +21,6 @@ def _kernels() -> list:
     if importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") == "1":
         kernels.append("triton")
     return kernels
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model()
 
 
 @pytest.mark.parametrize("kernel", _kernels())

@@ -10,10 +10,10 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
+from alspec_eval.approx_check.models import tiny_model
 from alspec_eval.region import DecodeRegion, Trace
 from alspec_eval.stats import ACCEPTED, DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, REJECTED, TRIVIAL, AcceptanceStats
 from helpers import TOKENIZER, alspec_lm, sample_stats
-from tiny import tiny_model
 
 NAN = math.nan
 

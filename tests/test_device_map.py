@@ -7,7 +7,7 @@ import pytest
 import transformers
 
 from helpers import alspec_lm, gen_requests, ll_requests, sample_stats
-from tiny import save_tiny
+from alspec_eval.approx_check.models import save_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 

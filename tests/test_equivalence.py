@@ -9,13 +9,14 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
+from alspec_eval.approx_check.models import ARCHS, tiny_model
+from alspec_eval.approx_check.properties import median_ratio
 from alspec_eval.region import DecodeRegion
 from alspec_eval.stats import ACCEPTED, REJECTED
-from helpers import (PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, sample_stats,
+from helpers import (PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, sample_stats,
                      stepwise_logprob)
 from default_approximations import APPROXIMATIONS, BEYOND_SINK, DRAFTS, approx_args
 from row_kinds import Example, examples
-from tiny import ARCHS, tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 KINDS = [e.id for e in examples(0.1)]

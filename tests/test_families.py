@@ -1,8 +1,8 @@
-"""Every model family people evaluate (tests/families.py), each on a tiny random config that exercises what is special
-about its attention: lambda = 0 is the `hf` model bit for bit, the committed A~ is the family's own attention function
-called on the first S and last S keys, teacher-forced loglikelihood equals token-by-token decoding, policy=selfspec
-is lossless (or refused where the family has sliding-window layers), and sliding-window layers are reported as not
-speculated and left out of the hit rates."""
+"""Every model family people evaluate (alspec_eval/approx_check/families.py), each on a tiny random config that
+exercises what is special about its attention: lambda = 0 is the `hf` model bit for bit, the committed A~ is the
+family's own attention function called on the first S and last S keys, teacher-forced loglikelihood equals
+token-by-token decoding, policy=selfspec is lossless (or refused where the family has sliding-window layers), and
+sliding-window layers are reported as not speculated and left out of the hit rates."""
 
 from __future__ import annotations
 
@@ -13,16 +13,17 @@ import pytest
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from alspec_eval.approx_check.families import BY_NAME, FAMILIES, table_markdown
+from alspec_eval.approx_check.models import Family, build, make_config
+from alspec_eval.approx_check.properties import median_ratio
 from alspec_eval.config import ConfigError
 from alspec_eval.region import DecodeRegion
 from alspec_eval.speculator import Speculator
-from families import FAMILIES, Family, build, make_config, table_markdown
-from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, median_ratio, stepwise_logprob
+from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, ll_requests, stepwise_logprob
 
 WINDOW = 8
 pytestmark = pytest.mark.filterwarnings("ignore")
-BY_NAME = {f.name: f for f in FAMILIES}
-COMMON_HEAD_DIM = 16  # families.COMMON: hidden 64 over 4 heads
+COMMON_HEAD_DIM = 16  # models.COMMON: hidden 64 over 4 heads
 
 
 @pytest.fixture(scope="module", params=[f.name for f in FAMILIES])
@@ -168,7 +169,7 @@ def test_refusals_come_before_the_weights_load(tmp_path, monkeypatch):
     import transformers
 
     from alspec_eval.adapter import ALSpecLM
-    from tiny import char_tokenizer
+    from alspec_eval.approx_check.models import char_tokenizer
 
     paths = {}
     for name in ("Gemma 2", "gpt-oss"):

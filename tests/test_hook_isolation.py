@@ -131,7 +131,7 @@ def _files(folder: Path) -> dict[str, Path]:
 def test_an_hf_run_is_the_same_with_and_without_the_hook(tmp_path):
     """Same exit, stdout, file names, results (but the run's date and duration) and samples; both load the bundled
     tasks through --include_path, as a run without the hook must."""
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     model = save_tiny(tmp_path / "model")
     args = ["-m", "lm_eval", "run", "--model", "hf", "--model_args", f"pretrained={model}", "--tasks",

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from alspec_eval import _lmeval_hook, compat
+from alspec_eval.approx_check.models import tiny_model
 from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.hooks import ATTR, install, remove, speculation
 from alspec_eval.region import DecodeRegion
-from tiny import tiny_model
 
 ROOT = Path(__file__).parents[1]
 

@@ -23,13 +23,13 @@ from lm_eval.models.huggingface import HFLM
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from alspec_eval.approx_check.models import tiny_model
 from alspec_eval.kernels import triton_decode
 from alspec_eval.config import SpeculationConfig
 from alspec_eval.plan import Plan
 from default_approximations import APPROXIMATIONS, PROMPT_SCORING, approx_args
 from helpers import PROMPTS, TOKENIZER, alspec_lm, sample_stats
 from row_kinds import examples
-from tiny import tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models, runs lm-eval requests
 

@@ -84,7 +84,7 @@ def test_kernel_triton_off_cuda_is_refused_before_loading(monkeypatch) -> None:
 @pytest.mark.slow
 def test_the_results_say_which_kernel_ran_and_why() -> None:
     from helpers import alspec_lm
-    from tiny import tiny_model
+    from alspec_eval.approx_check.models import tiny_model
 
     stats = alspec_lm(tiny_model(layers=1)).statistics()
     assert stats["provenance"]["kernel"] == "model: kernel=auto runs triton on CUDA only, not on cpu"
@@ -97,7 +97,7 @@ def test_the_adapter_refuses_kernel_triton_before_the_weights_load(tmp_path, mon
     import transformers
 
     from alspec_eval.adapter import ALSpecLM
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     path = save_tiny(tmp_path / "tiny")
 

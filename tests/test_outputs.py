@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from alspec_eval.approx_check.models import save_tiny
 from alspec_eval.config import ConfigError
 from alspec_eval.lm_eval_cli import check_output_path, patch_tracker
 from alspec_eval.sweep.config import load_config
 from alspec_eval.sweep.runner import output_lock, run_sweep
-from tiny import save_tiny
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 BIN = Path(sys.executable).parent
@@ -266,7 +266,7 @@ def test_bundled_gsm8k_score_and_statistics_share_the_task_name():
     from lm_eval import simple_evaluate
 
     from helpers import alspec_lm
-    from tiny import tiny_model
+    from alspec_eval.approx_check.models import tiny_model
 
     results = simple_evaluate(model=alspec_lm(tiny_model(), window=4), tasks=["alspec_gsm8k_cot_local"], limit=1,
                               num_fewshot=0, gen_kwargs="max_gen_toks=4", bootstrap_iters=0)

@@ -7,10 +7,11 @@ import math
 
 import pytest
 
-from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, sample_stats
-from tiny import save_tiny, tiny_model
+from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, sample_stats
 
 from alspec_eval.adapter import ALSpecLM
+from alspec_eval.approx_check.models import save_tiny, tiny_model
+from alspec_eval.approx_check.properties import median_ratio
 from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.rows import BASELINE, Row
 from alspec_eval.schedule import LambdaSchedule

@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from alspec_eval.adapter import ALSpecLM
+from alspec_eval.approx_check.models import tiny_model
 from alspec_eval.compat import with_cache
 from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.hooks import speculation
@@ -21,7 +22,6 @@ from alspec_eval.selfspec import selfspec_generate
 from lm_eval.api.instance import Instance
 
 from helpers import GEN_KWARGS, PROMPTS, TOKENIZER, alspec_lm, gen_requests, hf_lm, sample_stats
-from tiny import tiny_model
 
 WINDOW = 4
 
@@ -186,7 +186,7 @@ def test_sliding_window_models_are_refused_before_the_weights_load(tmp_path, mon
 
     from alspec_eval.sweep.config import parse_config
     from alspec_eval.sweep.runner import run_sweep
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     path = save_tiny(tmp_path / "mistral", arch="mistral", sliding_window=16)
 

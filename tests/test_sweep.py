@@ -8,28 +8,31 @@ from pathlib import Path
 
 import pytest
 
+from alspec_eval.approx_check.models import save_tiny, tiny_model
+from alspec_eval.approx_check.properties import median_ratio
 from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.rows import BASELINE, SINK, Row
 from alspec_eval.rows import prefill_groups
 from alspec_eval.sweep.config import fingerprint, load_config, parse_config
 from alspec_eval.sweep.runner import run_sweep
 from default_approximations import DRAFTS, PROMPT_SCORING, approx_args
-from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, read_cells, sample_stats
+from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, read_cells, sample_stats
 from row_kinds import examples
-from tiny import save_tiny, tiny_model
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-@pytest.mark.parametrize("name", ["smoke", "demo", "paper_table1", "demo_approx", "demo_kvpress"])
+@pytest.mark.parametrize("name", ["smoke", "demo", "paper_table1", "demo_approx", "demo_kvpress", "ruler",
+                                  "ruler_llama3"])
 def test_shipped_configs_are_valid(name):
     config = load_config(CONFIGS / f"{name}.yaml")
     last = {"demo_approx": "sink_snapkv_w32_k5_r8_S32",  # no static rows
-            "demo_kvpress": "lambda_0.4_kvpress-CompactorPress"}.get(name, "static")
+            "demo_kvpress": "lambda_0.4_kvpress-CompactorPress", "ruler": "lambda_0.4_topk",
+            "ruler_llama3": "lambda_0.4_kvpress-KnormPress_S128"}.get(name, "static")
     assert config.rows()[0].name == "baseline" and config.rows()[-1].name == last
     assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == ["demo", "demo_approx", "demo_kvpress", "paper_table1",
-                                                              "smoke"]
+                                                              "ruler", "ruler_llama3", "smoke"]
 
 
 @pytest.mark.parametrize(("change", "message"), [

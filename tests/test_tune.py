@@ -89,7 +89,7 @@ def _tune(argv: list[str]) -> int:
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_a_resumed_tune_gives_the_same_schedule(tmp_path):
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     model = save_tiny(tmp_path / "model", max_positions=4096)
     out = tmp_path / "tune"

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its notes on a model passed as an object, per instance
     from ..config import SpeculationConfig
-    from .models import FAMILIES as KNOWN
+    from .families import CONTRACT as KNOWN
 
     families = [f for f in args.families.split(",") if f]
     try:
@@ -46,13 +46,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def check(approx, window: int, families: list[str]) -> bool:
     """Print one line per property and family; whether all hold."""
-    from .models import char_tokenizer, tiny_model
+    from .families import CONTRACT
+    from .models import build, char_tokenizer
     from .properties import KEY_RULES, PROPERTIES, Contract
 
     tokenizer, holds = char_tokenizer(), True
     print(f"{PROGRAM}: {approx.label} at S = {window} ({approx.caption()})")
     for family in families:
-        contract = Contract(approx, tiny_model(family), tokenizer, window)
+        contract = Contract(approx, build(CONTRACT[family]), tokenizer, window)
         for name, prop in PROPERTIES.items():
             broken = prop(contract)
             holds &= not broken

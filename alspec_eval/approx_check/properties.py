@@ -16,14 +16,9 @@ from ..adapter import ALSpecLM
 from ..approximations import Approximation
 from ..compat import with_cache
 from ..region import DecodeRegion
+from .models import PROMPTS
 from .watch import watched
 
-PROMPTS = [
-    "It was the best of times, it was the worst of times, it was the age of wisdom",
-    "A wonderful fact to reflect upon, that every human creature is constituted to be",
-    "There were a king with a large jaw and a queen with a plain face, on the throne",
-    "Hundreds",
-]
 GEN_KWARGS = {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False}
 CONTEXT, CONTINUATION = "It was the best of times, it was the", " worst of times, it was the age of wisdom"
 
@@ -36,7 +31,7 @@ class Contract:
         self.approx, self.model, self.tokenizer, self.window = approx, model, tokenizer, window
         self.broken_keys: list[str] = []
         self.lam = 0.0
-        self.lam = self._median_ratio()
+        self.lam = median_ratio(self.lm(), CONTEXT + CONTINUATION)
 
     def lm(self, batch_size: int = 1, **args: Any) -> ALSpecLM:
         """The adapter on a copy of the model, the approximation watched (key_rules)."""
@@ -44,18 +39,21 @@ class Contract:
         return ALSpecLM(pretrained=copy.deepcopy(self.model), tokenizer=self.tokenizer, batch_size=batch_size,
                         max_length=1024, approx=watched(self.approx, self.broken_keys), **args)
 
-    def _median_ratio(self) -> float:
-        """A lambda that accepts about half of the decisions on a prompt, so that both branches run."""
-        lm = self.lm()
-        ids = torch.tensor([self.tokenizer(CONTEXT + CONTINUATION)["input_ids"]])
-        with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3]),
-                                                        lm.spec_config) as trace:
-            lm.model(ids)
-        ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
-        if not len(ratios):
-            return 0.1
-        middle = len(ratios) // 2
-        return float(ratios[max(middle - 1, 0)] + ratios[middle]) / 2
+
+def median_ratio(lm: ALSpecLM, text: str) -> float:
+    """A lambda near the median d/n of ``text`` (measured at lambda 0, exact commits), so that both branches run;
+    halfway between two measured ratios, so that no decision sits on the threshold, where float noise between
+    equivalent computations could flip it (0.1 if nothing was measured). The contract's and the tests' one."""
+    ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
+    config = lm.spec_config
+    measuring = type(config)(lam=0.0, window=config.window, approx=config.approx)
+    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3]), measuring) as trace:
+        lm.model(ids)
+    ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
+    if not len(ratios):
+        return 0.1
+    middle = len(ratios) // 2
+    return float(ratios[max(middle - 1, 0)] + ratios[middle]) / 2
 
 
 def generate_requests() -> list[Instance]:

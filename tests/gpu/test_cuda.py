@@ -39,7 +39,7 @@ def test_alspec_on_cuda_bfloat16_triton_decides_as_sdpa():
     pytest.importorskip("triton")
     from alspec_eval.region import DecodeRegion
     from helpers import PROMPTS, TOKENIZER, alspec_lm
-    from tiny import tiny_model
+    from alspec_eval.approx_check.models import tiny_model
 
     model = tiny_model().to("cuda", torch.bfloat16)
     ids = torch.tensor([TOKENIZER(PROMPTS[0] * 3)["input_ids"]], device="cuda")

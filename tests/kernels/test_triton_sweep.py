@@ -12,10 +12,11 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, median_ratio, recorded, sample_stats
+from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, recorded, sample_stats
 from row_kinds import examples
-from tiny import tiny_model
 
+from alspec_eval.approx_check.models import tiny_model
+from alspec_eval.approx_check.properties import median_ratio
 from alspec_eval.kernels import triton_decode
 from alspec_eval.plan import Plan
 from alspec_eval.rows import Row

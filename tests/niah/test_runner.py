@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from alspec_eval.approx_check.models import save_tiny
 from alspec_eval.niah.cli import main
-from tiny import save_tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

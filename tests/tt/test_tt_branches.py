@@ -17,16 +17,11 @@ ttnn = pytest.importorskip("ttnn", reason="ttnn is not importable here; it needs
 
 import fake_card
 import tt_compare
-from tiny import save_tiny, tiny_model
 
+from alspec_eval.approx_check.models import save_tiny, tiny_model
 from alspec_eval.config import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models and runs lm-eval requests
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model().to(torch.bfloat16)
 
 
 def _both(model, card, window: int, prompts: list[str], batch: int, kv_dtype: str = "bfloat16",
@@ -53,12 +48,12 @@ def _pads(prompts: list[str], batch: int) -> list[list[int]]:
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "bfloat8_b"])
 @pytest.mark.parametrize("window", [32, 64, 128])
-def test_every_row_past_2s_takes_one_speculative_call_equal_to_sim(model, monkeypatch, window, kv_dtype, batch):
+def test_every_row_past_2s_takes_one_speculative_call_equal_to_sim(bf16_model, monkeypatch, window, kv_dtype, batch):
     """Long prompts only: every row is past 2S from the first decode step, so every step of every layer is one
     speculative call for the whole batch on the resident cache, and each call's A, A~, d, n equal sim's rows."""
     card = fake_card.install(monkeypatch, ttnn, window)
     prompts = tt_compare.long_prompts(window, 4 if batch == 4 else 2)
-    sim, worst = _both(model, card, window, prompts, batch, kv_dtype)
+    sim, worst = _both(bf16_model, card, window, prompts, batch, kv_dtype)
     speculated = sum(s for s, _ in sim[1]) // batch  # a batch's rows speculate at the same layers and steps
     assert tt_compare.branches(card) == {"all past 2S": speculated}
     assert 0 < sum(a for _, a in sim[1]) < sum(s for s, _ in sim[1])
@@ -71,10 +66,10 @@ def test_every_row_past_2s_takes_one_speculative_call_equal_to_sim(model, monkey
     assert set(worst) == {"A", "A~", "d", "n", "committed"} and max(worst.values()) <= tt_compare.TOL
 
 
-def test_a_batch_that_starts_mixed_ends_past_2s(model, monkeypatch):
+def test_a_batch_that_starts_mixed_ends_past_2s(bf16_model, monkeypatch):
     """One row starts within 2S and passes it during generation: the mixed branch, then the all-past branch on the
     same resident cache, in one request; every op call equal to sim's."""
-    _mixed_then_past(model, monkeypatch)
+    _mixed_then_past(bf16_model, monkeypatch)
 
 
 def _mixed_then_past(model, monkeypatch) -> None:
@@ -93,10 +88,10 @@ def _mixed_then_past(model, monkeypatch) -> None:
     assert seen == ["mixed", "all past 2S"]
 
 
-def test_a_card_without_the_op_runs_the_fallback_equal_to_sim(model, monkeypatch):
+def test_a_card_without_the_op_runs_the_fallback_equal_to_sim(bf16_model, monkeypatch):
     """A released ttnn (no speculative op) on a card: A from the decode op on the resident cache, A~ from it on the
     2S window keys (the card checks they are the contract's windows of the host's rows), d and n on the host."""
-    _fallback(model, monkeypatch)
+    _fallback(bf16_model, monkeypatch)
 
 
 def _fallback(model, monkeypatch) -> None:
@@ -224,10 +219,11 @@ def _break(monkeypatch, target: str, old: str, new: str) -> None:
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
-def test_every_single_bug_on_a_branch_or_a_limit_is_caught(model, tmp_path, monkeypatch, bug):
+def test_every_single_bug_on_a_branch_or_a_limit_is_caught(bf16_model, tmp_path, monkeypatch, bug):
     target, old, new, scenario = BUGS[bug]
     _break(monkeypatch, target, old, new)
-    run = {"branches": lambda: _mixed_then_past(model, monkeypatch), "fallback": lambda: _fallback(model, monkeypatch),
+    run = {"branches": lambda: _mixed_then_past(bf16_model, monkeypatch),
+           "fallback": lambda: _fallback(bf16_model, monkeypatch),
            "limits": lambda: _limit_edge(tmp_path, monkeypatch, fake_card.SECOND_GRID)}[scenario]
     with pytest.raises((AssertionError, pytest.fail.Exception, fake_card.CardError, ConfigError)) as caught:
         run()

@@ -15,7 +15,6 @@ ttnn = pytest.importorskip("ttnn", reason="ttnn is not importable here; it needs
 import fake_card
 import tt_compare
 from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats
-from tiny import tiny_model
 
 from alspec_eval.backends.tt import contract, runtime as tt_runtime
 from alspec_eval.config import ConfigError, SpeculationConfig, TTSettings
@@ -24,11 +23,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds 
 WINDOW = 32
 # Prompts of 5 to 240 characters: in one batch some rows are past 2S = 64 while others are not (mixed steps).
 PROMPTS_MIXED = [PROMPTS[0] * 3, PROMPTS[3], PROMPTS[1] * 2, PROMPTS[2]]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model().to(torch.bfloat16)
 
 
 @pytest.fixture
@@ -63,12 +57,12 @@ PROMPTS_BY_WINDOW = {32: PROMPTS_MIXED, 64: PROMPTS_MIXED, 128: [PROMPTS[0] * 4,
 
 
 @pytest.mark.parametrize("window", sorted(PROMPTS_BY_WINDOW))
-def test_device_path_equals_sim(model, card_for, window):
+def test_device_path_equals_sim(bf16_model, card_for, window):
     card = card_for(window)
     prompts = PROMPTS_BY_WINDOW[window]
-    lam = _gap_lambda(model, window, prompts[0])
-    sim = _run(model, lam, window, prompts, window_align=32)
-    tt = _run(model, lam, window, prompts, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
+    lam = _gap_lambda(bf16_model, window, prompts[0])
+    sim = _run(bf16_model, lam, window, prompts, window_align=32)
+    tt = _run(bf16_model, lam, window, prompts, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
     assert tt == sim
     assert 0 < sum(a for _, a in sim[1]) < sum(s for s, _ in sim[1])
     kinds = [kind for kind, _ in card.calls]
@@ -82,24 +76,24 @@ def test_device_path_equals_sim(model, card_for, window):
 
 
 @pytest.mark.parametrize("window", [32, 64])
-def test_device_path_with_bfloat8_b_kv_equals_host_mode(model, card_for, window):
+def test_device_path_with_bfloat8_b_kv_equals_host_mode(bf16_model, card_for, window):
     """The default KV dtype: the card stores the cache as bfloat8_b blocks by its own rounding; host mode rounds
     with the backend's. Same outputs and decisions."""
-    lam = _gap_lambda(model, window)
-    host = _run(model, lam, window, backend="tt", tt_mode="host", tt_kv_dtype="bfloat8_b")  # before the card
+    lam = _gap_lambda(bf16_model, window)
+    host = _run(bf16_model, lam, window, backend="tt", tt_mode="host", tt_kv_dtype="bfloat8_b")  # before the card
     card = card_for(window)
-    device = _run(model, lam, window, backend="tt", tt_mode="device")  # tt_kv_dtype defaults to bfloat8_b
+    device = _run(bf16_model, lam, window, backend="tt", tt_mode="device")  # tt_kv_dtype defaults to bfloat8_b
     assert device == host
     assert any(kind == "speculative" for kind, _ in card.calls)
 
 
-def test_a_reconfigured_window_reaches_the_op(model, card_for):
+def test_a_reconfigured_window_reaches_the_op(bf16_model, card_for):
     """A sweep changes settings between cells on one loaded model: the op must run with the new window (it once kept
     the window the runtime was built with)."""
-    lam = _gap_lambda(model, 64)
-    sim = _run(model, lam, 64, window_align=32)
+    lam = _gap_lambda(bf16_model, 64)
+    sim = _run(bf16_model, lam, 64, window_align=32)
     card = card_for(64)
-    lm = alspec_lm(model, batch_size=4, window=32, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16",
+    lm = alspec_lm(bf16_model, batch_size=4, window=32, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16",
                    **{"lambda": lam})
     lm.reconfigure(window=64)
     requests = gen_requests(PROMPTS_MIXED)
@@ -108,28 +102,28 @@ def test_a_reconfigured_window_reaches_the_op(model, card_for):
     assert chunks == {64}
 
 
-def test_each_layer_calls_the_op_with_its_own_lambda(model, card, tmp_path):
+def test_each_layer_calls_the_op_with_its_own_lambda(bf16_model, card, tmp_path):
     """lambda_schedule: every layer's op call gets that layer's lambda, and the decisions equal sim's."""
     import json
 
-    lam = _gap_lambda(model)
+    lam = _gap_lambda(bf16_model)
     schedule = [lam, 4 * lam, lam / 4]  # the tiny model's three layers
     path = tmp_path / "schedule.json"
     path.write_text(json.dumps(schedule))
-    sim = _run(model, 0.1, lambda_schedule=str(path), window_align=32)
-    tt = _run(model, 0.1, lambda_schedule=str(path), backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
+    sim = _run(bf16_model, 0.1, lambda_schedule=str(path), window_align=32)
+    tt = _run(bf16_model, 0.1, lambda_schedule=str(path), backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
     assert tt == sim
     lambdas = [call["lambda_"] for kind, call in card.calls if kind == "speculative"]
     assert lambdas[:3] == schedule  # one call per layer and step, in layer order
     assert len(lambdas) % 3 == 0 and lambdas == schedule * (len(lambdas) // 3)
 
 
-def test_kv_cache_stays_on_the_device(model, card, monkeypatch):
+def test_kv_cache_stays_on_the_device(bf16_model, card, monkeypatch):
     """Each layer's cache is uploaded once per request; later steps append one token through paged_update_cache."""
     uploads = []
     real = ttnn.from_torch
     monkeypatch.setattr(ttnn, "from_torch", lambda t, **kw: uploads.append(tuple(t.shape)) or real(t, **kw))
-    lm = alspec_lm(model, batch_size=4, window=WINDOW, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
+    lm = alspec_lm(bf16_model, batch_size=4, window=WINDOW, backend="tt", tt_mode="device", tt_kv_dtype="bfloat16")
     lm.generate_until(gen_requests([PROMPTS[0] * 3] * 4))
     layers = lm.speculator.num_layers
     cache_uploads = [s for s in uploads if len(s) == 4 and s[1] == 2 and s[2] >= 2 * WINDOW]
@@ -189,20 +183,20 @@ MUTATION_PROMPTS = [(PROMPTS[0] * 3)[:200], PROMPTS[3], (PROMPTS[2] * 2)[:126]]
 
 
 @pytest.mark.parametrize("bug", sorted(MUTATIONS))
-def test_every_single_bug_is_rejected_by_the_cards_own_check(model, card_for, monkeypatch, bug):
+def test_every_single_bug_is_rejected_by_the_cards_own_check(bf16_model, card_for, monkeypatch, bug):
     mutate, check = MUTATIONS[bug]
     card_for(64)
-    _run(model, 0.1, 64, MUTATION_PROMPTS, backend="tt", tt_mode="device")  # unmutated: the card takes every call
+    _run(bf16_model, 0.1, 64, MUTATION_PROMPTS, backend="tt", tt_mode="device")  # unmutated: the card takes every call
     mutate(monkeypatch)
     with pytest.raises((fake_card.CardError, TypeError)) as caught:
-        _run(model, 0.1, 64, MUTATION_PROMPTS, backend="tt", tt_mode="device")
+        _run(bf16_model, 0.1, 64, MUTATION_PROMPTS, backend="tt", tt_mode="device")
     if check == "keywords":
         assert caught.type is TypeError and "incompatible keyword arguments" in str(caught.value)
     else:
         assert caught.type is fake_card.CardError and caught.value.check == check, str(caught.value)
 
 
-def test_window_not_a_power_of_two(model, card):
+def test_window_not_a_power_of_two(bf16_model, card):
     with pytest.raises(ConfigError, match="window=96 is not a power of 2"):
         SpeculationConfig(backend="tt", window=96)
     # Were the config check skipped, the card would refuse the op's k_chunk_size.
@@ -217,7 +211,7 @@ def test_window_not_a_power_of_two(model, card):
 
 def test_limits_before_loading(tmp_path, card):
     from alspec_eval.adapter import ALSpecLM
-    from tiny import save_tiny
+    from alspec_eval.approx_check.models import save_tiny
 
     path = save_tiny(tmp_path / "tiny")
     # the card's grid is 8 x 5; the op may use 8 x 4 = 32 cores (the last row is CCL's)

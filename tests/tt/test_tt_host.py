@@ -11,7 +11,6 @@ import torch
 ttnn = pytest.importorskip("ttnn", reason="ttnn is not importable here; it needs Python 3.10/3.12: scripts/tt_env.sh")
 
 from helpers import PROMPTS, alspec_lm, comparable, gen_requests, sample_stats
-from tiny import tiny_model
 
 from alspec_eval.backends.tt import TTRuntime, TTSpeculator, round_bfloat8_b
 from alspec_eval.config import SpeculationConfig, TTSettings
@@ -21,11 +20,6 @@ from alspec_eval.stats import RATIO_EDGES
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]  # builds models and runs lm-eval requests
 WINDOW = 32
 PROMPTS_LONG = [p * 3 for p in PROMPTS]  # past 2S = 64 tokens, so decode steps speculate
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model().to(torch.bfloat16)
 
 
 def _median_lambda(model) -> float:
@@ -41,14 +35,14 @@ def _median_lambda(model) -> float:
     raise AssertionError("no decisions")
 
 
-def test_host_bfloat16_equals_sim(model):
+def test_host_bfloat16_equals_sim(bf16_model):
     """Same model in bfloat16, sim with window_align=32: the same A and A~ inputs (bf16 round trips are exact),
     so the same generations and the same decisions, token by token and layer by layer."""
-    lam = _median_lambda(model)
+    lam = _median_lambda(bf16_model)
     runs = {}
     for name, args in {"sim": {"window_align": 32},
                        "tt": {"backend": "tt", "tt_mode": "host", "tt_kv_dtype": "bfloat16"}}.items():
-        lm = alspec_lm(model, batch_size=2, window=WINDOW, trace_tokens=True, **args, **{"lambda": lam})
+        lm = alspec_lm(bf16_model, batch_size=2, window=WINDOW, trace_tokens=True, **args, **{"lambda": lam})
         requests = gen_requests(PROMPTS_LONG)
         runs[name] = (lm.generate_until(requests), sample_stats(requests), lm.statistics()["tasks"])
     assert isinstance(lm.speculator, TTSpeculator)

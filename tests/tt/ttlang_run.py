@@ -18,8 +18,8 @@ import torch
 from transformers import DynamicCache
 
 from helpers import PROMPTS, TOKENIZER, alspec_lm, gen_requests, sample_stats
-from tiny import tiny_model
 
+from alspec_eval.approx_check.models import tiny_model
 from alspec_eval.kernels import speculative_flash_decode
 from alspec_eval.region import DecodeRegion
 

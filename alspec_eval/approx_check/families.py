@@ -1,35 +1,12 @@
 """The model-family matrix: tiny random configs of every decoder family people evaluate, each set to exercise what
-is special about its attention (no hub: built in-process). The README's family table is rendered from FAMILIES
-(tests/test_families.py checks that it is)."""
+is special about its attention (built by models.build). The README's family table is rendered from FAMILIES
+(tests/test_families.py checks that it is); CONTRACT is the three alspec-check-approx runs on."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-import torch
-import transformers
-
-from alspec_eval.compat import rope_config
+from .models import ARCHS, Family
 
 SLIDING = 16  # a sliding window shorter than the prompts (PROMPTS are 8 to 80 characters, one token each)
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    config: str  # transformers config class
-    model: str  # transformers causal LM class
-    special: str  # what is special about its attention (the README's column)
-    status: str  # "exact" or "refused: why" (the README's column)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    attn: str = "sdpa"
-    sliding_layers: tuple[int, ...] = ()  # layers the statistics must report as not speculated
-
-
-COMMON = {"vocab_size": 110, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024, "pad_token_id": 0,
-          "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
 ALTERNATING = ["sliding_attention", "full_attention"] * 2
 
 FAMILIES = [
@@ -71,30 +48,10 @@ FAMILIES = [
             "layer_types": ALTERNATING}, attn="eager", sliding_layers=(0, 2)),
 ]
 
-
-def make_config(family: Family) -> transformers.PretrainedConfig:
-    """The family's tiny config. Its RoPE is written as 5.x's ``rope_parameters``: compat.rope_config passes it as
-    the installed transformers takes it (4.x takes an unknown ``rope_parameters`` silently and keeps default RoPE)."""
-    config_class, kwargs = getattr(transformers, family.config), {**COMMON, **family.kwargs}
-    if "rope_parameters" in kwargs:
-        kwargs.update(rope_config(config_class, kwargs.pop("rope_parameters")))
-    config = config_class(**kwargs)
-    config._attn_implementation = family.attn
-    return config
-
-
-def build(family: Family, seed: int = 0) -> transformers.PreTrainedModel:
-    """The family's tiny float32 model, q and k scaled up so that attention is peaked (a range of d/n ratios)."""
-    config = make_config(family)
-    torch.manual_seed(seed)
-    model = getattr(transformers, family.model)(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
-                p.mul_(8.0)
-            if name.endswith("sinks"):
-                p.copy_(torch.linspace(-1.0, 2.0, p.numel()))
-    return model
+BY_NAME = {f.name: f for f in FAMILIES}
+# where an approximation could go wrong: llama's grouped-query heads, qwen2's q/k/v biases, gemma2's logit
+# soft-capping, eager attention and sliding-window layers that are not speculated
+CONTRACT = {"llama": ARCHS["llama"], "qwen2": BY_NAME["Qwen2"], "gemma2": BY_NAME["Gemma 2"]}
 
 
 def table_markdown() -> str:
