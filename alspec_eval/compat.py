@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -110,3 +111,48 @@ def attention_functions_kept() -> Iterator[None]:
         ALL_ATTENTION_FUNCTIONS._local_mapping.update(local)
         type(ALL_ATTENTION_FUNCTIONS)._global_mapping.clear()
         type(ALL_ATTENTION_FUNCTIONS)._global_mapping.update(shared)
+
+
+def with_metadata(tasks: Any, metadata: dict[str, Any]) -> Any:
+    """lm-eval's task index ``tasks`` giving the tasks it loads ``metadata`` instead of its own, sharing its index
+    (built once per sweep: indexing takes 10-12 s). lm-eval 0.4.13 keeps the metadata twice, on the manager and
+    on its private task factory."""
+    import copy
+
+    view = copy.copy(tasks)
+    view.metadata = metadata
+    view._factory = type(tasks._factory)(meta=metadata)
+    return view
+
+
+@contextmanager
+def custom_datasets_built_once(log: Path, which: Callable[[str], bool]) -> Iterator[None]:
+    """Within the block, a task named by ``which`` with a custom dataset builds it once per (task, metadata,
+    dataset_kwargs), not each time it loads: lm-eval loads a task afresh for every run, that is every cell of a sweep, and RULER's builders
+    take 10-30 s at 4K tokens. Reusing the build gives the same documents, since ``simple_evaluate`` seeds Python's,
+    numpy's and torch's generators before it loads the task (RULER's builders draw from them). A build's own
+    output (progress bars, nltk's download attempts) goes to ``log``, not the console."""
+    import json
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from lm_eval.api.task import ConfigurableTask
+
+    original = ConfigurableTask.download
+    built: dict[str, Any] = {}
+
+    def download(self: Any, dataset_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not callable(self.config.custom_dataset) or not which(self.config.task):
+            return original(self, dataset_kwargs, **kwargs)
+        key = json.dumps([self.config.task, self.config.metadata, self.config.dataset_kwargs], sort_keys=True,
+                         default=str)
+        if key not in built:
+            with open(log, "a", encoding="utf-8") as out, redirect_stdout(out), redirect_stderr(out):
+                original(self, dataset_kwargs, **kwargs)
+            built[key] = self.dataset
+        self.dataset = built[key]
+
+    ConfigurableTask.download = download
+    try:
+        yield
+    finally:
+        ConfigurableTask.download = original

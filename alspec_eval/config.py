@@ -8,6 +8,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from .approximations.catalog import DEFAULT
 from .backends import BACKENDS
 from .constants import TILE, WINDOW_ALIGNS
 from .errors import ConfigError
@@ -151,7 +152,7 @@ class SpeculationConfig:
     tt: TTSettings = TTSettings()
     gamma: int | None = None  # policy=selfspec only; DEFAULT_GAMMA when not given
     lambda_schedule: LambdaSchedule | str | None = None  # per-layer lambdas (a path, read here); schedule.py
-    approx: Any = "sink"  # which <= 2S keys A~ attends to: a name or an Approximation (alspec_eval.approximations)
+    approx: Any = DEFAULT  # which <= 2S keys A~ attends to: a name or an Approximation (alspec_eval.approximations)
     approx_args: str | dict[str, Any] | None = None  # its parameters (page:16); folded into ``approx``
 
     def __post_init__(self) -> None:

@@ -6,9 +6,10 @@ runs with and what its cell file records; no name is ever parsed back into a row
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from .approximations import Approximation, make_approximation
+from .approximations import DEFAULT, Approximation, default_approximation, make_approximation
 from .config import SpeculationConfig
 from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 
@@ -16,21 +17,25 @@ from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 KINDS: tuple[str, ...] = ("baseline", "dynamic", "sink", "static", "selfspec", "tuned")
 POLICY_OF_KIND = {"baseline": "exact", "dynamic": "dynamic", "sink": "sink", "static": "static", "selfspec": "selfspec",
                   "tuned": "dynamic"}
+# A~ always (kind "sink", lambda = inf) of an approximation other than the default is no sink: that approximation
+# accepted unverified, named by what it is ("inf_quest_p16", "λ = ∞ · quest P=16"). Its cells of before keep "sink_".
+INF_NAME, INF_LABEL = "inf", "λ = ∞"
 
 
 @dataclass(frozen=True)
 class Row:
     """Baseline (exact), one lambda (dynamic), pure sink (lambda = inf), the static layer baseline, token-level
     self-speculation with draft length ``gamma``, or a per-layer lambda ``schedule`` (tuned). Every kind but the
-    baseline takes A~ from an approximation ``approx`` (the sink windows by default; a name or an
-    Approximation), with a budget of 2 ``window`` keys where a sweep has several (None: the sweep's one)."""
+    baseline takes A~ from an Approximation ``approx`` (None: the registry's default, the sink windows; a name is
+    made into one where it is read: config, cell files), with a budget of 2 ``window`` keys where a sweep has
+    several (None: the sweep's one)."""
 
     kind: str
     lam: float | None = None  # dynamic rows only
     gamma: int | None = None  # selfspec rows only
     schedule: LambdaSchedule | None = field(default=None, compare=False)  # tuned rows only (compared by digest)
     digest: str | None = None  # the schedule's, which identifies a tuned row
-    approx: Approximation | str = "sink"
+    approx: Approximation | None = None
     window: int | None = None
 
     def __post_init__(self) -> None:
@@ -42,8 +47,12 @@ class Row:
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'selfspec' else 'takes no'} gamma")
         if (self.kind == "tuned") != (self.schedule is not None):
             raise ValueError(f"a {self.kind} row {'needs' if self.kind == 'tuned' else 'takes no'} schedule")
-        object.__setattr__(self, "approx", make_approximation(self.approx))
-        if self.kind == "baseline" and (not self.approx.paper or self.window is not None):
+        if self.approx is None:
+            object.__setattr__(self, "approx", default_approximation())
+        elif not isinstance(self.approx, Approximation):
+            raise TypeError(f"a row's approx is an Approximation, not {self.approx!r}; make one with "
+                            "alspec_eval.approximations.make_approximation(name, args)")
+        if self.kind == "baseline" and (not self.approx.is_default or self.window is not None):
             raise ValueError(f"a baseline row cannot take approx {self.approx.label!r} or a window")
         if self.lam is not None:
             object.__setattr__(self, "lam", float(self.lam))
@@ -51,26 +60,27 @@ class Row:
             object.__setattr__(self, "digest", self.schedule.digest)
 
     @classmethod
-    def dynamic(cls, lam: float, approx: Approximation | str = "sink") -> Row:
+    def dynamic(cls, lam: float, approx: Approximation | None = None) -> Row:
         return cls("dynamic", lam=lam, approx=approx)
 
     @classmethod
-    def selfspec(cls, gamma: int, approx: Approximation | str = "sink") -> Row:
+    def selfspec(cls, gamma: int, approx: Approximation | None = None) -> Row:
         return cls("selfspec", gamma=int(gamma), approx=approx)
 
     @classmethod
-    def tuned(cls, schedule: LambdaSchedule, approx: Approximation | str = "sink") -> Row:
+    def tuned(cls, schedule: LambdaSchedule, approx: Approximation | None = None) -> Row:
         return cls("tuned", schedule=schedule, approx=approx)
 
-    def approximated(self, approx: Approximation | str, window: int | None = None) -> Row:
-        """The same row with A~ from ``approx`` (and a budget of 2 ``window`` keys of its own)."""
+    def approximated(self, approx: Approximation | None, window: int | None = None) -> Row:
+        """The same row with A~ from ``approx`` (None: the default) and a budget of 2 ``window`` keys of its own."""
         return replace(self, approx=approx, window=window)
 
     # ------------------------------------------------------------------ names
 
     @property
     def name(self) -> str:
-        """The cell's file name (``cells/<task>/<name>.json``); the sink's rows keep the paper's names."""
+        """The cell's file name (``cells/<task>/<name>.json``): the kind's, then its approximation's slug and its
+        window (:attr:`name_suffix`); the default approximation's rows keep the paper's names ("lambda_0.1", "sink")."""
         if self.kind == "dynamic":
             name = f"lambda_{self.lam:g}"
         elif self.kind == "selfspec":
@@ -78,24 +88,62 @@ class Row:
         elif self.kind == "tuned":
             name = f"tuned_{self.digest[:10]}"
         else:
-            name = self.kind
-        return name + self._approx_suffix("_", label=False)
+            name = INF_NAME if self._unverified else self.kind
+        return name + self.name_suffix
+
+    @property
+    def name_suffix(self) -> str:
+        """Its approximation's and window's part of :attr:`name`: "" (the default at the sweep's window),
+        "_quest_p16", "_S32"."""
+        return self._approx_suffix("_", label=False)
+
+    @property
+    def legacy_names(self) -> tuple[str, ...]:
+        """The names its cell file had before, which a sweep resumes from and the report reads: a λ = ∞ row of an
+        approximation other than the default was "sink_<slug>" (now "inf_<slug>")."""
+        return (self.kind + self.name_suffix,) if self._unverified else ()
+
+    @property
+    def file_names(self) -> tuple[str, ...]:
+        """Its name, then its :attr:`legacy_names`."""
+        return (self.name, *self.legacy_names)
+
+    def cell_file(self, folder: Path) -> Path:
+        """Its cell file in ``folder`` (``cells/<task>``): under its name, else under a legacy name that exists (a
+        resumed sweep reuses it, a recomputed one writes it there: one file per row), else under its name."""
+        return next((path for name in self.file_names if (path := folder / f"{name}.json").exists()),
+                    folder / f"{self.name}.json")
+
+    def same_cell(self, found: Any, expected: dict[str, Any]) -> bool:
+        """Whether a cell file's fingerprint ``found`` is ``expected`` (this row's), the ``cell`` it records being
+        any of the row's :attr:`file_names`."""
+        return (isinstance(found, dict) and found.get("cell") in self.file_names
+                and {**found, "cell": expected.get("cell")} == expected)
+
+    @property
+    def kind_label(self) -> str:
+        """The row without its approximation and window: "λ = 0.1", "sink", "selfspec γ = 2"; A~ always of an
+        approximation other than the default reads "λ = ∞" (that approximation accepted unverified, no sink)."""
+        if self.kind == "dynamic":
+            return f"λ = {self.lam:g}"
+        if self.kind == "selfspec":
+            return f"selfspec γ = {self.gamma}"
+        if self.kind == "tuned":
+            return f"tuned {self.digest[:6]}"
+        return INF_LABEL if self._unverified else self.kind
 
     @property
     def label(self) -> str:
-        """How tables and figures name the row."""
-        if self.kind == "dynamic":
-            label = f"λ = {self.lam:g}"
-        elif self.kind == "selfspec":
-            label = f"selfspec γ = {self.gamma}"
-        elif self.kind == "tuned":
-            label = f"tuned {self.digest[:6]}"
-        else:
-            label = self.kind
-        return label + self._approx_suffix(" · ", label=True)
+        """How tables and figures name the row: "λ = 0.1", "sink", "λ = ∞ · quest P=16", "static · S=32"."""
+        return self.kind_label + self._approx_suffix(" · ", label=True)
+
+    @property
+    def _unverified(self) -> bool:
+        """A~ always of an approximation other than the default: no sink (INF_NAME, INF_LABEL)."""
+        return self.kind == "sink" and not self.approx.is_default
 
     def _approx_suffix(self, sep: str, label: bool) -> str:
-        suffix = "" if self.approx.paper else sep + (self.approx.label if label else self.approx.slug)
+        suffix = self.approx.row_part(sep, label)
         if self.window is not None:
             suffix += f"{sep}S={self.window}" if label else f"{sep}S{self.window}"
         return suffix
@@ -163,7 +211,7 @@ class Row:
             out["gamma"] = self.gamma
         if self.kind == "tuned":
             out["lambda_schedule"] = self.schedule.to_dict()
-        if not self.approx.paper:
+        if not self.approx.is_default:
             out["approx"], out["approx_args"] = self.approx.name, self.approx.args()
         if self.window is not None:
             out["window"] = self.window
@@ -176,10 +224,11 @@ class Row:
                     approx: str | None = None, approx_args: dict[str, Any] | None = None,
                     page: int | None = None, window: int | None = None) -> Row:
         """The row a cell file records (``policy``, ``lambda``, ``gamma``, ``lambda_schedule``, ``approx``,
-        ``approx_args``, ``window`` where the sweep has several; cells before approximations were the sink's, cells
-        before the registry record quest's ``page`` beside it)."""
+        ``approx_args``, ``window`` where the sweep has several; cells before approximations were the default's, cells
+        before the registry record quest's ``page`` beside it): the edge where a recorded name becomes an
+        Approximation."""
         args = approx_args if approx_args is not None else ({"page": page} if page is not None else None)
-        return cls._from_record(policy, lam, gamma, schedule).approximated(make_approximation(approx or "sink", args),
+        return cls._from_record(policy, lam, gamma, schedule).approximated(make_approximation(approx or DEFAULT, args),
                                                                            window)
 
     @classmethod
@@ -204,10 +253,11 @@ BASELINE, SINK, STATIC = Row("baseline"), Row("sink"), Row("static")
 
 
 def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, gammas: list[int] = (),
-               approximations: list[Approximation | str] = ("sink",), windows: list[int | None] = (None,)
+               approximations: list[Approximation | None] = (None,), windows: list[int | None] = (None,)
                ) -> list[Row]:
-    """The rows of a sweep that share one exact prefill, in run order: the baseline, then per approximation and
-    window (None: the sweep's one) its lambdas, its sink row (A~ always) and its self-speculation rows."""
+    """The rows of a sweep that share one exact prefill, in run order: the baseline, then per approximation (None:
+    the default) and window (None: the sweep's one) its lambdas, its sink row (A~ always) and its self-speculation
+    rows."""
     return [*([BASELINE] if baseline else []),
             *(row.approximated(approx, window) for approx in approximations for window in windows
               for row in [*map(Row.dynamic, lambdas), *([SINK] if sink else []), *map(Row.selfspec, gammas)])]

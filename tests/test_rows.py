@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
+from alspec_eval.approximations import DEFAULT, default_approximation, make_approximation
 from alspec_eval.approximations.quest import Quest
 from alspec_eval.approximations.sink import Sink
 from alspec_eval.config import SpeculationConfig
@@ -14,6 +16,8 @@ from alspec_eval.plan import EXACT_REJECTED, IDLE, MEASURED, Plan
 from alspec_eval.rows import BASELINE, KINDS, SINK, STATIC, Row, prefill_groups, sweep_rows
 
 from row_kinds import examples
+
+TOPK = make_approximation("topk")
 
 
 @pytest.mark.parametrize(("row", "name", "label"), [
@@ -46,32 +50,76 @@ def test_rows_are_checked_and_ordered():
 
 def test_rows_of_each_approximation_are_named_run_recorded_and_read_back_apart():
     base = SpeculationConfig(window=8)
-    quest, topk = Row.dynamic(0.1, Quest(page=4)), Row.dynamic(0.1).approximated("topk")
-    assert (quest.name, topk.name, SINK.approximated("quest").name) == ("lambda_0.1_quest_p4", "lambda_0.1_topk",
-                                                                        "sink_quest_p16")
+    quest, topk = Row.dynamic(0.1, Quest(page=4)), Row.dynamic(0.1).approximated(TOPK)
+    assert (quest.name, topk.name, SINK.approximated(Quest()).name) == ("lambda_0.1_quest_p4", "lambda_0.1_topk",
+                                                                        "inf_quest_p16")
     assert len({Row.dynamic(0.1), quest, topk, Row.dynamic(0.1, Quest(page=8))}) == 4  # four cells, four names
     assert len({r.name for r in (Row.dynamic(0.1), quest, topk, Row.dynamic(0.1, Quest(page=8)))}) == 4
     assert quest.label == "λ = 0.1 · quest P=4" and Row.dynamic(0.1).label == "λ = 0.1"
     config = quest.config(base)
     assert (config.approx, config.lam) == (Quest(page=4), 0.1)
     assert Row.dynamic(0.1).config(replace(base, approx="topk")).approx == Sink()  # a row never keeps another's
-    for row in (quest, topk, STATIC.approximated("topk"), Row.selfspec(2, Quest(page=4)), SINK, BASELINE):
+    for row in (quest, topk, STATIC.approximated(TOPK), Row.selfspec(2, Quest(page=4)), SINK, SINK.approximated(TOPK),
+                BASELINE):
         record = row.record([1] if row.calibrated else None)
         assert Row.from_record(record["policy"], record["lambda"], record.get("gamma"), None, record.get("approx"),
                                record.get("approx_args")) == row
     assert Row.from_record("dynamic", 0.1, approx="quest", page=4) == quest  # a cell from before the registry
     assert "approx" not in Row.dynamic(0.1).record()  # a sink cell reads as before approximations
     with pytest.raises(ValueError, match="baseline row cannot take approx 'quest P=16'"):
-        BASELINE.approximated("quest")
+        BASELINE.approximated(Quest())
+
+
+def test_the_default_approximation_is_named_once():
+    assert default_approximation() == make_approximation(DEFAULT) == Sink() and default_approximation().is_default
+    assert SpeculationConfig().approx == Row("dynamic", lam=0.1).approx == default_approximation()
+    assert not Quest().is_default and not TOPK.is_default
+
+    @dataclass(frozen=True)
+    class Wide(Sink):  # the sink's windows under another class: no default, so its rows carry its slug
+        pass
+
+    assert not Wide().is_default and Row.dynamic(0.1, Wide()).name == f"lambda_0.1_{Wide().slug}"
+    with pytest.raises(TypeError, match="a row's approx is an Approximation, not 'quest'; make one with"):
+        Row.dynamic(0.1, "quest")  # names become approximations where they are read (config, cells), not here
+
+
+def test_lambda_inf_of_another_approximation_is_no_sink():
+    """A~ always of the sink is the paper's sink row; of another approximation it is that approximation accepted
+    unverified: "λ = ∞ · quest P=16", file "inf_quest_p16" (its cells of before: "sink_quest_p16")."""
+    quest = SINK.approximated(Quest())
+    assert (SINK.name, SINK.label, SINK.legacy_names) == ("sink", "sink", ())
+    assert (SINK.approximated(None, 32).name, SINK.approximated(None, 32).label) == ("sink_S32", "sink · S=32")
+    assert (quest.name, quest.label, quest.legacy_names) == ("inf_quest_p16", "λ = ∞ · quest P=16", ("sink_quest_p16",))
+    assert (quest.kind, quest.policy, quest.record()["lambda"]) == ("sink", "sink", "inf")  # the policy keeps its name
+    wide = SINK.approximated(TOPK, 32)
+    assert (wide.name, wide.label, wide.file_names) == ("inf_topk_S32", "λ = ∞ · topk · S=32",
+                                                        ("inf_topk_S32", "sink_topk_S32"))
+    assert Row.dynamic(0.1, Quest()).legacy_names == () and STATIC.approximated(Quest()).legacy_names == ()
+
+
+def test_a_cell_under_its_legacy_name_is_found_and_its_fingerprint_matches(tmp_path):
+    row = SINK.approximated(Quest())
+    assert row.cell_file(tmp_path) == tmp_path / "inf_quest_p16.json"  # a new cell: its name
+    (tmp_path / "sink_quest_p16.json").write_text("{}")
+    assert row.cell_file(tmp_path) == tmp_path / "sink_quest_p16.json"  # resumed and rewritten in place: one file
+    assert SINK.cell_file(tmp_path) == tmp_path / "sink.json"
+    expected = {"task": "t", "cell": "inf_quest_p16", "seed": 1}
+    for cell in ("inf_quest_p16", "sink_quest_p16"):
+        assert row.same_cell(json.loads(json.dumps({**expected, "cell": cell})), expected)
+    for found in ({**expected, "seed": 2}, {**expected, "cell": "sink_topk"}, None, "unreadable", {"seed": 1}):
+        assert not row.same_cell(found, expected)
+    assert not SINK.same_cell({**expected, "cell": "sink_quest_p16"}, {**expected, "cell": "sink"})
 
 
 def test_one_prefill_serves_every_row_but_the_static_one():
-    rows = sweep_rows([0.1, 0.2], gammas=[2], approximations=["sink", Quest(page=4), "topk", "snapkv"])
+    approximations = [None, Quest(page=4), TOPK, make_approximation("snapkv")]
+    rows = sweep_rows([0.1, 0.2], gammas=[2], approximations=approximations)
     groups = prefill_groups([*rows, STATIC])
     assert [[r.name for r in g] for g in groups] == [[
         "baseline", "lambda_0.1", "lambda_0.2", "sink", "selfspec_g2", "lambda_0.1_quest_p4", "lambda_0.2_quest_p4",
-        "sink_quest_p4", "selfspec_g2_quest_p4", "lambda_0.1_topk", "lambda_0.2_topk", "sink_topk", "selfspec_g2_topk",
-        "lambda_0.1_snapkv_w32_k5_r8", "lambda_0.2_snapkv_w32_k5_r8", "sink_snapkv_w32_k5_r8",
+        "inf_quest_p4", "selfspec_g2_quest_p4", "lambda_0.1_topk", "lambda_0.2_topk", "inf_topk", "selfspec_g2_topk",
+        "lambda_0.1_snapkv_w32_k5_r8", "lambda_0.2_snapkv_w32_k5_r8", "inf_snapkv_w32_k5_r8",
         "selfspec_g2_snapkv_w32_k5_r8"]]
     assert prefill_groups([STATIC]) == []
 

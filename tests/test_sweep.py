@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -14,7 +15,7 @@ from alspec_eval.config import ConfigError, SpeculationConfig
 from alspec_eval.rows import BASELINE, SINK, Row
 from alspec_eval.rows import prefill_groups
 from alspec_eval.sweep.config import fingerprint, load_config, parse_config
-from alspec_eval.sweep.runner import run_sweep
+from alspec_eval.sweep.runner import cell_path, existing_cells, run_sweep
 from default_approximations import DRAFTS, PROMPT_SCORING, approx_args
 from helpers import PROMPTS, alspec_lm, gen_requests, ll_requests, read_cells, sample_stats
 from row_kinds import examples
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
                                   "ruler_llama3"])
 def test_shipped_configs_are_valid(name):
     config = load_config(CONFIGS / f"{name}.yaml")
-    last = {"demo_approx": "sink_snapkv_w32_k5_r8_S32",  # no static rows
+    last = {"demo_approx": "inf_snapkv_w32_k5_r8_S32",  # no static rows
             "demo_kvpress": "lambda_0.4_kvpress-CompactorPress", "ruler": "lambda_0.4_topk",
             "ruler_llama3": "lambda_0.4_kvpress-KnormPress_S128"}.get(name, "static")
     assert config.rows()[0].name == "baseline" and config.rows()[-1].name == last
@@ -69,7 +70,7 @@ def test_a_sweep_of_approximations_has_each_approximations_rows_and_static_calib
     config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "window": 8,
                            "approx": ["quest", "sink", "quest"], "approx_args": {"quest": "page:4"}})
     assert [row.name for row in config.rows()] == [
-        "baseline", "lambda_0.1_quest_p4", "sink_quest_p4", "lambda_0.1", "sink", "static_quest_p4", "static"]
+        "baseline", "lambda_0.1_quest_p4", "inf_quest_p4", "lambda_0.1", "sink", "static_quest_p4", "static"]
     assert config.rows()[-2].calibration(0.1).name == "lambda_0.1_quest_p4"
     assert [row.name for row in parse_config({"name": "x", "tasks": ["t"], "lambdas": [0.1]}).rows()] == [
         "baseline", "lambda_0.1", "sink", "static"]  # without approx: the paper's rows, as before
@@ -81,7 +82,7 @@ def test_a_budget_axis_gives_every_row_each_window():
     assert config.windows == [16, 32]
     assert [row.name for row in config.rows()] == [
         "baseline", "lambda_0.1_S16", "sink_S16", "lambda_0.1_S32", "sink_S32", "lambda_0.1_local_S16",
-        "sink_local_S16", "lambda_0.1_local_S32", "sink_local_S32", "static_S16", "static_S32", "static_local_S16",
+        "inf_local_S16", "lambda_0.1_local_S32", "inf_local_S32", "static_S16", "static_S32", "static_local_S16",
         "static_local_S32"]
     static = config.rows()[-1]
     assert static.calibration(0.1).name == "lambda_0.1_local_S32" and static.label == "static · local · S=32"
@@ -93,7 +94,26 @@ def test_a_budget_axis_gives_every_row_each_window():
     groups = prefill_groups(config.rows())  # one prefill, every approximation and window decoding from it
     assert [[r.name for r in g] for g in groups] == [
         ["baseline", "lambda_0.1_S16", "sink_S16", "lambda_0.1_S32", "sink_S32",
-         "lambda_0.1_local_S16", "sink_local_S16", "lambda_0.1_local_S32", "sink_local_S32"]]
+         "lambda_0.1_local_S16", "inf_local_S16", "lambda_0.1_local_S32", "inf_local_S32"]]
+
+
+def test_a_resumed_sweep_reuses_a_lambda_inf_cell_under_its_old_sink_name(tmp_path):
+    """A cell of A~ always of another approximation written as "sink_<slug>.json" (before such rows were named
+    "inf_<slug>") is this config's cell: a resumed sweep reuses it, and a stale one is refused under that name."""
+    config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "window": 8, "static": False,
+                           "approx": ["sink", "quest"], "approx_args": {"quest": "page:4"}, "output": str(tmp_path)})
+    task, row = "alspec_recall", SINK.approximated(config.approx[1])
+    old = tmp_path / "cells" / task / "sink_quest_p4.json"
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({"cell": "sink_quest_p4",
+                               "fingerprint": {**fingerprint(config, task, row), "cell": "sink_quest_p4"}}))
+    assert row.name == "inf_quest_p4" and cell_path(tmp_path, task, row) == old
+    missing = existing_cells(config, recompute=False)
+    assert (task, row) not in missing and len(missing) == len(config.rows()) - 1
+    old.write_text(json.dumps({"fingerprint": {**fingerprint(config, task, row), "cell": "sink_quest_p4", "seed": 1}}))
+    with pytest.raises(ConfigError, match=re.escape(f"{old} is made with other settings")):
+        existing_cells(config, recompute=False)
+    assert (task, row) in existing_cells(config, recompute=True)
 
 
 def test_empty_lambdas_without_static_is_a_sweep():
@@ -263,8 +283,8 @@ def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(
     cells = read_cells(outs[0])
     assert cells == read_cells(outs[1])
     assert sorted(cells) == sorted(f"alspec_recall/{name}" for name in [
-        "baseline", *(f"{kind}{approx}_S{w}" for kind in ("lambda_0.5", "lambda_1", "sink") for approx in ("", "_quest_p4")
-                      for w in (4, 8))])
+        "baseline", *(f"{'inf' if kind == 'sink' and approx else kind}{approx}_S{w}"  # λ = ∞ of quest: no sink
+                      for kind in ("lambda_0.5", "lambda_1", "sink") for approx in ("", "_quest_p4") for w in (4, 8))])
     for approx in ("", "_quest_p4"):
         small, large = (cells[f"alspec_recall/lambda_1{approx}_S{w}"] for w in (4, 8))
         assert small["window"] == 4 and large["window"] == 8

@@ -3,8 +3,8 @@ approximations, each one small class (sink.py, local.py, quest.py, topk.py, snap
 (kvpress.py). Torch-free to import."""
 
 from .base import Approximation, LayerInputs, Selected
-from .catalog import name_of
-from .registry import approximation_class, make_approximation, names, order, register_approximation
+from .catalog import DEFAULT, name_of
+from .registry import approximation_class, default_approximation, make_approximation, names, order, register_approximation
 
-__all__ = ["Approximation", "LayerInputs", "Selected", "approximation_class", "make_approximation", "name_of", "names", "order",
-           "register_approximation"]
+__all__ = ["DEFAULT", "Approximation", "LayerInputs", "Selected", "approximation_class", "default_approximation",
+           "make_approximation", "name_of", "names", "order", "register_approximation"]

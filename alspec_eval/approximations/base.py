@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ConfigError
-from .catalog import name_of
+from .catalog import DEFAULT, name_of
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +41,6 @@ class Approximation:
     marker: ClassVar[str] = "o"  # its lambda rows' marker and colour where figures tell approximations apart
     colour: ClassVar[str] = "tab:gray"
     oracle: ClassVar[bool] = False  # it reads every exact score: a ceiling, marked wherever reported
-    paper: ClassVar[bool] = False  # the paper's sink windows: its rows and files keep the paper's names
     fused_kernel: ClassVar[bool] = False  # kernel=torch|triton compute its A~ in the decode step's one call
     tt_op: ClassVar[bool] = False  # the authors' TT op computes its A~ (backend=tt)
     window_aligns: ClassVar[tuple[int, ...]] = (1,)  # the window_align values it defines A~ for
@@ -74,6 +73,17 @@ class Approximation:
         """Its part of a cell's file name: "quest_p16" (any name made file-safe)."""
         parts = [f"{_short(f, 'short')}{getattr(self, f.name)}" for f in self._named()]
         return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join([self.name, *parts]))
+
+    @property
+    def is_default(self) -> bool:
+        """Whether it is the registry's default (``approximations.DEFAULT``, its parameters as made by name): its rows
+        keep the paper's names, "lambda_0.1" and "sink", with no part of their own (:meth:`row_part`)."""
+        return self.name == DEFAULT and self == type(self)()
+
+    def row_part(self, sep: str, label: bool = False) -> str:
+        """Its part of a row's file name (``sep`` + its slug, "_quest_p16") or of its label (``sep`` + its label,
+        " · quest P=16"); none for the default (:attr:`is_default`)."""
+        return "" if self.is_default else sep + (self.label if label else self.slug)
 
     def _named(self) -> list[dataclasses.Field]:
         """The parameters its label and slug name (kvpress's presses have many: only those given otherwise)."""

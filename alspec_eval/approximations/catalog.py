@@ -14,6 +14,9 @@ APPROXIMATIONS = LazyRegistry("approximation", {
     "topk": "alspec_eval.approximations.topk:TopK",
     "snapkv": "alspec_eval.approximations.snapkv:SnapKV",
 })
+# The default approximation, named here only: the paper's sink windows. Its rows keep the paper's names ("lambda_0.1",
+# "sink": Approximation.is_default); every other name of it (config, cells, CLIs) is this constant.
+DEFAULT = "sink"
 # Families: ``approx=family:member`` asks the family's factory for member's class (``kvpress:SnapKVPress``).
 FAMILIES: dict[str, str] = {"kvpress": "alspec_eval.approximations.kvpress:press_draft"}
 

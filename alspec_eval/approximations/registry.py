@@ -6,13 +6,14 @@ is registered nowhere. The registry's order is the reports' order.
 
 from __future__ import annotations
 
+import functools
 from importlib.metadata import entry_points
 from typing import Any
 
 from ..errors import ConfigError
 from ..lazy import import_path, path_of
 from .base import Approximation, parse_args
-from .catalog import APPROXIMATIONS, FAMILIES
+from .catalog import APPROXIMATIONS, DEFAULT, FAMILIES
 
 ENTRY_POINTS = "alspec_eval.approximations"
 
@@ -60,6 +61,13 @@ def make_approximation(name: str | Approximation, args: str | dict[str, Any] | N
         return name
     cls = approximation_class(name)
     return cls(**parse_args(cls, name, args))
+
+
+@functools.cache
+def default_approximation() -> Approximation:
+    """The approximation a row, a config or a cell runs without one: ``approx=DEFAULT`` (the sink windows), made once
+    (an approximation object is immutable and shared; a registered name is never registered again)."""
+    return make_approximation(DEFAULT)
 
 
 def order(approx: Approximation) -> tuple:

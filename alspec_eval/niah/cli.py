@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..approximations import DEFAULT
 from ..cli_errors import bad_input
 from ..config import ConfigError, unloadable_model
 from ..sweep.config import SweepConfig, parse_config, parse_model_args
@@ -75,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=64, help="S, tokens in each sink window")
     p.add_argument("--gammas", default="", help="self-speculation cells (policy=selfspec), one per draft length, "
                                                 "e.g. 2,4; none by default")
-    p.add_argument("--approx", default="sink", help="approximations of A~, each with its rows: sink (the paper's), "
+    p.add_argument("--approx", default=DEFAULT, help="approximations of A~, each with its rows: sink (the paper's), "
                    "local, quest (Quest's pages), topk (an oracle ceiling: the top-scoring keys), a registered name "
                    "or pkg.module:Class")
     p.add_argument("--approx_args", "--approx-args", dest="approx_args", action="append", default=[],

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 
-from ..approximations import Approximation, make_approximation
+from ..approximations import Approximation, default_approximation
 from ..report.figures import _figure, save
 from ..report.styles import approx_label
 from ..report.cells import BASELINE, SINK, Sweep, load_sweep
@@ -39,18 +39,18 @@ def _row(cell: dict[str, Any]) -> Row:
 
 
 def _label(cell: dict[str, Any]) -> str:
-    """The row a raw cell JSON was made as, for a title: "λ = 0.05", "baseline", "sink"."""
+    """The row a raw cell JSON was made as, for a title: "λ = 0.05", "baseline", "sink", "λ = ∞ · quest P=16"."""
     return _row(cell).label
 
 
-def needles_vs_lambda(sweep: Sweep, task: str, approx: Approximation | str = "sink") -> Any:
-    """Figure 3a: score and hit rate per lambda of one approximation, baseline and its sink row (A~ always) as
-    references. Needle runs have few prompts, so each score carries its Wilson 95% interval and n."""
+def needles_vs_lambda(sweep: Sweep, task: str, approx: Approximation | None = None) -> Any:
+    """Figure 3a: score and hit rate per lambda of one approximation (None: the default), baseline and its sink row
+    (A~ always) as references. Needle runs have few prompts, so each score carries its Wilson 95% interval and n."""
     from ..report.frames import wilson
 
     fig = _figure(6.4, 4.6)
     ax = fig.add_subplot()
-    approx = make_approximation(approx)
+    approx = default_approximation() if approx is None else approx
     dynamic = sweep.dynamic_cells(task, approx)
     lams = [c.lam for c in dynamic]
     n = max((c.samples or 0 for c in dynamic), default=0)
@@ -79,15 +79,15 @@ def needles_vs_lambda(sweep: Sweep, task: str, approx: Approximation | str = "si
 
 
 def _approx_title(approx: Approximation) -> str:
-    return "" if approx.paper else f" ({approx_label(approx)})"
+    return "" if approx.is_default else f" ({approx_label(approx)})"
 
 
-def acceptance_per_layer(sweep: Sweep, task: str, approx: Approximation | str = "sink") -> Any:
-    """Figure 3b: average acceptance of each layer, one line per lambda of one approximation."""
+def acceptance_per_layer(sweep: Sweep, task: str, approx: Approximation | None = None) -> Any:
+    """Figure 3b: average acceptance of each layer, one line per lambda of one approximation (None: the default)."""
     fig = _figure(6.4, 4.0)
     ax = fig.add_subplot()
     cmap = colormaps["viridis"]
-    approx = make_approximation(approx)
+    approx = default_approximation() if approx is None else approx
     dynamic = sweep.dynamic_cells(task, approx)
     for i, cell in enumerate(dynamic):
         ax.plot(range(len(cell.layers)), [100 * (h or 0.0) for h in (l.hit_rate for l in cell.layers)], "o-",
@@ -171,7 +171,7 @@ def write_niah_figures(outdir: Path, tokenizer: Any = None) -> list[Path]:
     written = []
     for task in sweep.tasks:
         for approx in sweep.approximations:
-            suffix = "" if approx.paper else f"_{approx.slug}"  # the sink's files keep their names
+            suffix = approx.row_part("_")  # the default's files keep their names
             written.append(save(needles_vs_lambda(sweep, task, approx), figures / f"{task}_needles_vs_lambda{suffix}.png"))
             written.append(save(acceptance_per_layer(sweep, task, approx),
                                 figures / f"{task}_acceptance_per_layer{suffix}.png"))

@@ -12,6 +12,8 @@ from alspec_eval.report.figures import (acceptance_heatmap, attention_vs_token_s
                                         schedule_profile, score_vs_density, score_vs_hit_rate, speedup_vs_score)
 from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
+from alspec_eval.ruler import split_unit
+from alspec_eval.report.board import board, board_markdown, speedup_by_length, write_board_csv
 from alspec_eval.report.gains import approximation_gains, gains_markdown, write_gains_csv
 from alspec_eval.report.latency import DEFAULT_PRESET, project_sweep, projection_markdown, write_projection_csv
 from alspec_eval.report.cells import SINK, load_sweep
@@ -31,7 +33,8 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     projection; the speedup-against-score figure uses the first table. ``paper`` picks the paper's table to set
     the cells beside (``auto``: the one whose model the sweep ran, if any; ``table1``, ``table2``, ``none``).
     A sweep of several approximations of A~ also gets their per-layer hit rates at ``lam`` (default: the sweep's
-    middle lambda) in ``hit_rate_by_approximation.png``.
+    middle lambda) in ``hit_rate_by_approximation.png``. A sweep of several approximations, or of RULER's units per
+    length, gets the board (``board.md``, ``board.csv``; :mod:`.board`), and per length its figure.
     """
     sweep = load_sweep(outdir)
     if lam is not None and lam not in sweep.lambdas:
@@ -48,7 +51,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
 
     heatmaps = [save(acceptance_heatmap(sweep, task, approx, window), report / f"heatmap_{_slug(task)}{suffix}.png")
                 for approx, window in sweep.curves  # the sink's named as before, the others' "_quest_p16", "_S32"
-                for suffix in [SINK.approximated(approx, window).name.removeprefix(SINK.name)]
+                for suffix in [SINK.approximated(approx, window).name_suffix]
                 for task in sweep.tasks if sweep.dynamic_cells(task, approx, window)]
     score_fig = [save(score_vs_hit_rate(sweep), report / "score_vs_hit_rate.png")]
     by_approx = []
@@ -74,7 +77,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     choices: dict[str, str] = {}
     if projections and cells["diff"].notna().any():
         speedups = {(t, row.label): e.speedup for (row, t), e in projections[0].entries.items()}
-        choices = frontier_choice(cells, speedups)
+        choices = frontier_choice(cells, speedups, frames.documents)
         trade_off.append(save(frontier(cells, projections[0]), report / "frontier.png"))
         figures["Projected speedup against score"] = trade_off[:1]  # not the frontier too (it has its own section)
         figures["Speed against paired score difference"] = trade_off[-1:]
@@ -83,7 +86,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
                        report / f"alspec_vs_selfspec_{_slug(task)}.png")
                   for task in sweep.tasks if projections and any(
                       (c := sweep.cell(task, r)) is not None and c.tau is not None for r in sweep.rows
-                      if r.drafts_tokens and r.approx.paper)]
+                      if r.drafts_tokens and r.approx.is_default)]
     if comparison:
         figures["Attention-level against token-level speculation"] = comparison
     profiles = [save(schedule_profile(sweep, row), report / f"schedule_{row.name}.png")
@@ -98,6 +101,16 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     latency_md = report / "latency.md"
     latency_md.write_text("\n".join(projection_markdown(p) for p in projections))
     latency_csv = write_projection_csv(projections, report / "latency.csv")
+
+    per_length = any(split_unit(task)[1] is not None for task in sweep.tasks)
+    if projections and cells["diff"].notna().any() and (len(sweep.approximations) > 1 or per_length):
+        units = board(sweep, cells, frames.documents, speedups)
+        if any(u.entries for u in units):
+            (report / "board.md").write_text(board_markdown(units, specs[0].name))
+            written += [report / "board.md", write_board_csv(units, report / "board.csv")]
+            if per_length:
+                written.append(save(speedup_by_length(units), report / "board_speedup_by_length.png"))
+                figures["Best verified speedup against context length"] = written[-1:]
 
     gains = approximation_gains(sweep, projections[0].entries if projections else None)
     if gains:

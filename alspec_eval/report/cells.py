@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alspec_eval.approximations import Approximation, make_approximation, order
+from alspec_eval.approximations import DEFAULT, Approximation, make_approximation, order
 from alspec_eval.rows import BASELINE, SINK, STATIC, Row
 from alspec_eval.stats import DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, RATIO_EDGES, SCHEMA_VERSION
 
@@ -66,7 +66,7 @@ class Cell:
     gamma: int | None = None  # selfspec: tokens drafted per step
     draft: dict[str, Any] | None = None  # selfspec with generations: gamma, steps, drafted, accepted, tau, hist
     schedule: dict[str, Any] | None = None  # a tuned row's per-layer lambdas: schedule, path, sha256
-    approx: str = "sink"  # which 2S keys A~ attended to (cells before approximations: the sink's)
+    approx: str = DEFAULT  # which 2S keys A~ attended to, by name (cells before approximations: the default's)
     approx_args: dict[str, Any] | None = None  # its parameters
     window: int | None = None  # its S where the sweep has several (a budget axis)
     page: int | None = None  # quest's page, as cells before the registry of approximations record it
@@ -144,7 +144,7 @@ class Sweep:
         args = self.meta.get("approx_args") or {}
         page = self.meta.get("page")
         declared = {make_approximation(a, args.get(a, {"page": page} if page is not None and a == "quest" else None))
-                    for a in self.meta.get("approx") or ["sink"]}
+                    for a in self.meta.get("approx") or [DEFAULT]}
         found = {c.row.approx for c in self.cells if c.row != BASELINE}
         return sorted(declared | found, key=order)
 
@@ -179,9 +179,9 @@ class Sweep:
         """The S a row ran with: its own on a budget axis, else the sweep's (the baseline of an axis: its first)."""
         return row.window or self.axis[0] or self.meta.get("window")
 
-    def dynamic_cells(self, task: str, approx: Approximation | str = "sink", window: int | None = None) -> list[Cell]:
-        """The task's lambda cells of one approximation (the sink's unless given) and window (on a budget axis),
-        by increasing lambda."""
+    def dynamic_cells(self, task: str, approx: Approximation | None = None, window: int | None = None) -> list[Cell]:
+        """The task's lambda cells of one approximation (None: the default) and window (on a budget axis), by
+        increasing lambda."""
         return [c for lam in self.lambdas
                 if (c := self.cell(task, Row.dynamic(lam, approx).approximated(approx, window))) is not None]
 
@@ -215,7 +215,7 @@ def load_cell(path: Path) -> Cell:
                 score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
                 samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),
                 gamma=d.get("gamma", (stats.get("selfspec") or {}).get("gamma")), draft=stats.get("selfspec"),
-                schedule=d.get("lambda_schedule"), approx=d.get("approx") or "sink",
+                schedule=d.get("lambda_schedule"), approx=d.get("approx") or DEFAULT,
                 approx_args=d.get("approx_args"), page=d.get("page"), window=d.get("window"))
 
 

@@ -18,8 +18,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from alspec_eval.report.cells import BASELINE, Row, Sweep
-from alspec_eval.approximations import Approximation, make_approximation
-from alspec_eval.report.styles import approx_label, curve_label, style
+from alspec_eval.approximations import DEFAULT, Approximation, default_approximation, make_approximation
+from alspec_eval.report.styles import approx_label, curve_label, hit_rate_legend, style
 from alspec_eval.report.table import beyond_sink
 from alspec_eval.stats import OPEN_LOOP_GRID, open_loop
 
@@ -86,11 +86,11 @@ def _task_colours(sweep: Sweep) -> dict[str, tuple[float, ...]]:
     return {task: cmap(i % 10) for i, task in enumerate(sweep.tasks)}
 
 
-def acceptance_heatmap(sweep: Sweep, task: str, approx: Approximation | str = "sink",
+def acceptance_heatmap(sweep: Sweep, task: str, approx: Approximation | None = None,
                        window: int | None = None) -> Figure:
-    """Per-layer hit rate (layers x lambda) of the task's dynamic cells of one approximation (the sink's unless
-    given) at one window of a budget axis; skipped layers stay blank."""
-    approx = make_approximation(approx)
+    """Per-layer hit rate (layers x lambda) of the task's dynamic cells of one approximation (None: the default) at
+    one window of a budget axis; skipped layers stay blank."""
+    approx = default_approximation() if approx is None else approx
     cells = sweep.dynamic_cells(task, approx, window)
     num_layers = max((len(c.layers) for c in cells), default=0)
     grid = np.full((num_layers, len(cells)), np.nan)
@@ -105,7 +105,7 @@ def acceptance_heatmap(sweep: Sweep, task: str, approx: Approximation | str = "s
     ax.set_yticks(range(num_layers), [str(i) for i in range(num_layers)], fontsize=7 if num_layers > 16 else 9)
     ax.set_xlabel("λ")
     ax.set_ylabel("layer")
-    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx.paper and window is None
+    ax.set_title(f"{task}: per-layer acceptance" + ("" if approx.is_default and window is None
                                                      else f", {curve_label(approx, window)}"))
     if grid.size <= 240:
         for (i, j), v in np.ndenumerate(grid):
@@ -184,11 +184,11 @@ def score_vs_hit_rate(sweep: Sweep) -> Figure:
             ax.axhline(base.score, color=colour if not several else "black", linestyle="--", linewidth=1,
                        label="baseline (exact)")
         for row in sweep.rows:
-            cell, look = sweep.cell(task, row), style(row)
-            if look.hit_rate_legend and cell is not None and cell.hit_rate is not None and cell.score is not None:
+            cell, look, legend = sweep.cell(task, row), style(row), hit_rate_legend(row)
+            if legend and cell is not None and cell.hit_rate is not None and cell.score is not None:
                 ax.plot(100 * cell.hit_rate, cell.score, look.marker, color=colour_of(row.approx, task, row.window),
                         markersize=8, markeredgecolor="black", linestyle="",
-                        label=named(look.hit_rate_legend, row.approx, row.window))
+                        label=named(legend, row.approx, row.window))
         ax.set_xlim(0, 105)
         ax.set_xlabel("speculation hit rate (%)")
         ax.set_ylabel("score")
@@ -273,7 +273,7 @@ def open_loop_acceptance_figure(sweep: Sweep) -> Figure:
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     fig.suptitle("Open-loop acceptance from the d/n histograms (dots: measured hit rate of each run)"
-                 + ("" if approx.paper and window is None else f", {curve_label(approx, window)}"))
+                 + ("" if approx.is_default and window is None else f", {curve_label(approx, window)}"))
     return fig
 
 
@@ -330,7 +330,7 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
             if entry is None:
                 continue
             err = [[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]]
-            look = _approximation_of(r) if several else make_approximation("sink")
+            look = _approximation_of(r) if several else default_approximation()
             ax.errorbar(entry.speedup, r["diff"], yerr=err, fmt=look.marker, color=look.colour, capsize=3,
                         markerfacecolor=look.colour if good else "white")
             labels.append((ax, entry.speedup, r["diff"], r["row"], {"fontsize": 7}))
@@ -425,20 +425,20 @@ def _difference_by_hit_rate(ax: "Axes", group: "pd.DataFrame", task: str) -> lis
 
 def _approximation_of(r: "pd.Series") -> Approximation:
     """The approximation of a frame's cell (its ``approx`` and ``approx_args`` columns)."""
-    return make_approximation(r["approx"] or "sink", r["approx_args"] or None)
+    return make_approximation(r["approx"] or DEFAULT, r["approx_args"] or None)
 
 
 def _row_of(r: "pd.Series", rows: list[Row]) -> Row:
-    """The row of a frame's cell (cells are named after their rows)."""
-    return next(row for row in rows if row.name == r["cell"])
+    """The row of a frame's cell (cells are named after their rows, or were under a legacy name)."""
+    return next(row for row in rows if r["cell"] in row.file_names)
 
 
 def attention_vs_token_speculation(sweep: Sweep, task: str, projection: "SweepProjection") -> Figure:
     """At one S: attention-level speculation's hit rate per lambda next to token-level self-speculation's tau per
     gamma, each point labelled with the latency model's projected speedup."""
     window = sweep.axis[0]  # on a budget axis: its smallest S
-    dynamic = [c for c in sweep.dynamic_cells(task, "sink", window) if c.hit_rate is not None]
-    drafts = [c for g in sweep.gammas if (c := sweep.cell(task, Row.selfspec(g).approximated("sink", window))) is not None
+    dynamic = [c for c in sweep.dynamic_cells(task, None, window) if c.hit_rate is not None]
+    drafts = [c for g in sweep.gammas if (c := sweep.cell(task, Row.selfspec(g).approximated(None, window))) is not None
               and c.tau is not None]
     fig = _figure(9.0, 3.4)
     left, right = fig.subplots(1, 2)

@@ -148,7 +148,7 @@ def load(outdir: str | Path) -> Frames:
         low_d, high_d = wilson(c.total.accepted, c.total.speculated) if c.hit_rate is not None else nan2
         row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.order, "policy": c.policy,
                "lambda": c.lam, "approx": c.row.approx.name,
-               "approx_args": ";".join(f"{k}:{v}" for k, v in c.row.approx.args().items()),
+               "approx_args": args_text(c.row.approx),
                "window": sweep.window_of(c.row), "metric": c.metric, "score": c.score,
                "stderr": stderr if isinstance(stderr, (int, float)) else math.nan, "n": len(docs) or c.samples,
                "speculated": c.total.speculated, "accepted": c.total.accepted,
@@ -167,6 +167,11 @@ def load(outdir: str | Path) -> Frames:
     frame = pd.DataFrame(cells).sort_values(["task", "rank", "lambda", "gamma", "approx", "approx_args"], na_position="first",
                                             kind="stable", key=_approximations_in_order)
     return Frames(frame.reset_index(drop=True), pd.DataFrame(layers), pd.DataFrame(documents))
+
+
+def args_text(approx) -> str:
+    """An approximation's parameters as the frames and CSVs write them: ``page:16;...``."""
+    return ";".join(f"{k}:{v}" for k, v in approx.args().items())
 
 
 def _or_nan(value: float | None) -> float:
@@ -208,11 +213,30 @@ def not_worse(cells: pd.DataFrame) -> pd.Series:
     return reaches_zero & mcnemar_ok & cells["diff"].notna()
 
 
-def frontier_choice(cells: pd.DataFrame, speedups: dict[tuple[str, str], float]) -> dict[str, str]:
+CHANCE = 0.0  # a generated answer's string match (RULER's metric) by chance
+
+
+def baseline_interval(cells: pd.DataFrame, documents: pd.DataFrame, task: str) -> tuple[float, float, float]:
+    """The baseline's mean score on ``task`` and its 95% bootstrap interval over documents (NaNs without one)."""
+    base = cells[(cells["task"] == task) & (cells["row"] == BASELINE.label)]
+    if base.empty:
+        return math.nan, math.nan, math.nan
+    mine = documents[(documents["task"] == task) & (documents["cell"] == base.iloc[0]["cell"])]
+    return paired_bootstrap(mine["score"].to_numpy())
+
+
+def frontier_choice(cells: pd.DataFrame, speedups: dict[tuple[str, str], float],
+                    documents: pd.DataFrame) -> dict[str, str]:
     """Per task, one sentence naming the cell with the largest projected speedup whose score is not significantly
-    below the baseline (``speedups`` maps (task, row label) to the latency model's speedup)."""
+    below the baseline (``speedups`` maps (task, row label) to the latency model's speedup); none where the baseline
+    is not above chance, since no cell can lose what the model never had."""
     sentences = {}
     for task, group in cells.groupby("task", sort=False):
+        mean, low, high = baseline_interval(cells, documents, task)
+        if not low > CHANCE:
+            sentences[task] = (f"{task}: the baseline scores {mean:.3f} [{low:.3f}, {high:.3f}], not above chance "
+                               f"({CHANCE:g}): no cell is named, since none can lose what the model never had.")
+            continue
         group = group.assign(speedup=[speedups.get((task, r), math.nan) for r in group["row"]])
         ok = group[not_worse(group) & group["speedup"].notna() & (group["row"] != BASELINE.label)]
         if ok.empty:

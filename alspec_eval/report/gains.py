@@ -43,7 +43,7 @@ def approximation_gains(sweep: Sweep, entries: dict[tuple[Row, str], Projection]
     window both exist; ``entries``: a latency table's projections of the sweep's cells."""
     gains = []
     entries = entries or {}
-    others = [approx for approx in sweep.approximations if not approx.paper]
+    others = [approx for approx in sweep.approximations if not approx.is_default]
     for task in sweep.tasks:
         for window, lam, approx in ((w, lam, a) for w in sweep.axis for lam in sweep.lambdas for a in others):
             sink_row, row = Row("dynamic", lam=lam, window=window), Row.dynamic(lam, approx).approximated(approx, window)

@@ -49,6 +49,14 @@ def style(row: Row) -> Style:
     return STYLES[row.kind]
 
 
+def hit_rate_legend(row: Row) -> str | None:
+    """The row's legend where score against hit rate draws it as a point (its kind's ``hit_rate_legend``), except
+    where the row names its kind otherwise: A~ always of an approximation other than the default is no sink, "λ = ∞"
+    (the figure names the approximation beside it)."""
+    legend = style(row).hit_rate_legend
+    return legend if legend is None or row.kind_label == row.kind else row.kind_label
+
+
 def approx_label(approx: Approximation) -> str:
     """An approximation as legends name it: "sink", "quest P=16", "topk (oracle ceiling)"."""
     return approx.label + (" (oracle ceiling)" if approx.oracle else "")

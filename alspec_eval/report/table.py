@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from alspec_eval.approximations import default_approximation
 from alspec_eval.report.cells import BASELINE, Row, Sweep
 from alspec_eval.report.styles import ORACLE_MARK, oracle_note, row_columns, table_label
 
@@ -42,8 +43,9 @@ def table1_rows(sweep: Sweep, cells: pd.DataFrame | None = None) -> list[list[st
 
 
 def beyond_sink(sweep: Sweep) -> bool:
-    """Whether the sweep has rows of an approximation other than the sink (its tables then say which is which)."""
-    return [a.paper for a in sweep.approximations] != [True]
+    """Whether the sweep has rows of an approximation other than the default, the sink (its tables then say which is
+    which)."""
+    return sweep.approximations != [default_approximation()]
 
 
 def approximation_notes(sweep: Sweep) -> list[str]:

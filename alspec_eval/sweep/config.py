@@ -11,9 +11,10 @@ from typing import Any
 
 import yaml
 
-from ..approximations import Approximation, make_approximation
+from ..approximations import DEFAULT, Approximation, default_approximation, make_approximation
 from ..config import MODEL_ARGS, ConfigError, SpeculationConfig
 from ..rows import STATIC, Row, sweep_rows
+from ..ruler import unit_metadata, units
 from ..schedule import LambdaSchedule
 
 
@@ -28,7 +29,7 @@ class StaticBaseline:
 @dataclass(frozen=True)
 class SweepConfig:
     name: str
-    tasks: list[str]
+    tasks: list[str]  # lm-eval task or group names; a RULER task as a unit per length, "niah_single_1@4096"
     lambdas: list[float]
     model_args: dict[str, Any] = field(default_factory=lambda: {"pretrained": "smollm2"})
     window: int | list[int] = 128  # S; a list is a budget axis: every row of every approximation at each
@@ -39,7 +40,7 @@ class SweepConfig:
     gammas: list[int] = field(default_factory=list)  # a policy=selfspec row per draft length
     schedules: list[str] = field(default_factory=list)  # a tuned row per lambda_schedule file (alspec-tune)
     # the rows of each approximation of A~ (model_args approx), with the config's approx_args {name: args} folded in
-    approx: list[Approximation | str] = field(default_factory=lambda: ["sink"])
+    approx: list[Approximation] = field(default_factory=lambda: [default_approximation()])
     shared_prefill: bool = True
     device: str = "cpu"
     batch_size: int = 1
@@ -106,7 +107,12 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
         tasks = [tasks]
     if not tasks or not all(isinstance(t, str) for t in tasks):
         raise ConfigError(f"{source}: tasks must be a list of lm-eval task or group names, got {raw['tasks']!r}")
-    raw["tasks"] = list(tasks)
+    if not isinstance(raw.get("metadata") or {}, dict):
+        raise ConfigError(f"{source}: metadata must be a mapping, got {raw['metadata']!r}")
+    try:
+        raw["tasks"] = units(list(tasks), raw.get("metadata") or {})  # RULER's tasks: a unit per length
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
     lambdas = raw["lambdas"]
     if not isinstance(lambdas, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in lambdas):
         raise ConfigError(f"{source}: lambdas must be a list of numbers, e.g. [0.05, 0.1, 0.2], got {lambdas!r}")
@@ -181,7 +187,7 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
 def _check_approximations(raw: dict[str, Any], source: str) -> None:
     """approx: a list of approximations (names or pkg.module:Class), approx_args: {name: their arguments}, each
     valid with the sweep's window and model_args (backend, kernel); ``raw["approx"]`` becomes the objects."""
-    approx = raw.get("approx", ["sink"])
+    approx = raw.get("approx", [DEFAULT])
     if isinstance(approx, str):
         approx = [approx]
     if not isinstance(approx, list) or not approx or not all(isinstance(a, str) for a in approx):
@@ -215,7 +221,7 @@ def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:
            "window_align": config.window_align, "limit": config.limit, "num_fewshot": config.num_fewshot,
            **({"samples": config.samples.get(task)} if config.samples is not None else {}),
            "apply_chat_template": config.apply_chat_template, "gen_kwargs": config.gen_kwargs,
-           "metadata": config.metadata, "seed": config.seed}
+           "metadata": unit_metadata(task, config.metadata), "seed": config.seed}
     if row.calibrated and config.static is not None:
         out["static"] = {"p": config.static.p, "lambda": config.static.lam}
     return json.loads(json.dumps(out, sort_keys=True, default=str))

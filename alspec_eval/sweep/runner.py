@@ -23,6 +23,8 @@ from ..atomic_json import write_json_atomic
 from ..stats import AcceptanceStats
 from .._lmeval_hook import tasks_dir
 from ..rows import Row, prefill_groups
+from ..ruler import check_buildable, per_length, preload, split_unit, unit_metadata, unit_metric
+from ..compat import custom_datasets_built_once, with_metadata
 from .config import SweepConfig, fingerprint
 
 if TYPE_CHECKING:  # lm-eval's import is slow and sets environment variables: only where a sweep runs
@@ -37,7 +39,7 @@ LOG = "lm_eval.log"  # lm-eval's own logging of a sweep's cells, in its output f
 
 
 def cell_path(out: Path, task: str, row: Row) -> Path:
-    return out / "cells" / task / f"{row.name}.json"
+    return row.cell_file(out / "cells" / task)  # under its name, or a legacy one that exists (Row.legacy_names)
 
 
 def resolved_model_args(config: SweepConfig) -> dict[str, Any]:
@@ -62,11 +64,13 @@ def build_lm(config: SweepConfig):
 
 
 def primary_metric(task: str, metrics: dict[str, Any], chosen: dict[str, str]) -> str | None:
-    """The metric a Table 1 cell shows: the configured one, else the task's first reported metric."""
-    if task in chosen:
-        if chosen[task] not in metrics:
-            raise ConfigError(f"metrics: {task} reports no {chosen[task]!r}; it reports {sorted(metrics)}")
-        return chosen[task]
+    """The metric a Table 1 cell shows: the configured one, else a RULER unit's length's, else the task's first
+    reported metric."""
+    wanted = chosen.get(task) or chosen.get(split_unit(task)[0]) or unit_metric(task)
+    if wanted:
+        if wanted not in metrics:
+            raise ConfigError(f"metrics: {task} reports no {wanted!r}; it reports {sorted(metrics)}")
+        return wanted
     return next((k for k in metrics if "," in k and "_stderr" not in k), None)  # lm-eval keys are "metric,filter"
 
 
@@ -94,9 +98,12 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
 
     lm.reset_statistics()
     started = time.perf_counter()
+    name = split_unit(task)[0]
+    if name != task:  # a RULER unit: its task built at its length only
+        tasks = with_metadata(tasks, unit_metadata(task, tasks.metadata))
     results = simple_evaluate(
-        model=lm, tasks=[task], limit=config.limit, num_fewshot=config.num_fewshot,
-        samples={task: config.samples[task]} if config.samples is not None else None,
+        model=lm, tasks=[name], limit=config.limit, num_fewshot=config.num_fewshot,
+        samples={name: config.samples[task]} if config.samples is not None else None,
         apply_chat_template=config.apply_chat_template, gen_kwargs=config.gen_kwargs, log_samples=True,
         task_manager=tasks, random_seed=config.seed, numpy_random_seed=config.seed,
         torch_random_seed=config.seed, fewshot_random_seed=config.seed, bootstrap_iters=BOOTSTRAP_ITERS)
@@ -104,6 +111,7 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
         return None
     numeric = {name: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
                for name, m in results["results"].items()}
+    numeric = {task if k == name else k: v for k, v in numeric.items()}
     metric = primary_metric(task, numeric.get(task, {}), config.metrics)
     total = sum(lm.task_stats.values(), AcceptanceStats.zeros(lm.speculator.num_layers))
     document = lm.statistics()
@@ -111,10 +119,10 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
     document.update(total.to_dict(lm.speculator.skipped_layers))
     decisions = _per_document(lm.sample_stats)
     samples = [
-        {"task": name, "doc_id": s["doc_id"], "filter": s.get("filter"), "doc": _scalars(s["doc"]),
-         **{k: s[k] for k in s.get("metrics", []) if k in s},
-         "alspec": decisions.get((name, s["doc_id"]), []), "response": s["filtered_resps"]}
-        for name, task_samples in sorted(results.get("samples", {}).items())
+        {"task": task if sub == name else sub, "doc_id": s["doc_id"], "filter": s.get("filter"),
+         "doc": _scalars(s["doc"]), **{k: s[k] for k in s.get("metrics", []) if k in s},
+         "alspec": decisions.get((sub, s["doc_id"]), []), "response": s["filtered_resps"]}
+        for sub, task_samples in sorted(results.get("samples", {}).items())
         for s in sorted(task_samples, key=lambda s: s["doc_id"])]  # in document order, however ranks split them
     return {"task": task, "cell": row.name, **extra, "fingerprint": fingerprint(config, task, row),
             "provenance": provenance(resolved_model_args(config)), "metric": metric,
@@ -145,7 +153,7 @@ def check_tasks(names: list[str], tasks: TaskManager) -> None:
     import difflib
 
     known = tasks.all_tasks
-    for task in names:
+    for task in dict.fromkeys(split_unit(name)[0] for name in names):
         if task not in known:
             close = difflib.get_close_matches(task, known, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "see `lm_eval ls tasks` for the known names"
@@ -175,7 +183,7 @@ def existing_cells(config: SweepConfig, recompute: bool) -> list[tuple[str, Row]
                 found = json.loads(path.read_text()).get("fingerprint")
             except (OSError, ValueError, AttributeError):
                 found = "unreadable"
-            if found != fingerprint(config, task, row):
+            if not row.same_cell(found, fingerprint(config, task, row)):
                 stale.append((path, "unreadable (truncated?)" if found == "unreadable" else "made with other settings"))
                 missing.append((task, row))
     if stale and not recompute:
@@ -226,6 +234,7 @@ def run_sweep(config: SweepConfig, on_cell: CellHook | None = None, lm: Any = No
                          f"{task_metadata(config)}; build it with task_manager(config)")
     out = config.output_dir
     check_writable(out, config.tasks)
+    check_buildable(config.tasks)
     if is_main_process():
         out.mkdir(parents=True, exist_ok=True)  # for the lock file
     barrier()
@@ -249,7 +258,8 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
     lm = lm or build_lm(config)
     progress = tqdm(total=len(config.tasks) * len(rows), initial=len(config.tasks) * len(rows) - len(missing),
                     desc=f"sweep {config.name}", unit="cell")
-    with lm_eval_logged_to(out / LOG):
+    preload(config.tasks, out / LOG)
+    with lm_eval_logged_to(out / LOG), custom_datasets_built_once(out / LOG, per_length):
         _run_missing(config, on_cell, lm, tasks, rows, missing, progress)
     progress.close()
     return out

@@ -46,6 +46,7 @@ def plan_from_args(args: argparse.Namespace):
     """The plan, every setting checked before the model loads."""
     from dataclasses import replace
 
+    from ..approximations import DEFAULT, default_approximation
     from ..config import ConfigError
     from ..latency import preset
     from ..report.latency import DEFAULT_PRESET
@@ -84,9 +85,9 @@ def plan_from_args(args: argparse.Namespace):
     if isinstance(base.window, list):
         raise ConfigError(f"window {base.window}: alspec-tune tunes one window's lambdas; give one, e.g. "
                           f"--window {base.windows[0]}")
-    if [a.paper for a in base.approx] != [True]:
+    if list(base.approx) != [default_approximation()]:
         raise ConfigError(f"approx {[a.label for a in base.approx]}: alspec-tune tunes the sink's lambdas (the speedup it maximises is the "
-                          "paper's latency model, which is the sink's); drop approx from the config or set it to [sink]")
+                          f"paper's latency model, which is the sink's); drop approx from the config or set it to [{DEFAULT}]")
     if base.gammas or base.schedules:
         base = replace(base, gammas=[], schedules=[])
     output = Path(args.output or f"results/tune_{base.name}")

@@ -21,8 +21,8 @@ def test_needle_sweep_writes_cells_and_figures(tmp_path, capsys):
             "--output", str(out)]
     main(args)
     cells = {p.stem: json.loads(p.read_text()) for p in (out / "cells" / "alspec_niah_single").glob("*.json")}
-    assert sorted(cells) == ["baseline", "lambda_0.5", "lambda_0.5_topk", "lambda_1", "lambda_1_topk", "selfspec_g2",
-                             "selfspec_g2_topk", "sink", "sink_topk"]
+    assert sorted(cells) == ["baseline", "inf_topk", "lambda_0.5", "lambda_0.5_topk", "lambda_1", "lambda_1_topk",
+                             "selfspec_g2", "selfspec_g2_topk", "sink"]
     assert cells["lambda_1_topk"]["approx"] == "topk" and cells["lambda_1_topk"]["alspec"]["config"]["approx"] == "topk"
     assert cells["lambda_1_topk"]["alspec"]["total"]["hit_rate"] > cells["lambda_1"]["alspec"]["total"]["hit_rate"]
     assert [s["alspec"][0]["selfspec"]["gamma"] for s in cells["selfspec_g2"]["sample_log"]] == [2, 2]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,9 @@ from default_approximations import APPROXIMATIONS
 APPROX = ["sink", "quest", "topk"]
 MADE = {a: make_approximation(a, {"page": PAGE} if a == "quest" else None) for a in APPROX}
 LABEL = {"sink": "", "quest": f" · quest P={PAGE}", "topk": " · topk"}  # rows.Row's label suffixes
+# A~ always (kind "sink") is "sink" for the sink approximation only; of another it is "λ = ∞ · <approximation>"
+KIND_LABEL = {(kind, a): "λ = ∞" if kind == "sink" and a != "sink" else kind
+              for kind in ("sink", "static", "selfspec γ = 2") for a in APPROX}
 MARK = {"sink": "", "quest": "", "topk": " †"}  # Table 1 marks the oracle's rows
 
 
@@ -63,13 +67,14 @@ def test_rows_stand_together_per_lambda(approx_dir: Path):
     sweep = load_sweep(approx_dir)
     assert sweep.approximations == [MADE[a] for a in APPROX]
     expected = ["baseline", *(f"λ = {lam:g}{LABEL[a]}" for lam in LAMBDAS for a in APPROX),
-                *(f"{kind}{LABEL[a]}" for kind in ("sink", "static", "selfspec γ = 2") for a in APPROX)]
+                *(f"{KIND_LABEL[kind, a]}{LABEL[a]}" for kind in ("sink", "static", "selfspec γ = 2") for a in APPROX)]
     assert [row.label for row in sweep.rows] == expected
     for task in TASKS:
         assert [c.name for c in sweep.dynamic_cells(task)] == [f"lambda_{lam:g}" for lam in LAMBDAS]
         assert [c.name for c in sweep.dynamic_cells(task, MADE["quest"])] == [f"lambda_{lam:g}_quest_p{PAGE}"
                                                                               for lam in LAMBDAS]
-        assert [c.row for c in sweep.dynamic_cells(task, "topk")] == [Row.dynamic(lam, "topk") for lam in LAMBDAS]
+        assert [c.row for c in sweep.dynamic_cells(task, MADE["topk"])] == [Row.dynamic(lam, MADE["topk"])
+                                                                            for lam in LAMBDAS]
     # the frames keep the same order within a task
     cells = load(approx_dir).cells
     assert [r for r in cells[cells["task"] == TASKS[0]]["row"]] == expected
@@ -80,7 +85,8 @@ def test_every_file_is_written(approx_dir: Path, written: dict[str, Path]):
     assert set(written) == {"table1.md", "table1.csv", "score_vs_hit_rate.png", "hit_rate_by_approximation.png",
                             *heatmaps, "open_loop_acceptance.png", "speedup_vs_score.png", "frontier.png",
                             *(f"alspec_vs_selfspec_{task}.png" for task in TASKS), "paper.md", "latency.md",
-                            "latency.csv", "report.html", "approximations.md", "approximations.csv"}
+                            "latency.csv", "report.html", "approximations.md", "approximations.csv", "board.md",
+                            "board.csv"}
     for path in written.values():
         assert path.parent == approx_dir / "report" and path.stat().st_size > 0
     page = written["report.html"].read_text()
@@ -115,7 +121,7 @@ def test_table1_has_each_approximation_with_its_own_paired_difference(written: d
             for lam in LAMBDAS:
                 assert rows[f"λ = {lam:g}{LABEL[approx]}{MARK[approx]}"][j] == expected_cell(task, lam, approx)
             for kind in ("sink", "static"):
-                assert rows[f"{kind}{LABEL[approx]}{MARK[approx]}"][j] == expected_cell(task, kind, approx)
+                assert rows[f"{KIND_LABEL[kind, approx]}{LABEL[approx]}{MARK[approx]}"][j] == expected_cell(task, kind, approx)
     # quest and topk differ from the sink where the synthetic sweep makes them differ
     assert rows["λ = 0.1 · topk †"][0] != rows["λ = 0.1"][0] != rows[f"λ = 0.1 · quest P={PAGE}"][0]
     assert "replaced by the row's approximation A~" in table
@@ -132,7 +138,8 @@ def test_table1_csv_names_each_rows_approximation(written: dict[str, Path]):
     quest = rows[f"λ = 0.1 · quest P={PAGE}"]
     assert (quest["policy"], quest["lambda"], quest["approx"], quest["approx_args"], quest["oracle"]) == (
         "dynamic", "0.1", "quest", f"page:{PAGE}", "")
-    assert (rows["sink · topk"]["approx"], rows["sink · topk"]["oracle"]) == ("topk", "yes")
+    assert (rows["λ = ∞ · topk"]["approx"], rows["λ = ∞ · topk"]["oracle"]) == ("topk", "yes")
+    assert (rows["λ = ∞ · topk"]["policy"], rows["sink"]["policy"], rows["sink"]["approx"]) == ("sink", "sink", "sink")
     assert rows["baseline"]["approx"] == "" and rows["λ = 0.1"]["approx"] == "sink"
     assert rows["λ = 0.1"]["approx_args"] == "" and rows["λ = 0.1 · topk"]["approx_args"] == ""
     assert float(quest["alspec_gsm8k_cot score"]) == approx_score("alspec_gsm8k_cot", 0.1, "quest")
@@ -204,7 +211,7 @@ def test_the_figure_only_for_more_than_one_approximation(tmp_path: Path):
             sweep = load_sweep(out)
             assert len(open_loop_acceptance_figure(sweep).axes[0].lines) == 2 * len(LAMBDAS)  # curve and dot each
             assert [r.label for r in sweep.rows] == ["baseline", *(f"λ = {lam:g} · quest P={PAGE}" for lam in LAMBDAS),
-                                                     f"sink · quest P={PAGE}", f"static · quest P={PAGE}"]
+                                                     f"λ = ∞ · quest P={PAGE}", f"static · quest P={PAGE}"]
     with pytest.raises(ValueError, match="lambda 0.3 is not one of the sweep's lambdas"):
         write_report(out, latency=[], lam=0.3)
 
@@ -221,7 +228,7 @@ def test_score_against_hit_rate_has_a_curve_per_approximation(approx_dir: Path):
             np.testing.assert_allclose(line.get_ydata(), [approx_score(task, lam, approx) for lam in LAMBDAS])
             assert line.get_color() == MADE[approx].colour
         points = ax.get_legend_handles_labels()[1]
-        assert {f"sink (λ = ∞) · quest P={PAGE}", "static layers · topk (oracle ceiling)"} <= set(points)
+        assert {"sink (λ = ∞) · sink", f"λ = ∞ · quest P={PAGE}", "static layers · topk (oracle ceiling)"} <= set(points)
 
 
 def test_frontier_has_every_approximations_speeds_and_curves_against_hit_rate(approx_dir: Path):
@@ -255,5 +262,28 @@ def test_an_older_cell_without_approx_is_the_sinks(approx_dir: Path, tmp_path: P
     assert "approx" not in cell and "approx_args" not in cell
     sweep = load_sweep(approx_dir)
     assert sweep.cell(TASKS[0], Row.dynamic(0.1)).name == "lambda_0.1"
-    assert sweep.cell(TASKS[0], SINK.approximated(MADE["quest"])).name == f"sink_quest_p{PAGE}"
-    assert sweep.cell(TASKS[0], STATIC.approximated("topk")).name == "static_topk"
+    assert sweep.cell(TASKS[0], SINK.approximated(MADE["quest"])).name == f"inf_quest_p{PAGE}"
+    assert sweep.cell(TASKS[0], STATIC.approximated(MADE["topk"])).name == "static_topk"
+
+
+def test_a_lambda_inf_cell_written_under_its_old_sink_name_still_reads(approx_dir: Path, tmp_path: Path):
+    """Cells written before λ = ∞ rows of other approximations were named "inf_<slug>" are "sink_<slug>.json" and
+    record that name: the report reads them as the same row, labelled by what it is."""
+    old = tmp_path / "old"
+    shutil.copytree(approx_dir, old)
+    for task in TASKS:
+        for a in ("quest", "topk"):
+            row = SINK.approximated(MADE[a])
+            (legacy,) = row.legacy_names
+            data = json.loads((old / "cells" / task / f"{row.name}.json").read_text())
+            (old / "cells" / task / f"{row.name}.json").unlink()
+            (old / "cells" / task / f"{legacy}.json").write_text(json.dumps({**data, "cell": legacy}))
+    sweep = load_sweep(old)
+    cell = sweep.cell(TASKS[0], SINK.approximated(MADE["quest"]))
+    assert (cell.name, cell.row.label, cell.row.name) == (f"sink_quest_p{PAGE}", f"λ = ∞ · quest P={PAGE}",
+                                                          f"inf_quest_p{PAGE}")
+    assert [row.label for row in sweep.rows] == [row.label for row in load_sweep(approx_dir).rows]
+    cells = load(old).cells
+    assert set(cells[cells["policy"] == "sink"]["row"]) == {"sink", f"λ = ∞ · quest P={PAGE}", "λ = ∞ · topk"}
+    projection = project_sweep(sweep, preset(DEFAULT_PRESET))
+    assert len(frontier(cells, projection).axes) == len(frontier(load(approx_dir).cells, projection).axes)  # its row found
