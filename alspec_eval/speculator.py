@@ -190,7 +190,7 @@ class Speculator:
     def has_fused_decode(self) -> bool:
         """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call (the kernels
         compute the sink A~ only)."""
-        return self.decode_kernel is not None and self.session.config.approx.fused_kernel
+        return self.session.config.approx.fused_decode(self.decode_kernel) is not None
 
     def fused_decode(self, layer: int, step: Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:

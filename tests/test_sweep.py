@@ -218,7 +218,7 @@ def test_rows_that_score_the_prompt_share_the_prefill_of_a_sweep(approx, tmp_pat
              for shared in (True, False)]
     assert cells[0] == cells[1]
     made = SpeculationConfig(window=8, **_prompt_args(approx)).approx
-    assert {f"alspec_recall/lambda_0.5_{made.slug}", f"alspec_recall/sink_{made.slug}"} <= set(cells[0])
+    assert {f"alspec_recall/lambda_0.5_{made.slug}", f"alspec_recall/inf_{made.slug}"} <= set(cells[0])
     assert cells[0][f"alspec_recall/lambda_1_{made.slug}"]["alspec"]["total"]["speculated"] > 0
     with pytest.raises(ConfigError, match="scores the prompt at prefill"):
         SpeculationConfig(policy="selfspec", window=8, **_prompt_args(approx))

@@ -101,6 +101,11 @@ class Approximation:
         reads every key (an oracle) says ``context``: it can start no earlier than A, so it buys nothing."""
         raise NotImplementedError(f"{self.name} declares no cost (keys_read)")
 
+    def fused_decode(self, kernel: Any) -> Any:
+        """The decode kernel its decode steps take (``kernel``, which computes the sink's A~ in the same call as A),
+        else None: a draft whose A~ the kernel does not compute takes its layers' own path."""
+        return kernel if self.fused_kernel else None
+
     # ------------------------------------------------------------------ one call's selections
 
     def per_pass(self, pos: torch.Tensor, pad: torch.Tensor, key_len: int, window: int,
