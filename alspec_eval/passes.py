@@ -40,6 +40,7 @@ class Pass:
     kernel_inputs: dict | None = None  # a fused decode step's positions (and kernel geometry), shared by its layers
     decisions: dict[int, Decision] = field(default_factory=dict)
     dense: bool = False  # a fused decode step: decisions hold every batch row, ``speculated`` says which count
+    every_row: bool = False  # a decode step whose every batch row speculates: rows are 0..B-1, layers use whole tensors
     keys: tuple[torch.Tensor | None, ...] = ()
     copies: dict = field(default_factory=dict, repr=False)  # the geometry on the other devices of a device map
     TENSORS: ClassVar[tuple[str, ...]] = ("trivial", "rows", "cols", "pos", "pad", "speculated")

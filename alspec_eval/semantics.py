@@ -92,8 +92,8 @@ def topk_positions(scores: torch.Tensor, window: int) -> torch.Tensor:
 
 def distances(approx: torch.Tensor, exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """d = ||A~ - A||_2 and n = ||A||_2 per query over all heads and head_dim, in float32."""
-    e = exact.float().flatten(1)
-    return (approx.float().flatten(1) - e).norm(dim=1), e.norm(dim=1)
+    e, over = exact.float(), tuple(range(1, exact.dim()))
+    return torch.linalg.vector_norm(approx.float() - e, dim=over), torch.linalg.vector_norm(e, dim=over)
 
 
 def accept(d: torch.Tensor, n: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:

@@ -148,10 +148,13 @@ class Speculator:
             step.decisions[layer] = (torch.empty(0, dtype=torch.bool), torch.empty(0), torch.empty(0))
             return exact, weights
         approx = self.approximate(module, step, query, key, value, scaling, kwargs)
-        current = exact[rows, cols]
+        current = exact[:, 0] if step.every_row else exact[rows, cols]
         accept, d, n = self.verify(approx, current, self.thresholds(rows, layer))
         step.decisions[layer] = (accept, d, n)
-        exact[rows, cols] = self.commit(current, approx, accept)
+        committed = self.commit(current, approx, accept)
+        if step.every_row:  # no scatter back: the committed rows are the output
+            return committed[:, None], weights
+        exact[rows, cols] = committed
         return exact, weights
 
     def locate(self, query: torch.Tensor, key: torch.Tensor) -> Pass:
@@ -178,7 +181,8 @@ class Speculator:
         rows, cols = speculated.nonzero(as_tuple=True)
         pos, pad = pos[rows, cols], pad[rows]
         keys = cfg.approx.per_pass(pos, pad, k_len, cfg.window, cfg.window_align)
-        session.passes[-1] = Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, keys=keys)
+        session.passes[-1] = Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, keys=keys,
+                                  every_row=q_len == 1 and len(rows) == query.shape[0])
         return session.passes[-1]
 
     def thresholds(self, rows: torch.Tensor | None, layer: int, device: torch.device | str = "cpu") -> float | torch.Tensor:
@@ -229,16 +233,13 @@ class Speculator:
         """A~ of the speculated positions ``part`` (a slice of ``step.rows``): the keys the session's approximation
         selects per KV head (``shared``: what it prepared for this layer)."""
         rows = step.rows[part]
-        q = query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query per speculated position
+        whole = step.every_row and len(rows) == query.shape[0]  # the batch in order: no gather of rows
+        q = query if whole else query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query a position
         cfg = self.session.config
         passed = tuple(None if t is None else t[part] for t in step.keys)
         index, valid = cfg.approx.select(q[:, :, 0], key, rows, step.pos[part], step.pad[part], cfg.window, passed,
                                          shared)
-        if index.shape[1] == 1:  # one selection for every KV head (keys fixed by position): no copy per head
-            k, v = key[rows[:, None], :, index[:, 0]].transpose(1, 2), value[rows[:, None], :, index[:, 0]].transpose(1, 2)
-        else:
-            heads = torch.arange(key.shape[1], device=key.device)[None, :, None]
-            k, v = key[rows[:, None, None], heads, index], value[rows[:, None, None], heads, index]  # (r, Hkv, 2S, D)
+        k, v = selected(key, rows, index, whole), selected(value, rows, index, whole)  # (r, Hkv, 2S, D)
         mask = None if valid is None else valid[:, :, None, :]  # (r, 1, 1, 2S) holds for every head
         if mask is not None and mask.shape[1] > 1:  # a KV head's mask for each of its query heads
             mask = mask.repeat_interleave(query.shape[1] // key.shape[1], 1)
@@ -267,6 +268,18 @@ def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     """AttentionInterface entry (transformers calls it by the registered name): the module's speculator."""
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     return getattr(module, ATTR).attend(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
+
+
+def selected(cache: torch.Tensor, rows: torch.Tensor, index: torch.Tensor, whole: bool) -> torch.Tensor:
+    """The keys (or values) ``index`` selects, (r, Hkv, 2S, D), from a layer's (B, Hkv, L, D) cache for batch rows
+    ``rows``; ``index`` (r, Hkv or 1, 2S) one row for every KV head where the keys are fixed by position (no copy per
+    head). ``whole``: ``rows`` is the whole batch in order, so one gather along the keys takes them."""
+    if whole:
+        return cache.gather(2, index[..., None].expand(-1, cache.shape[1], -1, cache.shape[3]))
+    if index.shape[1] == 1:
+        return cache[rows[:, None], :, index[:, 0]].transpose(1, 2)
+    heads = torch.arange(cache.shape[1], device=cache.device)[None, :, None]
+    return cache[rows[:, None, None], heads, index]
 
 
 GATHER_BUDGET = 128 * 2**20  # bytes of gathered window keys and values per chunk, unless one layer's cache is larger

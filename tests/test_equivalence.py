@@ -170,6 +170,23 @@ def test_batch_size_and_left_padding_do_not_change_decisions(model, kind, trace_
             assert sum(sample["accepted_layers_per_token"]) == sample["accepted"]
 
 
+@pytest.mark.parametrize("approx", ["sink", "quest"])
+def test_a_decode_step_of_a_full_batch_decides_whole_or_in_chunks_as_each_row_alone(model, chunks, approx):
+    """At batch 4 every row speculates at a decode step, so the step takes whole tensors (no gather or scatter of
+    rows); in chunks of 3 its last chunk is one row. Either way each row generates and decides as it does alone,
+    for keys fixed by position (sink) and keys chosen per KV head (quest)."""
+    args = approx_args(approx, 8)
+    lam = median_ratio(alspec_lm(model, **args), PROMPT_FOR_LAMBDA)
+    runs = {}
+    for batch_size in (1, 4):
+        spec = alspec_lm(model, batch_size=batch_size, **{"lambda": lam}, **args)
+        gen = gen_requests()
+        runs[batch_size] = (spec.generate_until(gen), sample_stats(gen))
+    assert runs[1] == runs[4]
+    accepted = [s["accepted"] for s in runs[4][1]]
+    assert 0 < sum(accepted) < sum(s["speculated"] for s in runs[4][1])
+
+
 PROMPT_FOR_LAMBDA = "It was the best of times, it was the worst of times, it was the age of wisdom, it was"
 
 
