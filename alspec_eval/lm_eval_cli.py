@@ -22,6 +22,7 @@ from typing import Any
 from .config import ConfigError
 from .atomic_json import write_json_atomic
 
+ALSPEC_MODELS = ("alspec", "alspec-vllm")  # the models whose runs go through run_alspec
 # lm-eval's request cache (CachingLM) is keyed by the request alone and answers cached requests without calling
 # the model: another lambda's answers would be served, and the cached samples would have no decisions.
 USE_CACHE_REFUSED = ("--use_cache is not supported with --model alspec: lm-eval keys its cache by the request alone, "
@@ -58,7 +59,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 def check_arguments(args: argparse.Namespace) -> None:
     """What the parsed ``lm_eval run`` arguments can tell before an alspec model loads."""
     given = settings(args)
-    if given.get("model") != "alspec":
+    if given.get("model") not in ALSPEC_MODELS:
         return
     if given.get("use_cache"):
         raise ConfigError(USE_CACHE_REFUSED)
@@ -140,7 +141,7 @@ def patch_cli(module: ModuleType) -> None:
     def make(parse_args: Callable) -> Callable:
         def parse(self: Any) -> argparse.Namespace:
             args = parse_args(self)
-            if getattr(args, "command", None) == "run" and settings(args).get("model") == "alspec":
+            if getattr(args, "command", None) == "run" and settings(args).get("model") in ALSPEC_MODELS:
                 args.func = functools.partial(run_alspec, args.func)
             return args
         return parse

@@ -96,6 +96,13 @@ def distances(approx: torch.Tensor, exact: torch.Tensor) -> tuple[torch.Tensor, 
     return torch.linalg.vector_norm(approx.float() - e, dim=over), torch.linalg.vector_norm(e, dim=over)
 
 
+def squared_distances(approx: torch.Tensor, exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d^2 and n^2 per query over the heads given, in float32: what a tensor-parallel rank holds of its heads. Summed
+    over every rank's heads, their square roots are :func:`distances` over all heads."""
+    e, over = exact.float(), tuple(range(1, exact.dim()))
+    return (approx.float() - e).square().sum(over), e.square().sum(over)
+
+
 def accept(d: torch.Tensor, n: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
     """Accept iff d <= lambda n. lambda may be per query; lambda = inf accepts all (also n = 0); a plan's NaN
     (off) and -inf (exact, rejected) never accept."""

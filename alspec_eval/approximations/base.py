@@ -106,6 +106,12 @@ class Approximation:
         else None: a draft whose A~ the kernel does not compute takes its layers' own path."""
         return kernel if self.fused_kernel else None
 
+    def paged_positions(self, pos: torch.Tensor, window: int, window_align: int) -> Selected | None:
+        """Where A~'s keys are when they depend on the query's logical position alone, as a paged cache (vLLM) is read:
+        (R, Hkv or 1, at most 2S) logical positions and which count (None: all). None where A~ needs more than the
+        position (the keys themselves, the prompt's scores): such a draft cannot run inside vLLM."""
+        return None
+
     # ------------------------------------------------------------------ one call's selections
 
     def per_pass(self, pos: torch.Tensor, pad: torch.Tensor, key_len: int, window: int,

@@ -23,6 +23,9 @@ class Local(Approximation):
         # a speculated (non-trivial) position has pos + 1 > 2S keys: the last 2S all exist
         return (pad[:, None] + pos[:, None] - 2 * window + 1 + torch.arange(2 * window, device=pos.device),)
 
+    def paged_positions(self, pos: torch.Tensor, window: int, window_align: int) -> Selected:
+        return (pos[:, None] - 2 * window + 1 + torch.arange(2 * window, device=pos.device))[:, None, :], None
+
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:
         return passed[0][:, None, :], None

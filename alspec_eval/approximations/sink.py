@@ -32,6 +32,12 @@ class Sink(Approximation):
         positions, valid = semantics.window_positions(pos, window, window_align)
         return (positions + pad[:, None]).clamp_max(key_len - 1), None if bool(valid.all()) else valid
 
+    def paged_positions(self, pos: torch.Tensor, window: int, window_align: int) -> Selected:
+        from .. import semantics
+
+        positions, valid = semantics.window_positions(pos, window, window_align)
+        return positions[:, None, :], None if bool(valid.all()) else valid[:, None, :]
+
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:
         index, valid = passed

@@ -1,0 +1,156 @@
+"""The speculating attention backend: the platform's own backend (CPU_ATTN, FlashAttention, Triton) computes A into
+``output``, then every speculating token of the step is verified and committed by :func:`.paged.verify_layer`.
+
+Which tokens speculate comes from the requests: the driver tags each with ``SamplingParams.extra_args["alspec"]``
+(where its speculation starts, and its id), and the worker state reads the tags of the step's batch from the model
+runner once per step. A step without tags (vLLM's warm-up and profiling passes) runs the platform's backend alone.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .paged import LayoutError, Settings, StepRows, check_newest, layout_for, verify_layer
+
+TAG = "alspec"  # the key of SamplingParams.extra_args: [speculation start, request id]
+NEVER = 1 << 62  # a start past any context: the request does not speculate
+
+
+@dataclass
+class WorkerState:
+    """One vLLM worker's speculation: its settings (None until the driver configures it), the step it last read,
+    and the decisions recorded since the driver last took them."""
+
+    runner: Any = None
+    settings: Settings | None = None
+    records: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    step: Any = None
+    rows: StepRows | None = None
+    checked: set[str] = field(default_factory=set)  # layers whose cache layout was checked once
+    backend: str | None = None  # the platform backend that gives A (provenance)
+
+    def step_rows(self, metadata: Any) -> StepRows:
+        """The step's speculating tokens, read once per forward pass (vLLM makes a forward context per pass)."""
+        from vllm.forward_context import get_forward_context
+
+        context = get_forward_context()
+        if context is not self.step:
+            self.step, self.rows = context, StepRows.build(metadata.query_start_loc, metadata.seq_lens,
+                                                           *self._tags(len(metadata.seq_lens)))
+        return self.rows
+
+    def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.runner.input_batch.req_ids
+        starts, tags = [NEVER] * requests, [-1] * requests
+        for row, req_id in enumerate(batch[:requests]):
+            state = self.runner.requests.get(req_id)
+            args = state and state.sampling_params and state.sampling_params.extra_args
+            if args and TAG in args:
+                starts[row], tags[row] = args[TAG]
+        return torch.tensor(starts), torch.tensor(tags)
+
+    def take(self) -> dict[int, tuple[list[int], list[list[int]], list[list[float]]]]:
+        """The decisions since the last take, per request id: positions, and per position every layer's code and
+        d/n (code 0 where the layer did not speculate)."""
+        records, self.records = self.records, []
+        if not records:
+            return {}
+        layers = len(self.settings.thresholds)
+        tags = torch.cat([r[0] for r in records])
+        pos = torch.cat([r[1] for r in records])
+        layer = torch.cat([torch.full_like(r[0], r[2]) for r in records])
+        codes = torch.cat([r[3] for r in records])
+        ratios = torch.cat([r[4] for r in records])
+        out = {}
+        for tag in tags.unique().tolist():
+            mine = tags == tag
+            positions, index = pos[mine].unique(return_inverse=True)
+            code_grid = torch.zeros(len(positions), layers, dtype=torch.long)
+            ratio_grid = torch.full((len(positions), layers), float("nan"))
+            code_grid[index, layer[mine]] = codes[mine].long()
+            ratio_grid[index, layer[mine]] = ratios[mine].float()
+            out[int(tag)] = (positions.tolist(), code_grid.tolist(), ratio_grid.tolist())
+        return out
+
+
+STATE = WorkerState()
+
+
+def layer_index(name: str) -> int:
+    """The decoder layer of an attention layer's name ("model.layers.7.self_attn.attn" -> 7)."""
+    match = re.search(r"\.(\d+)\.", name)
+    if match is None:
+        raise LayoutError(f"alspec-vllm cannot tell the layer of attention layer {name!r}")
+    return int(match[1])
+
+
+def _reduce(stacked: torch.Tensor) -> torch.Tensor:
+    """d^2 and n^2 summed over the tensor-parallel ranks (each holds some heads)."""
+    from vllm.distributed import tensor_model_parallel_all_reduce
+
+    return tensor_model_parallel_all_reduce(stacked)
+
+
+class SpeculatingImpl:
+    """Mixed in before the platform's impl class: its forward computes A, then the step's speculating tokens of this
+    layer are verified and the accepted A~ committed into ``output``."""
+
+    def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: Any, output: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        result = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        settings = STATE.settings
+        if attn_metadata is None or settings is None or STATE.runner is None:
+            return result
+        rows = STATE.step_rows(attn_metadata)
+        if not len(rows.token):
+            return result
+        layout = self._alspec_layout(layer)
+        block_size = kv_cache.shape[2]
+        if settings.check_layout or layer.layer_name not in STATE.checked:
+            check_newest(kv_cache, layout, attn_metadata.block_table, block_size, key,
+                         *rows.newest(attn_metadata.query_start_loc, attn_metadata.seq_lens))
+            STATE.checked.add(layer.layer_name)
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        index = layer_index(layer.layer_name)
+        out = output.view(output.shape[0], self.num_heads, -1)
+        decided = verify_layer(query.view(query.shape[0], self.num_heads, -1), out, kv_cache, layout,
+                               attn_metadata.block_table, block_size, rows, settings, index, self.scale,
+                               _reduce if get_tensor_model_parallel_world_size() > 1 else None)
+        if decided is not None:
+            STATE.records.append((rows.tag, rows.pos, index, *decided))
+        return result
+
+    def _alspec_layout(self, layer: Any) -> Any:
+        name = layer.attn_backend.get_name()
+        STATE.backend = name
+        return layout_for(name, getattr(layer, "isa", None) if name == "CPU_ATTN" else None)
+
+
+def wrapped(base: type) -> type:
+    """The platform's backend class with the speculating impl, and no full CUDA-graph capture: its Python runs every
+    step (piecewise graphs leave attention out of the graph, so nothing stale is replayed)."""
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    impl = type(f"ALSpec{base.get_impl_cls().__name__}", (SpeculatingImpl, base.get_impl_cls()), {})
+    builder_base = base.get_builder_cls()
+    builder = type(f"ALSpec{builder_base.__name__}", (builder_base,), {
+        "_cudagraph_support": AttentionCGSupport.NEVER,
+        "get_cudagraph_support": classmethod(lambda cls, *a, **k: AttentionCGSupport.NEVER),
+    })
+    return type(f"ALSpec{base.__name__}", (base,), {"get_impl_cls": staticmethod(lambda: impl),
+                                                     "get_builder_cls": staticmethod(lambda: builder)})
+
+
+def wrap_backend(path: str) -> str:
+    """The qualified name of the wrapped class of backend ``path`` (vLLM resolves backends by name)."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    cls = wrapped(resolve_obj_by_qualname(path))
+    setattr(sys.modules[__name__], cls.__name__, cls)
+    return f"{__name__}.{cls.__name__}"

@@ -1,0 +1,73 @@
+"""What alspec-vllm refuses, in one line each, before the engine starts: arguments this engine does not take, models
+whose attention is not ALSpec's (docs/design.md, Semantics 8), and engine settings whose cache it cannot read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import SpeculationConfig
+from ..errors import ConfigError
+
+# model_args of --model alspec that choose what only the hf engine has
+HF_ONLY = {"backend": "the tt backend is --model alspec's", "kernel": "the decode kernels are --model alspec's",
+           "tt_mode": "backend=tt is --model alspec's", "tt_device_id": "backend=tt is --model alspec's",
+           "tt_kv_dtype": "backend=tt is --model alspec's", "tt_kernel": "backend=tt is --model alspec's",
+           "gamma": "policy=selfspec is --model alspec's"}
+POLICIES = ("dynamic", "sink", "static", "exact")
+KNOWN_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN")  # CUDA backends whose cache layout alspec-vllm reads
+
+
+def check_speculation(model_args: dict[str, Any], config: SpeculationConfig) -> None:
+    """The ALSpec model_args this engine takes: those of --model alspec that do not choose hf's own paths."""
+    for key, why in HF_ONLY.items():
+        if key in model_args:
+            raise ConfigError(f"{key}={model_args[key]} is not supported by --model alspec-vllm ({why}); drop it, or "
+                              "run --model alspec")
+    if config.policy not in POLICIES:
+        raise ConfigError(f"policy={config.policy} is not supported by --model alspec-vllm; use one of "
+                          f"{', '.join(POLICIES)}, or --model alspec")
+    import torch
+
+    if config.approx.paged_positions(torch.zeros(0, dtype=torch.long), config.window, config.window_align) is None:
+        raise ConfigError(f"approx={config.approx.name} cannot read vLLM's paged cache (its keys depend on more than "
+                          "the position); use approx=sink or approx=local, or run --model alspec")
+
+
+def check_model_config(text: Any) -> None:
+    """Refuse what ALSpec's A and A~ are not defined for here: sliding windows, soft-capping, attention sinks, ALiBi."""
+    name = getattr(text, "model_type", "the model")
+    layer_types = getattr(text, "layer_types", None) or ()
+    if any("sliding" in str(t) for t in layer_types) or (
+            getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True)):
+        raise ConfigError(f"{name} has sliding-window attention layers, which --model alspec-vllm does not speculate "
+                          "or report; run --model alspec (it reports them as skipped)")
+    if getattr(text, "attn_logit_softcapping", None):
+        raise ConfigError(f"{name} soft-caps its attention logits, which A~ in --model alspec-vllm does not; run "
+                          "--model alspec")
+    if name == "gpt_oss" or getattr(text, "attention_sinks", None):
+        raise ConfigError(f"{name} has attention sinks (learned logits), which A~ in --model alspec-vllm does not "
+                          "add; run --model alspec")
+    attn_config = getattr(text, "attn_config", None)
+    if name == "bloom" or getattr(text, "alibi", False) or getattr(attn_config, "alibi", False) or (
+            isinstance(attn_config, dict) and attn_config.get("alibi")):
+        raise ConfigError(f"{name} uses ALiBi position biases, which A~ in --model alspec-vllm does not add; use a "
+                          "RoPE model")
+
+
+def check_engine_args(engine_args: dict[str, Any]) -> None:
+    """The vLLM settings alspec-vllm cannot run with."""
+    if int(engine_args.get("data_parallel_size", 1)) > 1:
+        raise ConfigError(f"data_parallel_size={engine_args['data_parallel_size']} is not supported by --model "
+                          "alspec-vllm yet (lm-eval's data-parallel replicas run in Ray actors whose decisions it "
+                          "cannot read back); use tensor_parallel_size, or one run per shard")
+    cache_dtype = str(engine_args.get("kv_cache_dtype", "auto"))
+    if cache_dtype.startswith("fp8"):
+        raise ConfigError(f"kv_cache_dtype={cache_dtype} is not supported by --model alspec-vllm (A~ would read "
+                          "quantized keys that A dequantizes otherwise); drop it")
+    backend = engine_args.get("attention_backend")
+    if backend is not None and str(backend).upper() not in KNOWN_BACKENDS:
+        raise ConfigError(f"attention_backend={backend} is not supported by --model alspec-vllm: it reads the KV "
+                          f"cache of {', '.join(KNOWN_BACKENDS)} on CUDA and CPU_ATTN on the CPU; use one of those")
+    if "worker_extension_cls" in engine_args:
+        raise ConfigError("worker_extension_cls is set by --model alspec-vllm (it reads decisions back through its "
+                          "own); drop it")

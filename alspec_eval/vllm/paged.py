@@ -1,0 +1,204 @@
+"""ALSpec over a paged KV cache (vLLM): which tokens of a step speculate, A~ read from the cache through the block
+table, the decision and the commit, per layer.
+
+Torch only, no vLLM: the attention backend (:mod:`.backend`) calls :func:`verify_layer` after the platform's own
+attention has written A into ``output``; the tests call it on synthetic caches in every layout :data:`LAYOUTS` reads.
+The rules (windows, trivial positions, d and n, acceptance) are :mod:`alspec_eval.semantics`'; the keys A~ attends to
+are the approximation's (``Approximation.paged_positions``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import semantics
+from ..errors import ConfigError
+from ..stats import ACCEPTED, REJECTED, TRIVIAL
+
+# vLLM's caches arrive in the attention call as (num_blocks, Hkv, N, 2D): per block and KV head, N keys and their
+# values. How the 2D elements of a (block, head) are packed depends on the backend and, on the CPU, its ISA.
+Reduce = Callable[[torch.Tensor], torch.Tensor]  # a tensor-parallel sum over ranks (identity on one rank)
+
+
+class LayoutError(ConfigError):
+    """A cache layout the adapters do not know, or one that reads back other keys than were written."""
+
+
+@dataclass(frozen=True)
+class PlainLayout:
+    """FlashAttention's and Triton's: (num_blocks, Hkv, N, 2D) with a token's key in the first D of its last
+    dimension and its value in the last D (their ``kv_cache.transpose(1, 2).split(D, -1)``)."""
+
+    name: str = "plain"
+
+    def gather(self, kv_cache: torch.Tensor, block: torch.Tensor,
+               offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at (block, offset), both (M, Hkv, n); returns two (M, Hkv, n, D)."""
+        dim = kv_cache.shape[-1] // 2
+        head = torch.arange(kv_cache.shape[1], device=block.device)[None, :, None]
+        rows = kv_cache[block, head, offset]  # (M, Hkv, n, 2D)
+        return rows[..., :dim], rows[..., dim:]
+
+
+@dataclass(frozen=True)
+class CpuVecLayout:
+    """vLLM's CPU_ATTN with the ``vec`` ISA: a (block, head)'s 2ND elements hold its N keys transposed, as a (D, N)
+    matrix, then its N values as an (N, D) one."""
+
+    name: str = "cpu-vec"
+
+    def gather(self, kv_cache: torch.Tensor, block: torch.Tensor,
+               offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks, heads, size, twice = kv_cache.shape
+        dim = twice // 2
+        flat = kv_cache.view(blocks, heads, size * twice)
+        head = torch.arange(heads, device=block.device)[None, :, None, None]
+        d = torch.arange(dim, device=block.device)
+        keys = flat[block[..., None], head, d * size + offset[..., None]]
+        values = flat[block[..., None], head, size * dim + offset[..., None] * dim + d]
+        return keys, values
+
+
+# (the platform's attention backend, its ISA where it has one) -> how its cache is read
+LAYOUTS: dict[tuple[str, str | None], PlainLayout | CpuVecLayout] = {
+    ("CPU_ATTN", "vec"): CpuVecLayout(),
+    ("FLASH_ATTN", None): PlainLayout(),
+    ("TRITON_ATTN", None): PlainLayout(),
+}
+
+
+def layout_for(backend: str, isa: str | None = None) -> PlainLayout | CpuVecLayout:
+    """The adapter of a backend's cache, or one line refusing it (never read a cache wrongly)."""
+    layout = LAYOUTS.get((backend, isa))
+    if layout is None:
+        known = ", ".join(f"{b}" + (f" (isa {i})" if i else "") for b, i in LAYOUTS)
+        raise LayoutError(f"alspec-vllm cannot read the KV cache of vLLM's {backend}"
+                          + (f" with isa {isa}" if isa else "") + f": it reads {known}; on the CPU use dtype=float32 "
+                          "or float16 (bfloat16 on AMX packs keys otherwise), on CUDA attention_backend=FLASH_ATTN "
+                          "or TRITON_ATTN, and no fp8 kv_cache_dtype")
+    return layout
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the workers speculate with (one engine, one cell): every layer's threshold (a lambda, or config.OFF,
+    REJECT, ALWAYS), the window and its alignment, and the approximation."""
+
+    thresholds: tuple[float, ...]
+    window: int
+    window_align: int
+    approx: Any
+    check_layout: bool = False  # compare the newest key read back with the incoming one at every step (tests)
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The tokens of one step that speculate: their index in the step's flattened tokens, their request's batch row
+    (its block-table row), their logical position, and the request's tag (the driver's id for it)."""
+
+    token: torch.Tensor
+    request: torch.Tensor
+    pos: torch.Tensor
+    tag: torch.Tensor
+
+    @classmethod
+    def build(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, starts: torch.Tensor,
+              tags: torch.Tensor) -> "StepRows":
+        """From the step's metadata (``query_start_loc`` (R + 1,), ``seq_lens`` (R,)) and, per request, where its
+        speculation starts (``starts``; a position past any context where it does not speculate) and its tag."""
+        requests = len(seq_lens)
+        qsl = query_start_loc[:requests + 1].long().cpu()
+        lengths = qsl[1:] - qsl[:-1]
+        request = torch.repeat_interleave(torch.arange(requests), lengths)
+        token = torch.arange(int(qsl[-1]))
+        pos = token - qsl[:-1][request] + (seq_lens.long().cpu() - lengths)[request]
+        keep = pos >= starts.long()[request]
+        return cls(token[keep], request[keep], pos[keep], tags.long()[request][keep])
+
+    def newest(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                     torch.Tensor]:
+        """Every request's newest token of the step: its index, batch row and position (the layout check)."""
+        requests = len(seq_lens)
+        qsl = query_start_loc[:requests + 1].long().cpu()
+        keep = qsl[1:] > qsl[:-1]
+        return (qsl[1:] - 1)[keep], torch.arange(requests)[keep], (seq_lens.long().cpu() - 1)[keep]
+
+
+def slots(block_table: torch.Tensor, request: torch.Tensor, pos: torch.Tensor,
+          block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The physical block and offset of logical position ``pos`` of batch row ``request`` (broadcast together)."""
+    table = block_table.long()
+    return table[request, pos // block_size], pos % block_size
+
+
+def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor | None,
+           scale: float) -> torch.Tensor:
+    """A~: softmax(q k^T scale) v over the gathered keys, grouped-query heads as HF's repeat_kv (head h reads KV head
+    h // g), invalid keys masked. query (M, Hq, D); keys, values (M, Hkv, n, D); valid (M, Hkv or 1, n)."""
+    m, heads, dim = query.shape
+    kv_heads = keys.shape[1]
+    q = query.float().view(m, kv_heads, heads // kv_heads, dim)
+    scores = (q @ keys.float().transpose(-1, -2)) * scale  # (M, Hkv, g, n)
+    if valid is not None:
+        scores = scores.masked_fill(~valid[:, :, None, :], -math.inf)
+    out = torch.softmax(scores, dim=-1) @ values.float()
+    return out.reshape(m, heads, dim).to(query.dtype)
+
+
+def check_newest(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
+                 key: torch.Tensor, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor) -> None:
+    """The key read back at each request's newest position must equal the incoming key, bit for bit."""
+    if not len(token):
+        return
+    block, offset = slots(block_table, request[:, None], pos[:, None], block_size)
+    heads = kv_cache.shape[1]
+    read, _ = layout.gather(kv_cache, block.expand(-1, heads)[..., None], offset.expand(-1, heads)[..., None])
+    if not torch.equal(read[..., 0, :], key[token.to(key.device)].to(read.dtype)):
+        raise LayoutError(f"alspec-vllm read other keys back from the KV cache than were written (layout "
+                          f"{layout.name}): this vLLM stores its cache otherwise; use a vLLM alspec-eval is tested "
+                          "with (the [vllm] extra)")
+
+
+def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
+                 block_table: torch.Tensor, block_size: int, rows: StepRows, settings: Settings, layer: int,
+                 scale: float, reduce: Reduce | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Verify one layer's speculating tokens and commit the accepted A~ into ``output`` (A, (T, Hq, D)), in place.
+
+    Returns each row's decision code and d/n (NaN where not measured), or None where the layer does not speculate
+    (threshold OFF). Under tensor parallelism each rank holds some heads: ``reduce`` sums d^2 and n^2 over the ranks
+    before any decides, so every rank commits the same rows.
+    """
+    lam = settings.thresholds[layer]
+    if math.isnan(lam) or not len(rows.token):
+        return None
+    trivial = semantics.is_trivial(rows.pos, settings.window)
+    codes = torch.where(trivial, TRIVIAL, REJECTED)
+    ratios = torch.full(rows.pos.shape, math.nan)
+    live = (~trivial).nonzero().squeeze(1)
+    if lam == -math.inf or not len(live):  # static's exact layers: decided, not measured
+        return codes, ratios
+    pos, request, token = rows.pos[live], rows.request[live], rows.token[live].to(output.device)
+    positions, valid = settings.approx.paged_positions(pos, settings.window, settings.window_align)
+    heads = kv_cache.shape[1]
+    positions = positions.expand(-1, heads, -1)
+    if valid is not None:
+        positions = torch.where(valid, positions, 0)  # masked below; any slot of the row's own table is readable
+    block, offset = slots(block_table, request[:, None, None].to(block_table.device),
+                          positions.to(block_table.device), block_size)
+    keys, values = layout.gather(kv_cache, block, offset)
+    exact = output[token]
+    approx = attend(query[token], keys, values, None if valid is None else valid.to(keys.device), scale)
+    d2, n2 = semantics.squared_distances(approx, exact)
+    if reduce is not None:
+        d2, n2 = reduce(torch.stack([d2, n2]))
+    d, n = d2.sqrt(), n2.sqrt()
+    accepted = semantics.accept(d, n, lam)
+    output[token[accepted]] = approx[accepted]
+    codes[live] = torch.where(accepted, ACCEPTED, REJECTED).cpu()
+    ratios[live] = (d / n).float().cpu()
+    return codes, ratios

@@ -1,0 +1,32 @@
+"""The worker extension (``worker_extension_cls``): how the driver reaches every vLLM worker, tensor-parallel ranks
+included, through ``LLM.collective_rpc``: the settings before requests are sent, the decisions after."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..approximations import make_approximation
+from .backend import STATE
+from .paged import Settings
+
+
+class ALSpecWorker:
+    """Mixed into vLLM's worker class; its methods are called by name from the driver."""
+
+    def alspec_configure(self, settings: dict[str, Any]) -> str | None:
+        """Speculate with ``settings`` from the next step on (the fields of :class:`.paged.Settings`, the approximation
+        as its name and arguments); drops decisions not yet taken. Returns the platform backend that gives A, where
+        a step has run (provenance)."""
+        approx = make_approximation(settings["approx"], settings["approx_args"])
+        STATE.runner = self.model_runner  # type: ignore[attr-defined]
+        STATE.settings = Settings(tuple(float(t) for t in settings["thresholds"]), int(settings["window"]),
+                                  int(settings["window_align"]), approx, bool(settings["check_layout"]))
+        STATE.records.clear()
+        return STATE.backend
+
+    def alspec_take(self) -> dict[int, tuple[list[int], list[list[int]], list[list[float]]]]:
+        """The decisions since the last take, per request id (:meth:`.backend.WorkerState.take`)."""
+        return STATE.take()
+
+    def alspec_backend(self) -> str | None:
+        return STATE.backend
