@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .paged import LayoutError, Settings, StepRows, check_newest, layout_for, verify_layer
+from .paged import LayoutError, Settings, StepRows, check_newest, contexts, layout_for, verify_layer
 
 TAG = "alspec"  # the key of SamplingParams.extra_args: [speculation start, request id]
 NEVER = 1 << 62  # a start past any context: the request does not speculate
@@ -32,6 +32,7 @@ class WorkerState:
     step: Any = None
     rows: StepRows | None = None
     checked: set[str] = field(default_factory=set)  # layers whose cache layout was checked once
+    dumps: list[dict[str, Any]] = field(default_factory=list)  # Settings.dump: what an outside reference reads
     backend: str | None = None  # the platform backend that gives A (provenance)
 
     def step_rows(self, metadata: Any) -> StepRows:
@@ -119,11 +120,20 @@ class SpeculatingImpl:
 
         index = layer_index(layer.layer_name)
         out = output.view(output.shape[0], self.num_heads, -1)
-        decided = verify_layer(query.view(query.shape[0], self.num_heads, -1), out, kv_cache, layout,
-                               attn_metadata.block_table, block_size, rows, settings, index, self.scale,
+        queries = query.view(query.shape[0], self.num_heads, -1)
+        exact = out[rows.token.to(out.device)].clone() if settings.dump else None
+        decided = verify_layer(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,
+                               settings, index, self.scale,
                                _reduce if get_tensor_model_parallel_world_size() > 1 else None)
         if decided is not None:
             STATE.records.append((rows.tag, rows.pos, index, *decided))
+            if settings.dump:
+                keys, values = contexts(kv_cache, layout, attn_metadata.block_table, block_size, rows)
+                token = rows.token.to(out.device)
+                STATE.dumps.append({"layer": index, "tag": rows.tag, "pos": rows.pos, "query": queries[token].cpu(),
+                                    "exact": exact.cpu(), "committed": out[token].cpu(), "keys": keys.cpu(),
+                                    "values": values.cpu(), "scale": self.scale, "code": decided[0],
+                                    "ratio": decided[1]})
         return result
 
     def _alspec_layout(self, layer: Any) -> Any:

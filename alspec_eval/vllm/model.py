@@ -8,7 +8,10 @@ call. The engine's attention backend (:mod:`.backend`) verifies and commits insi
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.util
+import json
 import inspect
 import itertools
 import os
@@ -77,6 +80,7 @@ class ALSpecVLLM(VLLM):
         self._ids = itertools.count()
         self._starts: dict[RowKey, int] = {}  # loglikelihood: where each input of this pass speculates
         self._rolling = False
+        self.dump = False  # tests: the workers keep what an outside reference recomputes (worker.alspec_dumps)
         with _engine_flag():
             super().__init__(pretrained=pretrained, **vllm_kwargs)
         self.attention_backend: str | None = None
@@ -84,18 +88,31 @@ class ALSpecVLLM(VLLM):
 
     # ------------------------------------------------------------------ settings
 
+    def reconfigure(self, dump: bool | None = None, **changes: Any) -> None:
+        """Speculate with other settings from the next request on, on the same engine (every worker)."""
+        if dump is not None:
+            self.dump = dump
+        self.spec_config = dataclasses.replace(self.spec_config, **changes)
+        check_speculation(changes, self.spec_config)
+        self.spec_config.check_layers(self.num_layers)
+        self.ledger.trace_tokens = self.spec_config.trace_tokens
+        self._configure()
+
     def _configure(self) -> None:
         """Send the settings to every worker (tensor-parallel ranks included) before any request."""
         config = self.spec_config
+        rules = {"thresholds": config.thresholds(self.num_layers), "window": config.window,
+                 "window_align": config.window_align, "approx": config.approx.name, "approx_args": config.approx.args()}
+        # the prefix cache keys blocks by their tokens: a speculated block is reused only under the same rules
+        self._salt = hashlib.sha256(json.dumps(rules, sort_keys=True, default=str).encode()).hexdigest()[:16]
         self.model.collective_rpc("alspec_configure", args=({
-            "thresholds": config.thresholds(self.num_layers), "window": config.window,
-            "window_align": config.window_align, "approx": config.approx.name, "approx_args": config.approx.args(),
-            "check_layout": os.environ.get(CHECK_LAYOUT) == "1"},))
+            **rules, "check_layout": os.environ.get(CHECK_LAYOUT) == "1", "dump": self.dump},))
 
     @property
     def _live(self) -> bool:
         """Whether any layer can commit A~ (a non-zero threshold): only then can a speculated KV entry differ from
-        the exact one, and a request's prefix-cache blocks are salted by where its speculation starts."""
+        the exact one, and a request's prefix-cache blocks are salted by the rules and where its speculation
+        starts (exact blocks stay shared with every exact run)."""
         return any(t > 0 for t in self.spec_config.thresholds(self.num_layers))
 
     def set_cache_hook(self, cache_hook: Any) -> None:
@@ -187,7 +204,7 @@ class ALSpecVLLM(VLLM):
             params.append(tagged)
             prompt = TokensPrompt(prompt_token_ids=list(tokens))
             if self._live:
-                prompt["cache_salt"] = f"alspec:{start}"
+                prompt["cache_salt"] = f"alspec:{self._salt}:{start}"
             prompts.append(prompt)
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",
                                       lora_request=self.lora_request)

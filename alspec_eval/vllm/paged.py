@@ -94,6 +94,7 @@ class Settings:
     window_align: int
     approx: Any
     check_layout: bool = False  # compare the newest key read back with the incoming one at every step (tests)
+    dump: bool = False  # keep every verified row's inputs, contexts and outputs for an outside reference (tests)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,17 @@ def check_newest(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
         raise LayoutError(f"alspec-vllm read other keys back from the KV cache than were written (layout "
                           f"{layout.name}): this vLLM stores its cache otherwise; use a vLLM alspec-eval is tested "
                           "with (the [vllm] extra)")
+
+
+def contexts(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
+             rows: StepRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's whole context as the cache holds it, (M, Hkv, max pos + 1, D) keys and values, positions past a
+    row's own left as position 0's (an outside reference masks them): what a test recomputes A and A~ from."""
+    span = torch.arange(int(rows.pos.max()) + 1)
+    positions = torch.where(span <= rows.pos[:, None], span, 0)[:, None, :].expand(-1, kv_cache.shape[1], -1)
+    block, offset = slots(block_table, rows.request[:, None, None].to(block_table.device),
+                          positions.to(block_table.device), block_size)
+    return layout.gather(kv_cache, block, offset)
 
 
 def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, layout: Any,

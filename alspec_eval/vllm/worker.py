@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..approximations import make_approximation
 from .backend import STATE
 from .paged import Settings
@@ -20,13 +22,20 @@ class ALSpecWorker:
         approx = make_approximation(settings["approx"], settings["approx_args"])
         STATE.runner = self.model_runner  # type: ignore[attr-defined]
         STATE.settings = Settings(tuple(float(t) for t in settings["thresholds"]), int(settings["window"]),
-                                  int(settings["window_align"]), approx, bool(settings["check_layout"]))
+                                  int(settings["window_align"]), approx, bool(settings["check_layout"]),
+                                  bool(settings.get("dump", False)))
         STATE.records.clear()
+        STATE.dumps.clear()
         return STATE.backend
 
     def alspec_take(self) -> dict[int, tuple[list[int], list[list[int]], list[list[float]]]]:
         """The decisions since the last take, per request id (:meth:`.backend.WorkerState.take`)."""
         return STATE.take()
+
+    def alspec_dumps(self) -> list[dict[str, Any]]:
+        """With ``dump`` set: every verified layer call's rows since the last call (for an outside reference)."""
+        dumps, STATE.dumps = STATE.dumps, []
+        return [{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in d.items()} for d in dumps]
 
     def alspec_backend(self) -> str | None:
         return STATE.backend

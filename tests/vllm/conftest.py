@@ -1,0 +1,59 @@
+"""Engines shared by a pytest session (each start costs about 30 s on the CPU): SmolLM2 in float32 through
+alspec-vllm and through lm-eval's plain VLLM with the same engine arguments, and a tiny random Llama (head_dim 32,
+the smallest CPU_ATTN takes) whose workers keep what the float64 reference recomputes. Run in .venv-vllm
+(scripts/vllm_env.sh); elsewhere the engine tests skip."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# every step compares the newest key read back from the cache with the incoming one (paged.check_newest)
+os.environ["ALSPEC_VLLM_CHECK_LAYOUT"] = "1"
+
+ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 256 * 2**20, "seed": 0,
+          "max_model_len": 2048}
+TINY = {**ENGINE, "block_size": 32, "max_num_batched_tokens": 96, "max_model_len": 1024}
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    from alspec_eval.smollm2 import smollm2_path
+
+    return str(smollm2_path())
+
+
+@pytest.fixture(scope="session")
+def alspec_smol(smollm2_path):
+    """alspec-vllm on SmolLM2 at lambda = 0, window 64 (tests reconfigure it and put it back)."""
+    from alspec_eval.vllm.model import ALSpecVLLM
+
+    return ALSpecVLLM(smollm2_path, window=64, **{"lambda": 0.0}, **ENGINE)
+
+
+@pytest.fixture(scope="session")
+def plain_smol(smollm2_path):
+    """lm-eval's own VLLM with the same engine arguments."""
+    from alspec_eval.compat import lm_eval_vllm
+
+    return lm_eval_vllm().VLLM(pretrained=smollm2_path, **ENGINE)
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory) -> str:
+    from alspec_eval.approx_check.models import ARCHS, build, char_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    build(ARCHS["llama"], 0, hidden_size=128, intermediate_size=256, num_hidden_layers=3).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def alspec_tiny(tiny_path):
+    """alspec-vllm on the tiny Llama: 32-token blocks, chunked prefill of 96 tokens a step (so steps mix prefill
+    chunks and decodes), window 16."""
+    from alspec_eval.vllm.model import ALSpecVLLM
+
+    return ALSpecVLLM(tiny_path, window=16, **TINY)

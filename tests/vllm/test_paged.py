@@ -1,0 +1,325 @@
+"""alspec_eval.vllm.paged against an independent float64 oracle written from the ALSpec definition alone.
+
+The oracle never calls the code under test: it writes known keys/values into a paged cache with its own writers
+(both layouts, shuffled and shared blocks, garbage in every unwritten slot), computes A and A~ per token in float64
+from those keys, and decides accept/reject itself. Every comparison is tight enough that a window off by one, a
+wrong GQA head map, a misread layout or a missing tensor-parallel reduction changes the result by orders of
+magnitude more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from alspec_eval.approximations import make_approximation
+from alspec_eval.errors import ConfigError
+from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
+from alspec_eval.vllm.paged import (CpuVecLayout, LayoutError, PlainLayout, Settings, StepRows, check_newest,
+                                    layout_for, slots, verify_layer)
+
+HKV, HQ = 2, 6  # GQA group of 3: query head h reads KV head h // 3
+GEOMETRY = {"plain": (16, 8), "cpu-vec": (32, 16)}  # layout -> (block size N, head dim D)
+LAYOUTS = {"plain": PlainLayout(), "cpu-vec": CpuVecLayout()}
+
+
+# ---- writers: the two cache layouts, from their description ----
+def write_plain(cache, b, o, k, v):
+    """key (Hkv, D) at cache[b, h, o, :D], value at cache[b, h, o, D:]."""
+    d = k.shape[-1]
+    cache[b, :, o, :d], cache[b, :, o, d:] = k, v
+
+
+def write_cpu_vec(cache, b, o, k, v):
+    """Per (b, h), 2*N*D flat elements: the N keys as a (D, N) row-major matrix, then the N values as (N, D)."""
+    n, d = cache.shape[2], k.shape[-1]
+    flat = cache.view(cache.shape[0], cache.shape[1], 2 * n * d)
+    flat[b, :, torch.arange(d) * n + o] = k
+    flat[b, :, n * d + o * d + torch.arange(d)] = v
+
+
+WRITERS = {"plain": write_plain, "cpu-vec": write_cpu_vec}
+
+
+def build_step(layout, S, seed=0):
+    """A mixed step of five requests, written into a shuffled paged cache.
+
+    r0 prefills its whole prompt with start S (tokens below S are not rows; S..2S-1 trivial, pos 2S-1 the edge);
+    r1 decodes at pos+1 == 2S+1 (first measured) and r2 at pos+1 == 2S (last trivial); r3 decodes a longer context;
+    r4 prefills a chunk of 5 whose start excludes its first 2 tokens. r3 shares r0's first blocks, and r2 r1's
+    where they fill a block. Every unwritten slot and the block-table padding hold large garbage."""
+    N, D = GEOMETRY[layout]
+    g = torch.Generator().manual_seed(seed)
+    specs = [(2 * S + 40, 2 * S + 40, S), (2 * S + 1, 1, 0), (2 * S, 1, 0), (3 * S + 40, 1, 0), (3 * S + 20, 5, 3 * S + 17)]
+    K = [torch.randn(L, HKV, D, generator=g) for L, _, _ in specs]
+    V = [torch.randn(L, HKV, D, generator=g) for L, _, _ in specs]
+    nblk = [-(-L // N) for L, _, _ in specs]
+    share = {b: (a, (min(specs[a][0], specs[b][0]) - 1) // N) for a, b in [(0, 3), (1, 2)]}  # prefix sharing
+    for b, (a, n) in share.items():  # b's first n blocks are a's: same keys and values there
+        K[b][:n * N], V[b][:n * N] = K[a][:n * N], V[a][:n * N]
+    assert share[3][1] > 0, "the geometry must share at least one block"
+    used = sum(nblk) - sum(n for _, n in share.values())
+    phys = torch.randperm(used + 1, generator=g).tolist()  # one spare block: the padding target
+    garbage = phys.pop()
+    table = torch.full((len(specs), max(nblk) + 1), garbage, dtype=torch.long)
+    for r, n in enumerate(nblk):
+        a, shared = share.get(r, (r, 0))
+        for j in range(n):
+            table[r, j] = table[a, j] if j < shared else phys.pop()
+    cache = (8 * torch.randn(used + 1, HKV, N, 2 * D, generator=g)).contiguous()
+    for r, (L, _, _) in enumerate(specs):
+        for p in range(L):
+            WRITERS[layout](cache, table[r, p // N], p % N, K[r][p], V[r][p])
+    seq_lens = torch.tensor([L for L, _, _ in specs])
+    qlens = torch.tensor([q for _, q, _ in specs])
+    qsl = torch.cat([torch.zeros(1, dtype=torch.long), qlens.cumsum(0)])
+    starts = torch.tensor([s for _, _, s in specs])
+    tok = [(r, p) for r, (L, q, _) in enumerate(specs) for p in range(L - q, L)]  # (request, pos) per token
+    query = torch.randn(len(tok), HQ, D, generator=g)
+    scale = 1.5 / math.sqrt(D)
+    A = torch.stack([attend64(query[t], K[r], V[r], range(p + 1), scale) for t, (r, p) in enumerate(tok)])
+    return dict(N=N, D=D, K=K, V=V, cache=cache, table=table, seq_lens=seq_lens, qsl=qsl, starts=starts, tok=tok,
+                query=query, scale=scale, A=A, output=A.float(), layout=LAYOUTS[layout], S=S)
+
+
+# ---- the float64 oracle ----
+def attend64(q, K, V, positions, scale):
+    """softmax(q.k * scale) @ v for each query head (Hq, D) over the listed positions of K, V (L, Hkv, D)."""
+    idx = torch.tensor(sorted(set(positions)), dtype=torch.long)
+    k, v = K[idx].double(), V[idx].double()
+    out = []
+    for h in range(q.shape[0]):
+        kv = h // (q.shape[0] // k.shape[1])
+        w = torch.softmax((k[:, kv] @ q[h].double()) * scale, 0)
+        out.append(w @ v[:, kv])
+    return torch.stack(out)
+
+
+def approx_positions(pos, S, align, approx, first_shift=0, last_shift=0):
+    """Key positions of A~ (shifts exist only to prove the tests notice an off-by-one)."""
+    if approx == "local":
+        return range(pos - 2 * S + 1 + last_shift, pos + 1)
+    end = pos + 1 if align == 1 else -(-(pos + 1) // 32) * 32
+    last = [p for p in range(end - S + last_shift, end + last_shift) if 0 <= p <= pos]
+    return list(range(S + first_shift)) + last
+
+
+def oracle(step, approx, align, heads=slice(None), **shift):
+    """Per token (in token order): (trivial, A~ (Hq, D) float64 or None, d, n) for the given query heads."""
+    S, out = step["S"], []
+    for t, (r, p) in enumerate(step["tok"]):
+        if p + 1 <= 2 * S:
+            out.append((True, None, math.nan, math.nan))
+            continue
+        At = attend64(step["query"][t], step["K"][r], step["V"][r], approx_positions(p, S, align, approx, **shift),
+                      step["scale"])[heads]
+        A = step["A"][t][heads]
+        out.append((False, At, (At - A).norm().item(), A.norm().item()))
+    return out
+
+
+def row_index(step, rows):
+    """Which tokens the code's rows are, after checking they are exactly the tokens at or past their start."""
+    want = [t for t, (r, p) in enumerate(step["tok"]) if p >= step["starts"][r]]
+    assert sorted(rows.token.tolist()) == want
+    for t, r, p in zip(rows.token.tolist(), rows.request.tolist(), rows.pos.tolist()):
+        assert (r, p) == step["tok"][t]
+    return rows.token.tolist()
+
+
+def split_lambda(ratios):
+    """A threshold in the middle of the ratios, halfway across the widest gap there, so no row sits on a tie."""
+    r = sorted(ratios)
+    i = max(range(len(r) // 4, 3 * len(r) // 4), key=lambda i: (r[i + 1] - r[i]) / r[i + 1])
+    assert (r[i + 1] - r[i]) / r[i + 1] > 1e-3, "ratios too close to split without a float32 tie"
+    return (r[i] + r[i + 1]) / 2
+
+
+def run(step, approx, align, lam, layer=1, **kw):
+    """verify_layer on a copy of the step's output with thresholds (nan, lam), for layer 1 by default."""
+    out = step["output"].clone()
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(len(step["starts"])))
+    settings = Settings(thresholds=(math.nan, lam), window=step["S"], window_align=align,
+                        approx=make_approximation(approx))
+    res = verify_layer(kw.get("query", step["query"]), kw.get("out", out), kw.get("cache", step["cache"]),
+                       step["layout"], step["table"], step["N"], rows, settings, layer, step["scale"],
+                       reduce=kw.get("reduce"))
+    return res, kw.get("out", out), rows
+
+
+# ---- 1. layouts ----
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+def test_gather_reads_back_what_was_written(layout):
+    """Random (request, pos) through shuffled, shared blocks come back bit for bit, head h from head h."""
+    step = build_step(layout, S=8)
+    g = torch.Generator().manual_seed(1)
+    req = torch.randint(0, 5, (40,), generator=g)
+    pos = (torch.rand(40, generator=g) * step["seq_lens"][req]).long()
+    block, offset = slots(step["table"], req, pos, step["N"])
+    assert torch.equal(block.reshape(-1), step["table"][req, pos // step["N"]])
+    assert torch.equal(offset.reshape(-1), pos % step["N"])
+    shape = (10, HKV, 2)  # (M, Hkv, n): every head reads its own positions, from its own head
+    keys, values = step["layout"].gather(step["cache"], block.reshape(shape), offset.reshape(shape))
+    r_, p_ = req.view(shape), pos.view(shape)
+    for m, h, j in torch.cartesian_prod(*(torch.arange(x) for x in shape)).tolist():
+        assert torch.equal(keys[m, h, j], step["K"][r_[m, h, j]][p_[m, h, j], h])
+        assert torch.equal(values[m, h, j], step["V"][r_[m, h, j]][p_[m, h, j], h])
+
+
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+def test_check_newest_catches_the_other_layout(layout):
+    """The newest keys read back match in the layout they were written in and raise when read in the other."""
+    step = build_step(layout, S=8)
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.zeros(5, dtype=torch.long))
+    token, request, pos = rows.newest(step["qsl"], step["seq_lens"])
+    assert token.tolist() == (step["qsl"][1:] - 1).tolist() and pos.tolist() == (step["seq_lens"] - 1).tolist()
+    key = torch.stack([step["K"][r][p] for r, p in step["tok"]])
+    args = (step["table"], step["N"], key, token, request, pos)
+    check_newest(step["cache"], step["layout"], *args)
+    other = LAYOUTS["cpu-vec" if layout == "plain" else "plain"]
+    with pytest.raises(LayoutError):
+        check_newest(step["cache"], other, *args)
+
+
+def test_layout_for():
+    assert isinstance(layout_for("CPU_ATTN", "vec"), CpuVecLayout)
+    assert isinstance(layout_for("FLASH_ATTN"), PlainLayout) and isinstance(layout_for("TRITON_ATTN"), PlainLayout)
+    for backend, isa in [("CPU_ATTN", "amx"), ("FLASHINFER", None)]:
+        with pytest.raises(LayoutError, match=backend) as err:
+            layout_for(backend, isa)
+        assert isinstance(err.value, ConfigError) and "\n" not in str(err.value)
+
+
+# ---- 2. verify_layer against the oracle ----
+CASES = [("sink", 8, 1), ("local", 8, 1), ("sink", 32, 1), ("local", 32, 1), ("sink", 32, 32)]
+
+
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+@pytest.mark.parametrize("approx,S,align", CASES)
+def test_verify_layer_matches_oracle(layout, approx, S, align):
+    """Codes, ratios and outputs row by row, with lambda splitting the measured rows into accepted and rejected."""
+    step = build_step(layout, S)
+    want = oracle(step, approx, align)
+    rows_tok = [t for t, (r, p) in enumerate(step["tok"]) if p >= step["starts"][r]]
+    lam = split_lambda([want[t][2] / want[t][3] for t in rows_tok if not want[t][0]])
+    (codes, ratios), out, rows = run(step, approx, align, lam)
+    tokens = row_index(step, rows)
+    seen = set()
+    for i, t in enumerate(tokens):
+        trivial, At, d, n = want[t]
+        r, p = step["tok"][t]
+        assert trivial == (p + 1 <= 2 * S)
+        if trivial:
+            assert codes[i] == TRIVIAL and math.isnan(ratios[i])
+            assert torch.equal(out[t], step["output"][t])
+            continue
+        assert ratios[i].item() == pytest.approx(d / n, rel=1e-5)
+        if d <= lam * n:
+            assert codes[i] == ACCEPTED
+            torch.testing.assert_close(out[t].double(), At, rtol=0, atol=1e-5)
+        else:
+            assert codes[i] == REJECTED and torch.equal(out[t], step["output"][t])
+        seen.add(int(codes[i]))
+    assert seen == {ACCEPTED, REJECTED}
+    assert {step["tok"][t][1] + 1 for t in tokens} >= {2 * S, 2 * S + 1}  # both sides of the trivial edge are rows
+    for t in set(range(len(step["tok"]))) - set(tokens):  # below start: never touched
+        assert torch.equal(out[t], step["output"][t])
+    assert run(step, approx, align, lam, layer=0)[0] is None  # layer 0's threshold is NaN: off
+
+
+# ---- 3. the special thresholds ----
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+def test_special_thresholds(layout):
+    step = build_step(layout, S=8)
+    want = oracle(step, "sink", 1)
+    for lam in (0.0, math.inf, -math.inf):
+        (codes, ratios), out, rows = run(step, "sink", 1, lam)
+        tokens = row_index(step, rows)
+        for i, t in enumerate(tokens):
+            trivial, At, d, n = want[t]
+            if trivial:
+                assert codes[i] == TRIVIAL and math.isnan(ratios[i])
+            elif lam == 0.0:  # d > 0 for random keys: measured, rejected
+                assert codes[i] == REJECTED and ratios[i].item() == pytest.approx(d / n, rel=1e-5)
+            elif lam == math.inf:
+                assert codes[i] == ACCEPTED
+                assert math.isnan(ratios[i]) or ratios[i].item() == pytest.approx(d / n, rel=1e-5)
+                torch.testing.assert_close(out[t].double(), At, rtol=0, atol=1e-5)
+            else:  # REJECT: the exact layer, nothing computed
+                assert codes[i] == REJECTED and math.isnan(ratios[i])
+        if lam != math.inf:
+            assert torch.equal(out, step["output"])
+    assert run(step, "sink", 1, math.nan)[0] is None
+
+
+# ---- 4. tensor parallel ----
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+def test_tensor_parallel_sums_squares_across_ranks(layout):
+    """Two ranks, one KV head each: summing [d^2; n^2] through reduce gives the full-head decision, and lambda is
+    chosen where a rank deciding alone would decide otherwise, so an ignored or wrong reduction fails."""
+    step = build_step(layout, S=8)
+    full = oracle(step, "sink", 1)
+    halves = [oracle(step, "sink", 1, heads=slice(3 * h, 3 * h + 3)) for h in range(2)]
+    rows_tok = [t for t, (r, p) in enumerate(step["tok"]) if p >= step["starts"][r] and not full[t][0]]
+    ratio = {t: [full[t][2] / full[t][3]] + [hv[t][2] / hv[t][3] for hv in halves] for t in rows_tok}
+    all_r = sorted(x for v in ratio.values() for x in v)
+    best = None
+    for lam in [(a + b) / 2 for a, b in zip(all_r, all_r[1:])]:
+        margin = min(abs(x - lam) / lam for x in all_r)
+        if any((v[0] <= lam) != (v[h] <= lam) for v in ratio.values() for h in (1, 2)) and margin > (best or (0,))[0]:
+            best = (margin, lam)
+    assert best and best[0] > 1e-4
+    lam = best[1]
+    (codes_full, _), out_full, rows = run(step, "sink", 1, lam)
+    tokens = row_index(step, rows)
+    sel = [i for i, t in enumerate(tokens) if not full[t][0]]
+    ranks = [dict(query=step["query"][:, 3 * h:3 * h + 3].contiguous(),
+                  cache=step["cache"][:, h:h + 1].contiguous()) for h in range(2)]
+    partial = []
+    for h in range(2):  # alone (reduce = identity): each rank's own decision and its [d^2; n^2]
+        cap = []
+        out = step["output"][:, 3 * h:3 * h + 3].clone()
+        (codes, ratios), _, _ = run(step, "sink", 1, lam, out=out, reduce=lambda x: cap.append(x.clone()) or x,
+                                    **ranks[h])
+        assert len(cap) == 1 and cap[0].shape[0] == 2 and cap[0].dtype == torch.float32
+        cols = sel if cap[0].shape[1] == len(tokens) else range(len(sel))
+        got = cap[0][:, list(cols)].double()
+        want = torch.tensor([[halves[h][tokens[i]][2] ** 2 for i in sel], [halves[h][tokens[i]][3] ** 2 for i in sel]],
+                            dtype=torch.float64)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-10)
+        for i in sel:
+            assert (codes[i] == ACCEPTED) == (ratio[tokens[i]][h + 1] <= lam)
+        partial.append(cap[0])
+    assert any((codes_full[i] == ACCEPTED) != (ratio[tokens[i]][h + 1] <= lam) for i in sel for h in (0, 1))
+    outs = []
+    for h in range(2):  # together: reduce adds the other rank's partial sums
+        out = step["output"][:, 3 * h:3 * h + 3].clone()
+        (codes, ratios), _, _ = run(step, "sink", 1, lam, out=out, reduce=lambda x, h=h: x + partial[1 - h], **ranks[h])
+        assert torch.equal(codes, codes_full)
+        for i in sel:
+            assert ratios[i].item() == pytest.approx(ratio[tokens[i]][0], rel=1e-5)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 1), out_full, rtol=0, atol=1e-6)
+
+
+# ---- 5. the window's edges ----
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+@pytest.mark.parametrize("approx,S,align", [("sink", 8, 1), ("local", 8, 1), ("sink", 32, 32)])
+def test_window_off_by_one_is_caught(layout, approx, S, align):
+    """Every accepted A~ matches the exact position set to 1e-5 and lies far (> 1e-3) from the A~ of every window
+    shifted by one, so passing pins both edges of each window rather than approximately the right keys."""
+    step = build_step(layout, S)
+    want = oracle(step, approx, align)
+    shifts = [dict(last_shift=1), dict(last_shift=-1)] + ([dict(first_shift=1), dict(first_shift=-1)]
+                                                          if approx == "sink" else [])
+    wrong = [oracle(step, approx, align, **s) for s in shifts]
+    (codes, _), out, rows = run(step, approx, align, math.inf)
+    for i, t in enumerate(row_index(step, rows)):
+        if want[t][0]:
+            continue
+        got = out[t].double()
+        torch.testing.assert_close(got, want[t][1], rtol=0, atol=1e-5)
+        for w in wrong:
+            assert (got - w[t][1]).abs().max() > 1e-3
