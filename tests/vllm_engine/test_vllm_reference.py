@@ -10,7 +10,7 @@ import math
 import pytest
 
 pytest.importorskip("vllm")
-import torch  # noqa: E402
+import torch
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm")
-from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.instance import Instance
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,128 @@
+"""alspec-vllm against the strongest fair baselines: plain vLLM with the same engine arguments, and `--model alspec`.
+
+1. Generation: `--model alspec-vllm` (lambda 0.1, window 64) against lm-eval's own `--model vllm`, both engines resident,
+   rounds interleaved, medians compared: wall time and generated tokens per second of one generate_until call.
+2. A whole lm-eval run of one small task: `lm_eval --model alspec-vllm` against `lm_eval --model alspec` (hf), each a
+   fresh command (the engine start included), with the score and the per-layer hit rates of both (the engines' own
+   numerics differ, so these are measured, not asserted equal).
+
+Run it in .venv-vllm (scripts/vllm_env.sh); `--model alspec` runs in the same environment.
+
+    python benchmarks/bench_vllm.py [--prompts 8] [--tokens 1024] [--new 64] [--rounds 5] [--task alspec_recall]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 512 * 2**20, "seed": 0,
+          "max_model_len": 4096}
+
+
+def prompts(tokenizer, count: int, tokens: int) -> list[str]:
+    haystack = (resources.files("alspec_eval") / "data" / "haystack.txt").read_text(encoding="utf-8")
+    ids = tokenizer(haystack)["input_ids"]
+    step = len(ids) // count
+    return [tokenizer.decode(ids[i * step:i * step + tokens]) for i in range(count)]
+
+
+def generation(args: argparse.Namespace) -> None:
+    from lm_eval.api.instance import Instance
+
+    from alspec_eval.compat import lm_eval_vllm
+    from alspec_eval.smollm2 import smollm2_path
+    from alspec_eval.vllm.model import ALSpecVLLM
+
+    path = str(smollm2_path())
+    plain = lm_eval_vllm().VLLM(pretrained=path, **ENGINE)
+    ours = ALSpecVLLM(path, window=64, **{"lambda": 0.1}, **ENGINE)
+    texts = prompts(plain.tokenizer, args.prompts, args.tokens)
+    kwargs = {"until": [], "max_gen_toks": args.new, "do_sample": False}
+
+    def timed(lm) -> tuple[float, int]:
+        requests = [Instance("generate_until", {}, (t, dict(kwargs)), i, ("bench", i, 1)) for i, t in enumerate(texts)]
+        start = time.perf_counter()
+        out = lm.generate_until(requests, disable_tqdm=True)
+        return time.perf_counter() - start, sum(len(lm.tok_encode(o)) for o in out)
+
+    timed(plain), timed(ours)  # warm-up: first-call allocations and oneDNN's kernels
+    walls: dict[str, list[float]] = {"vllm": [], "alspec-vllm": []}
+    tokens: dict[str, list[int]] = {"vllm": [], "alspec-vllm": []}
+    for _ in range(args.rounds):
+        for name, lm in (("vllm", plain), ("alspec-vllm", ours)):
+            wall, new = timed(lm)
+            walls[name].append(wall)
+            tokens[name].append(new)
+    print(f"generation: {args.prompts} prompts of {args.tokens} tokens, {args.new} new tokens each, lambda 0.1, "
+          f"window 64, SmolLM2 float32, medians of {args.rounds} interleaved rounds")
+    for name in walls:
+        wall = statistics.median(walls[name])
+        print(f"  {name:12s} {wall:7.2f} s  {statistics.median(tokens[name]) / wall:7.1f} tokens/s")
+    ratio = statistics.median(walls["alspec-vllm"]) / statistics.median(walls["vllm"])
+    print(f"  alspec-vllm / vllm wall: {ratio:.3f}")
+    hit = ours.statistics()["tasks"]["bench"]["total"]["hit_rate"]
+    print(f"  alspec-vllm hit rate: {hit:.3f}")
+
+
+def whole_run(model: str, task: str, limit: int, out: Path) -> tuple[float, dict, dict]:
+    extra = ",".join(f"{k}={v}" for k, v in ENGINE.items()) if model == "alspec-vllm" else "dtype=float32"
+    args = f"pretrained=smollm2,lambda=0.1,window=64,{extra}"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    subprocess.run([Path(sys.executable).parent / "lm_eval", "--model", model, "--model_args", args, "--tasks", task,
+                    "--limit", str(limit), "--output_path", out, "--log_samples"], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
+    samples = [json.loads(line) for line in next(out.rglob("samples_*.jsonl")).read_text().splitlines()]
+    return wall, results, {s["doc_id"]: s["resps"] for s in samples}
+
+
+def engines(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {model: whole_run(model, args.task, args.limit, Path(tmp) / model) for model in ("alspec", "alspec-vllm")}
+    print(f"\nwhole run: lm_eval --tasks {args.task} --limit {args.limit}, lambda 0.1, window 64, SmolLM2 float32")
+    for model, (wall, results, _) in runs.items():
+        scores = {k: v for k, v in results["results"][args.task].items() if isinstance(v, float)}
+        total = results["config"]["alspec"]["tasks"][args.task]["total"]
+        print(f"  {model:12s} {wall:7.1f} s  scores {scores}  hit rate {total['hit_rate']:.3f} "
+              f"({total['accepted']}/{total['speculated']})")
+    print(f"  alspec-vllm / alspec whole-run time: {runs['alspec-vllm'][0] / runs['alspec'][0]:.3f}")
+    same = sum(runs["alspec"][2][d] == runs["alspec-vllm"][2].get(d) for d in runs["alspec"][2])
+    print(f"  identical responses: {same} of {len(runs['alspec'][2])}")
+    layers = [zip(*(runs[m][1]["config"]["alspec"]["tasks"][args.task]["layers"] for m in ("alspec", "alspec-vllm")))]
+    print("  per-layer hit rate (hf, vllm): " + ", ".join(
+        f"{a['layer']}: {fmt(a['hit_rate'])}/{fmt(b['hit_rate'])}" for pair in layers for a, b in pair))
+
+
+def fmt(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--task", default="alspec_recall")
+    parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--skip", choices=["generation", "engines"], help="leave one part out")
+    args = parser.parse_args()
+    if args.skip != "generation":
+        generation(args)
+    if args.skip != "engines":
+        engines(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""What --model alspec-vllm refuses, in one line naming the value and the fix, before any engine starts: arguments of
+hf's own paths, drafts that cannot read a paged cache, models whose attention is not ALSpec's, engine settings whose
+cache it cannot read, and vLLM missing (the main venv has none). Fast: no engine starts."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import transformers
+
+from alspec_eval.config import SpeculationConfig
+from alspec_eval.errors import ConfigError
+from alspec_eval.vllm.checks import check_engine_args, check_model_config, check_speculation
+
+
+def refused(call, *args) -> str:
+    with pytest.raises(ConfigError) as err:
+        call(*args)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("args, named", [
+    ({"backend": "tt"}, "backend=tt"), ({"kernel": "triton"}, "kernel=triton"), ({"tt_mode": "host"}, "tt_mode"),
+    ({"policy": "selfspec", "gamma": 2}, "gamma=2"), ({"policy": "selfspec"}, "policy=selfspec"),
+    ({"approx": "quest"}, "approx=quest"), ({"approx": "topk"}, "approx=topk"), ({"approx": "snapkv"}, "approx=snapkv"),
+])
+def test_arguments_this_engine_does_not_take(args, named):
+    config, _ = SpeculationConfig.from_model_args(dict(args))
+    assert named in refused(check_speculation, args, config)
+
+
+@pytest.mark.parametrize("args", [{}, {"approx": "local"}, {"policy": "sink"}, {"policy": "exact"},
+                                  {"policy": "static", "static_layers": "0;2"}, {"window_align": 32, "window": 64}])
+def test_what_it_takes(args):
+    config, _ = SpeculationConfig.from_model_args(dict(args))
+    check_speculation(args, config)
+    assert len(config.thresholds(3)) == 3 and not any(t == -0.5 for t in config.thresholds(3))
+
+
+@pytest.mark.parametrize("config, named", [
+    (transformers.MistralConfig(sliding_window=4096), "sliding-window"),
+    (transformers.Qwen2Config(use_sliding_window=True, sliding_window=128), "sliding-window"),
+    (transformers.LlamaConfig(layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2), "sliding"),
+    (transformers.Gemma2Config(sliding_window=None, layer_types=["full_attention"] * 26), "soft-caps"),
+    (transformers.BloomConfig(), "ALiBi"),
+    (transformers.FalconConfig(alibi=True), "ALiBi"),
+    (transformers.PretrainedConfig(model_type="gpt_oss"), "attention sinks"),
+])
+def test_models_whose_attention_is_not_alspecs(config, named):
+    assert named in refused(check_model_config, config)
+
+
+@pytest.mark.parametrize("config", [transformers.LlamaConfig(), transformers.Qwen2Config(use_sliding_window=False),
+                                    transformers.MistralConfig(sliding_window=None)])
+def test_models_it_runs(config):
+    check_model_config(config)
+
+
+@pytest.mark.parametrize("args, named", [
+    ({"data_parallel_size": 2}, "data_parallel_size=2"), ({"kv_cache_dtype": "fp8_e4m3"}, "kv_cache_dtype=fp8_e4m3"),
+    ({"attention_backend": "FLASHINFER"}, "attention_backend=FLASHINFER"),
+    ({"worker_extension_cls": "my.Ext"}, "worker_extension_cls"),
+])
+def test_engine_settings_it_cannot_run_with(args, named):
+    assert named in refused(check_engine_args, args)
+
+
+def test_engine_settings_it_runs_with():
+    check_engine_args({"tensor_parallel_size": 2, "attention_backend": "FLASH_ATTN", "kv_cache_dtype": "auto",
+                       "data_parallel_size": 1})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_missing_names_the_extra():
+    message = refused(importlib.import_module, "alspec_eval.vllm.model")
+    assert "pip install 'alspec-eval[vllm]'" in message
+
+
+def test_the_layout_table_refuses_what_it_cannot_read():
+    from alspec_eval.vllm.paged import LayoutError, layout_for
+
+    for backend, isa in [("CPU_ATTN", "amx"), ("CPU_ATTN", "neon"), ("FLASHINFER", None)]:
+        with pytest.raises(LayoutError, match=backend):
+            layout_for(backend, isa)
+    assert layout_for("CPU_ATTN", "vec").name == "cpu-vec" and layout_for("TRITON_ATTN").name == "plain"
