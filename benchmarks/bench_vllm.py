@@ -9,6 +9,8 @@
 Run it in .venv-vllm (scripts/vllm_env.sh); `--model alspec` runs in the same environment.
 
     python benchmarks/bench_vllm.py [--prompts 8] [--tokens 1024] [--new 64] [--rounds 5] [--task alspec_recall]
+    ALSPEC_VLLM_CHECK_LAYOUT=1 python benchmarks/bench_vllm.py --skip engines --dtype bfloat16 --graphs \
+        --attention-backend FLASH_ATTN      # on CUDA (scripts/gpu_check.sh): the layout read back at every step
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ def prompts(tokenizer, count: int, tokens: int) -> list[str]:
     return [tokenizer.decode(ids[i * step:i * step + tokens]) for i in range(count)]
 
 
+def engine_args(args: argparse.Namespace) -> dict:
+    """The engine arguments both engines get: ENGINE, with the command line's dtype, backend and graphs."""
+    out = {**ENGINE, "dtype": args.dtype}
+    if args.graphs:
+        out.pop("enforce_eager")
+    if args.attention_backend:
+        out["attention_backend"] = args.attention_backend
+    return out
+
+
 def generation(args: argparse.Namespace) -> None:
     from lm_eval.api.instance import Instance
 
@@ -43,8 +55,8 @@ def generation(args: argparse.Namespace) -> None:
     from alspec_eval.vllm.model import ALSpecVLLM
 
     path = str(smollm2_path())
-    plain = lm_eval_vllm().VLLM(pretrained=path, **ENGINE)
-    ours = ALSpecVLLM(path, window=64, **{"lambda": 0.1}, **ENGINE)
+    plain = lm_eval_vllm().VLLM(pretrained=path, **engine_args(args))
+    ours = ALSpecVLLM(path, window=64, **{"lambda": 0.1}, **engine_args(args))
     texts = prompts(plain.tokenizer, args.prompts, args.tokens)
     kwargs = {"until": [], "max_gen_toks": args.new, "do_sample": False}
 
@@ -63,7 +75,7 @@ def generation(args: argparse.Namespace) -> None:
             walls[name].append(wall)
             tokens[name].append(new)
     print(f"generation: {args.prompts} prompts of {args.tokens} tokens, {args.new} new tokens each, lambda 0.1, "
-          f"window 64, SmolLM2 float32, medians of {args.rounds} interleaved rounds")
+          f"window 64, SmolLM2 {args.dtype}, {ours.attention_backend}, medians of {args.rounds} interleaved rounds")
     for name in walls:
         wall = statistics.median(walls[name])
         print(f"  {name:12s} {wall:7.2f} s  {statistics.median(tokens[name]) / wall:7.1f} tokens/s")
@@ -117,6 +129,9 @@ def main() -> None:
     parser.add_argument("--task", default="alspec_recall")
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--skip", choices=["generation", "engines"], help="leave one part out")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--attention-backend", help="CUDA: FLASH_ATTN or TRITON_ATTN (the CPU always takes CPU_ATTN)")
+    parser.add_argument("--graphs", action="store_true", help="let vLLM capture its (piecewise) CUDA graphs")
     args = parser.parse_args()
     if args.skip != "generation":
         generation(args)

@@ -81,6 +81,13 @@ part "adapter" "alspec/hf wall <= 1.10 with kernel=auto and <= 1.25 with kernel=
     "$PY" benchmarks/bench_adapter.py --device cuda --shape llama3-8b --batch-sizes 1,8 --kernels auto,model "${adapter_args[@]}"
 part "sweep" "a shared-prefill sweep of baseline + 5 lambdas: the same generations as separate runs, faster" \
     "$PY" benchmarks/bench_sweep.py --device cuda --shape llama3-8b "${sweep_args[@]}"
+if "$PY" -c "import vllm" 2>/dev/null; then  # an alspec-vllm slice where vLLM is installed
+    for backend in FLASH_ATTN TRITON_ATTN; do
+        part "vllm-$backend" "alspec-vllm on $backend: the newest key read back at every step; its wall over plain vLLM" \
+            env ALSPEC_VLLM_CHECK_LAYOUT=1 "$PY" benchmarks/bench_vllm.py --skip engines --dtype bfloat16 --graphs \
+            --attention-backend "$backend" --prompts 8 --tokens 2048 --new 64 --rounds 3
+    done
+fi
 if [ $quick = 0 ]; then
     part "compile-matrix" "every shape fits this GPU's architecture" \
         "$PY" -m alspec_eval.kernels.triton_launch --arch "$("$PY" -c "import torch; m, n = torch.cuda.get_device_capability(); print(10 * m + n)")"
