@@ -150,6 +150,15 @@ class ALSpecLM(HFLM):
         self.task_stats, self.sample_stats = {}, {}
 
     @property
+    def num_layers(self) -> int:
+        return self.speculator.num_layers
+
+    @property
+    def skipped_layers(self) -> dict[int, str]:
+        """Layers that do not speculate (sliding windows), with why."""
+        return self.speculator.skipped_layers
+
+    @property
     def decode_tokens(self) -> int:
         """Generated or teacher-forced tokens answered so far, for progress displays."""
         return self.ledger.decode_tokens
@@ -266,7 +275,7 @@ class ALSpecLM(HFLM):
         stats = run_statistics(self.spec_config.to_dict(), self.speculator.num_layers,
                                self.speculator.skipped_layers, self.task_stats)
         stats["provenance"] = {"model": getattr(self.model.config, "_name_or_path", None), "versions": versions(),
-                               "kernel": self._backend.kernel_line}
+                               "engine": "hf", "kernel": self._backend.kernel_line}
         return stats
 
     def get_model_info(self) -> dict[str, Any]:

@@ -17,6 +17,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="sweep YAML, e.g. configs/demo.yaml")
     p.add_argument("--output_path", "--output", dest="output", default=None,
                    help="output folder (default: the config's output, else results/<name>)")
+    p.add_argument("--model", choices=["alspec", "alspec-vllm"], default=None,
+                   help="the engine every cell runs on: alspec (hf) or alspec-vllm (vLLM); overrides the config's")
     p.add_argument("--model_args", default=None, help="k=v,... merged over the config's model_args")
     p.add_argument("--batch_size", type=int, default=None, help="override the config's batch_size")
     p.add_argument("--device", default=None, help="override the config's device, e.g. cuda:0")
@@ -37,6 +39,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         overrides = {k: v for k, v in {"output": args.output, "limit": args.limit, "batch_size": args.batch_size,
                                        "device": args.device}.items() if v is not None}
+        if args.model:
+            from .config import ENGINES
+
+            overrides.update(model=args.model, engine={m: e for e, m in ENGINES.items()}[args.model])
         if "limit" in overrides and overrides["limit"].is_integer():
             overrides["limit"] = int(overrides["limit"])
         config = load_config(args.config, overrides)

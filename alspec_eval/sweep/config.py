@@ -53,6 +53,7 @@ class SweepConfig:
     metrics: dict[str, str] = field(default_factory=dict)  # task -> primary metric key, e.g. "exact_match,strict-match"
     seed: int = 1234
     output: str | None = None
+    engine: str = "hf"  # hf (--model alspec) or vllm (--model alspec-vllm): every cell on one model of it
 
     @property
     def output_dir(self) -> Path:
@@ -97,7 +98,7 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
         raise ConfigError(f"{source}: page={raw['page']!r}: a sweep gives quest's page as approx_args: "
                           f"{{quest: {{page: {raw['page']}}}}}; move it there")
     names = [f.name for f in fields(SweepConfig)]
-    _check_keys(source, raw, [*names, "approx_args"])
+    _check_keys(source, raw, [*names, "approx_args", "model"])
     for key in ("name", "tasks", "lambdas"):
         if key not in raw:
             raise ConfigError(f"{source}: missing {key!r}; see configs/demo.yaml for a complete example")
@@ -180,8 +181,44 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
             raise ConfigError(f"{source}: {key} must be a mapping, got {raw[key]!r}")
     if "window_align" in raw and raw["window_align"] not in (1, 32):
         raise ConfigError(f"{source}: window_align={raw['window_align']!r} must be 1 or 32")
+    _check_engine(raw, source)
     _check_approximations(raw, source)
     return SweepConfig(**raw)
+
+
+ENGINES = {"hf": "alspec", "vllm": "alspec-vllm"}  # a sweep's engine -> the lm-eval model it runs
+
+
+def _check_engine(raw: dict[str, Any], source: str) -> None:
+    """``engine: vllm``, or ``model: alspec-vllm`` as lm-eval names it; one engine per sweep. What vLLM cannot do
+    per cell is refused here, before any engine starts."""
+    model = raw.pop("model", None)
+    engine = raw.get("engine", "hf")
+    by_model = {v: k for k, v in ENGINES.items()}
+    if model is not None and model not in by_model:
+        raise ConfigError(f"{source}: model={model!r} is not one a sweep runs; use {' or '.join(by_model)}")
+    if engine not in ENGINES:
+        raise ConfigError(f"{source}: engine={engine!r} is unknown; use hf (--model alspec) or vllm (--model "
+                          "alspec-vllm)")
+    if model is not None and "engine" in raw and by_model[model] != engine:
+        raise ConfigError(f"{source}: model={model} and engine={engine} name two engines; a sweep runs every cell on "
+                          "one, so give one of them (run a second sweep for the other engine)")
+    raw["engine"] = engine = by_model.get(model, engine)
+    if engine != "vllm":
+        return
+    if raw.get("gammas"):
+        raise ConfigError(f"{source}: gammas={raw['gammas']}: self-speculation rows run on engine hf only; drop "
+                          "gammas or run them in an hf sweep")
+    from ..vllm.checks import HF_ONLY
+
+    for key in HF_ONLY:
+        if key in raw.get("model_args", {}):
+            raise ConfigError(f"{source}: model_args {key}={raw['model_args'][key]} is --model alspec's ({HF_ONLY[key]}); "
+                              "drop it for engine: vllm")
+    for key in ("device", "batch_size"):
+        if key in raw:
+            raise ConfigError(f"{source}: {key} is the hf engine's; with engine: vllm give vLLM's own in model_args "
+                              "(tensor_parallel_size, max_num_seqs, ...)")
 
 
 def _check_approximations(raw: dict[str, Any], source: str) -> None:
@@ -221,7 +258,8 @@ def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:
            "window_align": config.window_align, "limit": config.limit, "num_fewshot": config.num_fewshot,
            **({"samples": config.samples.get(task)} if config.samples is not None else {}),
            "apply_chat_template": config.apply_chat_template, "gen_kwargs": config.gen_kwargs,
-           "metadata": unit_metadata(task, config.metadata), "seed": config.seed}
+           "metadata": unit_metadata(task, config.metadata), "seed": config.seed,
+           **({"engine": config.engine} if config.engine != "hf" else {})}  # hf cells keep their fingerprints
     if row.calibrated and config.static is not None:
         out["static"] = {"p": config.static.p, "lambda": config.static.lam}
     return json.loads(json.dumps(out, sort_keys=True, default=str))

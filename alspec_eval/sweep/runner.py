@@ -50,9 +50,13 @@ def resolved_model_args(config: SweepConfig) -> dict[str, Any]:
 
 
 def build_lm(config: SweepConfig):
+    args = resolved_model_args(config)
+    if config.engine == "vllm":  # one engine for every cell: each cell's settings reach every worker (reconfigure)
+        from ..vllm.model import ALSpecVLLM
+
+        return ALSpecVLLM(**args, window=config.windows[0], window_align=config.window_align)
     from ..adapter import ALSpecLM
 
-    args = resolved_model_args(config)
     if config.gammas:  # selfspec rows: refuse a model they cannot run before its weights load
         from transformers import AutoConfig
 
@@ -113,10 +117,10 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
                for name, m in results["results"].items()}
     numeric = {task if k == name else k: v for k, v in numeric.items()}
     metric = primary_metric(task, numeric.get(task, {}), config.metrics)
-    total = sum(lm.task_stats.values(), AcceptanceStats.zeros(lm.speculator.num_layers))
+    total = sum(lm.task_stats.values(), AcceptanceStats.zeros(lm.num_layers))
     document = lm.statistics()
     del document["tasks"]
-    document.update(total.to_dict(lm.speculator.skipped_layers))
+    document.update(total.to_dict(lm.skipped_layers))
     decisions = _per_document(lm.sample_stats)
     samples = [
         {"task": task if sub == name else sub, "doc_id": s["doc_id"], "filter": s.get("filter"),
@@ -124,7 +128,7 @@ def evaluate_cell(lm, config: SweepConfig, task: str, row: Row, extra: dict[str,
          "alspec": decisions.get((sub, s["doc_id"]), []), "response": s["filtered_resps"]}
         for sub, task_samples in sorted(results.get("samples", {}).items())
         for s in sorted(task_samples, key=lambda s: s["doc_id"])]  # in document order, however ranks split them
-    return {"task": task, "cell": row.name, **extra, "fingerprint": fingerprint(config, task, row),
+    return {"task": task, "cell": row.name, **extra, "engine": config.engine, "fingerprint": fingerprint(config, task, row),
             "provenance": provenance(resolved_model_args(config)), "metric": metric,
             "score": numeric.get(task, {}).get(metric) if metric else None,
             "metrics": numeric.get(task, {}), "subtasks": {k: v for k, v in numeric.items() if k != task},
