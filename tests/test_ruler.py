@@ -94,10 +94,14 @@ SCORES = {  # per document, against the baseline's eight 1s
 }
 
 
-def _frames(task: str, baseline: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, dict, list]:
+def _frames(task: str, baseline: list[int], engines: dict[str, str] | None = None
+            ) -> tuple[pd.DataFrame, pd.DataFrame, dict, list]:
+    """A board's frames; ``engines``: which engine ran each draft's cells (hf where not named)."""
     approx = {name: make_approximation(name) for name in ("sink", "quest", "topk")}
+    engines = engines or {}
     base = pd.Series(baseline, index=range(8), dtype=float)
-    cells = [{"task": task, "row": BASELINE.label, "cell": "baseline", "policy": "baseline", "lambda": math.nan,
+    cells = [{"task": task, "row": BASELINE.label, "cell": "baseline", "engine": engines.get("baseline", "hf"),
+              "policy": "baseline", "lambda": math.nan,
               "approx": "sink", "approx_args": "", "window": 64, "hit_rate": math.nan, "n": 8,
               **paired_difference(base, None, True)}]
     documents = [{"task": task, "cell": "baseline", "doc_id": i, "score": s} for i, s in base.items()]
@@ -105,7 +109,8 @@ def _frames(task: str, baseline: list[int]) -> tuple[pd.DataFrame, pd.DataFrame,
     for (name, lam), scores in SCORES.items():
         label = f"{name} λ={lam}"
         docs = pd.Series(scores, index=range(8), dtype=float)
-        cells.append({"task": task, "row": label, "cell": label, "policy": "dynamic", "lambda": lam, "approx": name,
+        cells.append({"task": task, "row": label, "cell": label, "engine": engines.get(name, "hf"),
+                      "policy": "dynamic", "lambda": lam, "approx": name,
                       "approx_args": ";".join(f"{k}:{v}" for k, v in approx[name].args().items()), "window": 64,
                       "hit_rate": lam, "n": 8, **paired_difference(docs, base, False)})
         documents += [{"task": task, "cell": label, "doc_id": i, "score": s} for i, s in docs.items()]
@@ -132,6 +137,21 @@ def test_the_board_picks_each_drafts_fastest_verified_point_and_ranks_the_drafts
     rows = list(csv.DictReader(write_board_csv([unit], tmp_path / "board.csv").open()))
     assert [(r["approx"], r["rank"], float(r["speedup"])) for r in rows] == [
         ("quest", "1", 1.5), ("sink", "2", 1.2), ("topk", "", 2.0)]
+
+
+def test_one_board_of_both_engines_cells_names_each_cells_engine(tmp_path):
+    """The same configuration's cells, some run through vLLM (--model alspec-vllm) and some through hf: one board,
+    read alike, each entry naming the engine of its cell."""
+    cells, documents, speedups, approx = _frames("niah_single_1@4096", [1] * 8, {"sink": "vllm", "baseline": "vllm"})
+    (unit,) = board(SimpleNamespace(tasks=["niah_single_1@4096"], approximations=approx), cells, documents, speedups)
+    assert {e.approx.name: e.engine for e in unit.entries} == {"quest": "hf", "sink": "vllm", "topk": "hf"}
+    assert [e.approx.name for e in unit.entries] == ["quest", "sink", "topk"]  # ranked as an hf-only board ranks
+    assert "Cells run on hf (--model alspec), vLLM (--model alspec-vllm)." in board_markdown([unit], "h100")
+    rows = list(csv.DictReader(write_board_csv([unit], tmp_path / "board.csv").open()))
+    assert [(r["approx"], r["engine"]) for r in rows] == [("quest", "hf"), ("sink", "vllm"), ("topk", "hf")]
+    hf_only, *_ = _frames("niah_single_1@4096", [1] * 8)
+    assert "vLLM" not in board_markdown(board(SimpleNamespace(tasks=["niah_single_1@4096"], approximations=approx),
+                                              hf_only, documents, speedups), "h100")
 
 
 def test_a_baseline_at_chance_ranks_nothing_and_names_no_cell():

@@ -39,6 +39,7 @@ class Entry:
     diff_low: float
     diff_high: float
     n: int
+    engine: str = ""  # what ran its best cell (hf or vllm); none where no cell is verified
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _entry(task: str, approx: Approximation, best: pd.Series | None) -> Entry:
         return Entry(name, length, approx, None, math.nan, math.nan, 0, math.nan, math.nan, math.nan, math.nan, 0)
     return Entry(name, length, approx, None, float(best["speedup"]), float(best["lambda"]), int(best["window"]),
                  float(best["hit_rate"]), float(best["diff"]), float(best["diff_low"]), float(best["diff_high"]),
-                 int(best["n_paired"]))
+                 int(best["n_paired"]), str(best["engine"]))
 
 
 def _ranked(entry: Entry, rank: int | None) -> Entry:
@@ -113,8 +114,13 @@ def _heading(unit: Unit) -> str:
             f"{unit.baseline_high:.3f}], n = {unit.n}")
 
 
+ENGINE_NAMES = {"hf": "hf (--model alspec)", "vllm": "vLLM (--model alspec-vllm)"}
+
+
 def board_markdown(units: list[Unit], model: str) -> str:
-    lines = [f"# {TITLE}", "", NOTE.format(model=model, mark=ORACLE_MARK), ""]
+    engines = sorted({e.engine for u in units for e in u.entries if e.engine})
+    ran = f"Cells run on {', '.join(ENGINE_NAMES.get(e, e) for e in engines)}." if engines else ""
+    lines = [f"# {TITLE}", "", NOTE.format(model=model, mark=ORACLE_MARK) + (f" {ran}" if ran else ""), ""]
     for unit in units:
         lines += [_heading(unit), ""]
         if not unit.ranks:
@@ -136,7 +142,7 @@ def board_markdown(units: list[Unit], model: str) -> str:
 
 def write_board_csv(units: list[Unit], path: Path) -> Path:
     fields = ["task", "length", "approx", "approx_args", "oracle", "rank", "speedup", "lam", "window", "hit_rate",
-              "diff", "diff_low", "diff_high", "n", "baseline", "baseline_low", "baseline_high", "ranked"]
+              "diff", "diff_low", "diff_high", "n", "baseline", "baseline_low", "baseline_high", "ranked", "engine"]
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()

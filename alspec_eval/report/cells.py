@@ -70,6 +70,7 @@ class Cell:
     approx_args: dict[str, Any] | None = None  # its parameters
     window: int | None = None  # its S where the sweep has several (a budget axis)
     page: int | None = None  # quest's page, as cells before the registry of approximations record it
+    engine: str = "hf"  # what ran it: hf (--model alspec) or vllm (--model alspec-vllm); cells before engines: hf
 
     @functools.cached_property
     def row(self) -> Row:
@@ -216,7 +217,8 @@ def load_cell(path: Path) -> Cell:
                 samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),
                 gamma=d.get("gamma", (stats.get("selfspec") or {}).get("gamma")), draft=stats.get("selfspec"),
                 schedule=d.get("lambda_schedule"), approx=d.get("approx") or DEFAULT,
-                approx_args=d.get("approx_args"), page=d.get("page"), window=d.get("window"))
+                approx_args=d.get("approx_args"), page=d.get("page"), window=d.get("window"),
+                engine=d.get("engine", "hf"))
 
 
 def _same_edges(edges: list[float]) -> bool:

@@ -146,7 +146,8 @@ def load(outdir: str | Path) -> Frames:
         nan2 = (math.nan, math.nan)
         low, high = cluster_bootstrap_ratio(*document_decisions(c)) if c.hit_rate is not None else nan2
         low_d, high_d = wilson(c.total.accepted, c.total.speculated) if c.hit_rate is not None else nan2
-        row = {"task": c.task, "cell": c.name, "row": c.row.label, "rank": c.row.order, "policy": c.policy,
+        row = {"task": c.task, "cell": c.name, "engine": c.engine, "row": c.row.label, "rank": c.row.order,
+               "policy": c.policy,
                "lambda": c.lam, "approx": c.row.approx.name,
                "approx_args": args_text(c.row.approx),
                "window": sweep.window_of(c.row), "metric": c.metric, "score": c.score,
