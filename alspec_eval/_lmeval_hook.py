@@ -13,7 +13,8 @@ and most interpreters never use it); it patches lm-eval's modules when they are 
   command is a `run` of `--model alspec`.
 Importing this module patches nothing (the sweep imports `tasks_dir` from it); only `plug_in` does.
 
-It must stay cheap (no torch) and silent when lm-eval is absent or a patch fails.
+It must stay cheap (no torch) and silent when lm-eval is absent; a patch that fails says why only where an alspec
+model is asked for (:func:`explain_failure`).
 """
 
 from __future__ import annotations
@@ -73,8 +74,12 @@ def register_alspec(models_module: ModuleType) -> None:
     """Once ``lm_eval.models`` registered lm-eval's own models: ``--model alspec`` and ``--model alspec-vllm``."""
     from lm_eval.api.registry import model_registry
 
-    register_model(model_registry)
-    register_model(model_registry, "alspec-vllm", "alspec_eval.vllm.model:ALSpecVLLM")
+    for name, target in MODELS.items():
+        if not register_model(model_registry, name, target):
+            raise TypeError(f"its Registry.register takes neither target= nor lazy= for {name}")
+
+
+MODELS = {"alspec": "alspec_eval.adapter:ALSpecLM", "alspec-vllm": "alspec_eval.vllm.model:ALSpecVLLM"}
 
 
 def _patches() -> dict[str, Callable[[ModuleType], None]]:
@@ -86,12 +91,29 @@ def _patches() -> dict[str, Callable[[ModuleType], None]]:
 
 
 def _apply(patch: Callable[[ModuleType], None], module: ModuleType) -> None:
-    """A failing patch leaves the module as lm-eval made it: `--model alspec` then says it is unknown, and every other
-    use of lm-eval goes on."""
+    """A failing patch leaves the module as lm-eval made it, and every other use of lm-eval goes on as if alspec-eval
+    were not there; a run of ``--model alspec`` then fails on lm-eval's own error, which :func:`explain_failure`
+    prefixes with why."""
     try:
         patch(module)
-    except Exception:
-        pass
+    except Exception as err:
+        explain_failure(f"{module.__name__}: {type(err).__name__}: {err}")
+
+
+def explain_failure(failure: str) -> None:
+    """An uncaught error that names an alspec model (lm-eval's "no model for this name" for ``--model alspec``) is
+    preceded by one line: the lm-eval version, what failed, and the way around it. Other errors print as they did."""
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, traceback: object) -> None:
+        if any(f"'{name}'" in str(value) for name in MODELS):
+            from importlib.metadata import version
+
+            sys.stderr.write(f"alspec-eval could not plug into lm-eval {version('lm_eval')} ({failure}); run "
+                             "`alspec-eval run --model alspec ...` instead, with the same arguments\n")
+        previous(kind, value, traceback)
+
+    sys.excepthook = excepthook
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

@@ -118,7 +118,7 @@ def test_importing_alspec_eval_patches_nothing():
     assert before["ours"] == [] and before["excepthook"], before
     assert before["models"] == (["alspec"] if before["adapter_imported"] else []), before
     assert not {"_PatchOnImport"} & set(before["finders"]), before
-    assert after["ours"] == PATCHED and after["models"] == ["alspec"] and after["excepthook"], after
+    assert after["ours"] == PATCHED and after["models"] == ["alspec", "alspec-vllm"] and after["excepthook"], after
 
 
 def _files(folder: Path) -> dict[str, Path]:
@@ -166,3 +166,37 @@ def test_an_hf_runs_error_is_the_same_with_and_without_the_hook(tmp_path):
     traceback = "Traceback (most recent call last):"
     assert hooked.stderr.rsplit(traceback, 1)[-1] == plain.stderr.rsplit(traceback, 1)[-1], hooked.stderr[-3000:]
     assert plain.stderr.strip().endswith("Tasks not found: no_such_task"), plain.stderr[-3000:]
+
+
+FAILING_HOOK = """
+import sys
+import alspec_eval._lmeval_hook as hook
+def simulated(module):
+    raise RuntimeError("simulated lm-eval change")
+hook.register_alspec = simulated  # the registration fails; the parser is patched as always
+hook.add_task_path = lambda module: None  # without the installed package (python -S), lm-eval finds the tasks itself
+hook.plug_in()
+from lm_eval.__main__ import cli_evaluate
+sys.argv = ["lm_eval", "run", "--model", sys.argv[1], "--tasks", "alspec_recall", "--limit", "1",
+            "--include_path", sys.argv[2]]
+cli_evaluate()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["alspec", "alspec-vllm", "nosuch"])
+def test_a_hook_that_cannot_patch_lm_eval_says_why_where_an_alspec_model_is_asked_for(model):
+    """A patch that raises (as after an lm-eval change) leaves lm-eval as it was: `--model alspec` fails on lm-eval's
+    own "no model" error, preceded by one line with the lm-eval version, the failure and the way around it; any other
+    model's error prints as lm-eval prints it."""
+    from importlib.metadata import version
+
+    result = _run(UNHOOKED, ["-c", FAILING_HOOK, model, str(ROOT / "tasks")], cwd=ROOT)
+    assert result.returncode != 0
+    ours = [line for line in result.stderr.splitlines() if line.startswith("alspec-eval could not plug")]
+    if model == "nosuch":
+        assert ours == [] and "'nosuch'" in result.stderr
+        return
+    assert ours == [f"alspec-eval could not plug into lm-eval {version('lm_eval')} (lm_eval.models: RuntimeError: "
+                    "simulated lm-eval change); run `alspec-eval run --model alspec ...` instead, with the same "
+                    "arguments"]
