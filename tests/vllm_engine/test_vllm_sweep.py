@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conftest import ENGINE  # noqa: E402
+from conftest import ENGINE
 
 pytestmark = pytest.mark.slow
 

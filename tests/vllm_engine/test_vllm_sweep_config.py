@@ -35,6 +35,7 @@ def test_hf_stays_the_default_and_its_fingerprints_do_not_change():
     ({"engine": "vllm", "model_args": {"kernel": "triton"}}, "kernel=triton"),
     ({"engine": "vllm", "device": "cuda"}, "device"),
     ({"engine": "vllm", "batch_size": 4}, "batch_size"),
+    ({"engine": "vllm", "approx": ["sink", "quest"]}, "approx quest"),
 ])
 def test_refused_in_one_line(given, named):
     with pytest.raises(ConfigError) as err:
