@@ -12,7 +12,7 @@ import pytest
 # every step compares the newest key read back from the cache with the incoming one (paged.check_newest)
 os.environ["ALSPEC_VLLM_CHECK_LAYOUT"] = "1"
 
-ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 256 * 2**20, "seed": 0,
+ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 256 * 2**20, "seed": 0, "block_size": 32,
           "max_model_len": 2048}
 TINY = {**ENGINE, "block_size": 32, "max_num_batched_tokens": 96, "max_model_len": 1024}
 
