@@ -53,3 +53,10 @@ def check(alspec_smol, config, tmp_path) -> None:
             assert alone["sample_log"] == swept["sample_log"], (task, row.name)  # texts, log-probabilities
             assert alone["alspec"]["layers"] == swept["alspec"]["layers"], (task, row.name)
             assert alone["score"] == swept["score"]
+    # resumed: every cell is on disk with its fingerprint, so nothing is evaluated again; the report reads the cells
+    written = {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("*.json")}
+    run_sweep(config, lm=None)  # would start an engine of its own if a cell were missing
+    assert {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("*.json")} == written
+    from alspec_eval.report.build import write_report
+
+    assert any(p.name == "table1.md" for p in write_report(out))
