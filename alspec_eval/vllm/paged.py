@@ -59,7 +59,7 @@ class CpuVecLayout:
         flat = kv_cache.view(blocks, heads, size * twice)
         head = torch.arange(heads, device=block.device)[None, :, None, None]
         d = torch.arange(dim, device=block.device)
-        keys = flat[block[..., None], head, offset[..., None] * dim + d]
+        keys = flat[block[..., None], head, d * size + offset[..., None]]
         values = flat[block[..., None], head, size * dim + offset[..., None] * dim + d]
         return keys, values
 
