@@ -6,6 +6,7 @@ the smallest CPU_ATTN takes) whose workers keep what the float64 reference recom
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import pytest
 
@@ -57,3 +58,15 @@ def alspec_tiny(tiny_path):
     from alspec_eval.vllm.model import ALSpecVLLM
 
     return ALSpecVLLM(tiny_path, window=16, **TINY)
+
+
+@contextmanager
+def speculating(lm, dump: bool = False, **changes):
+    """``lm`` with other speculation settings inside the block (every worker), its own again after."""
+    previous, dumped = lm.spec_config, lm.dump
+    lm.reconfigure(dump=dump, **changes)
+    try:
+        yield lm
+    finally:
+        lm.dump = dumped
+        lm._use(previous)

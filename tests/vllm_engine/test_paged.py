@@ -140,7 +140,8 @@ def split_lambda(ratios):
 def run(step, approx, align, lam, layer=1, **kw):
     """verify_layer on a copy of the step's output with thresholds (nan, lam), for layer 1 by default."""
     out = step["output"].clone()
-    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(len(step["starts"])))
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], 100 + torch.arange(len(step["starts"])))
+    assert torch.equal(rows.tag, 100 + rows.request)  # each token carries its own request's tag
     settings = Settings(thresholds=(math.nan, lam), window=step["S"], window_align=align,
                         approx=make_approximation(approx))
     res = verify_layer(kw.get("query", step["query"]), kw.get("out", out), kw.get("cache", step["cache"]),

@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("vllm")
 import torch
 
+from conftest import speculating
+
 pytestmark = pytest.mark.slow
 
 ACCEPTED, REJECTED, TRIVIAL = 3, 2, 1
@@ -91,18 +93,15 @@ def test_decisions_and_approximations_equal_a_float64_reference(alspec_tiny, app
     long_a, short, long_b = text_tokens(300, 1), text_tokens(40, 2), text_tokens(90, 3)
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     # calibrate lambda to the median ratio of this model, so that rows accept and reject
-    lm.reconfigure(lam=math.inf, approx=approx, speculate_prefill=True, dump=True)
-    lm._model_generate([long_a[:120]], generate=True, sampling_params=[greedy])
-    ratios = torch.cat([d["ratio"] for d in dumps_of(lm)])
+    with speculating(lm, dump=True, lam=math.inf, approx=approx, speculate_prefill=True):
+        lm._model_generate([long_a[:120]], generate=True, sampling_params=[greedy])
+        ratios = torch.cat([d["ratio"] for d in dumps_of(lm)])
     lam = float(ratios[~ratios.isnan()].median()) * 1.0001
-    lm.reconfigure(lam=lam)
-    try:
+    with speculating(lm, dump=True, lam=lam, approx=approx, speculate_prefill=True):
         first = lm._model_generate([long_a, short, long_b], generate=True, sampling_params=[greedy] * 3)
         # the second call reuses long_a's prompt blocks from the prefix cache: same tokens, same salt
         second = lm._model_generate([long_a[:250] + short, long_a[:200]], generate=True, sampling_params=[greedy] * 2)
         dumps = dumps_of(lm)
-    finally:
-        lm.reconfigure(lam=lm.spec_config.lam, dump=False, speculate_prefill=False)
     assert [o.num_cached_tokens for o in second] != [0, 0]  # prefix-cache blocks were shared
     assert all(len(o.outputs[0].token_ids) == 12 for o in first + second)
     seen = check_dumps(dumps, lam, window, approx)
@@ -115,15 +114,12 @@ def test_lambda_zero_commits_nothing_and_sink_policy_accepts_every_row(alspec_ti
     lm = alspec_tiny
     greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     prompts = [text_tokens(150, 7), text_tokens(60, 8)]
-    lm.reconfigure(lam=0.0, policy="dynamic", dump=True)
-    exact = lm._model_generate(prompts, generate=True, sampling_params=[greedy] * 2)
-    dumps = dumps_of(lm)
+    with speculating(lm, dump=True, lam=0.0):
+        exact = lm._model_generate(prompts, generate=True, sampling_params=[greedy] * 2)
+        dumps = dumps_of(lm)
     assert all(torch.equal(d["committed"], d["exact"]) for d in dumps)
-    lm.reconfigure(policy="sink", dump=False)
-    try:
+    with speculating(lm, policy="sink"):
         lm._model_generate(prompts, generate=True, sampling_params=[greedy] * 2)
-    finally:
-        lm.reconfigure(policy="dynamic")
     for prompt in prompts:
         stats = lm.ledger.records[tuple(prompt)].stats
         assert int(stats.speculated.sum()) == int(stats.accepted.sum()) > 0

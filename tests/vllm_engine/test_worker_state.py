@@ -1,0 +1,36 @@
+"""A worker's decisions as the driver takes them (WorkerState.take): every (request, position, layer) at its own
+place, code 0 and NaN where a layer does not speculate. Fast: torch only, no vLLM."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from alspec_eval.vllm.backend import WorkerState
+from alspec_eval.vllm.paged import Settings
+
+
+def test_take_puts_each_code_at_its_layer_and_position():
+    state = WorkerState(settings=Settings(thresholds=(0.1, 0.2, 0.3), window=4, window_align=1, approx=None))
+    truth = {}
+    for step in range(2):  # two steps, tags 7 and 9 interleaved, layers in order
+        tag = torch.tensor([7, 7, 9])
+        pos = torch.tensor([10 + 2 * step, 11 + 2 * step, 20 + step])
+        for layer in (0, 2):  # layer 1 off: code 0, NaN
+            codes = torch.tensor([3, 2, 3]) if layer == 0 else torch.tensor([2, 3, 1])
+            ratios = torch.tensor([0.01, 0.5, 0.02]) * (layer + 1) + step
+            if layer == 2:
+                ratios[2] = math.nan
+            state.records.append((tag, pos, layer, codes, ratios))
+            for t, p, c, r in zip(tag.tolist(), pos.tolist(), codes.tolist(), ratios.tolist()):
+                truth[t, p, layer] = (c, r)
+    got = state.take()
+    assert sorted(got) == [7, 9] and state.records == []
+    for t, (positions, codes, ratios) in got.items():
+        assert positions == sorted({p for (tt, p, _) in truth if tt == t})
+        for i, p in enumerate(positions):
+            for layer in range(3):
+                c, r = truth.get((t, p, layer), (0, math.nan))
+                assert codes[i][layer] == c, (t, p, layer)
+                assert (math.isnan(r) and math.isnan(ratios[i][layer])) or math.isclose(ratios[i][layer], r, rel_tol=1e-6)
