@@ -99,3 +99,29 @@ def check_torch_companions() -> None:
             raise ConfigError(f"{name} is installed but does not load against this torch ({first}), and vLLM would "
                               "fail at start: pip uninstall -y torchvision torchaudio torchcodec "
                               "(scripts/vllm_env.sh does)") from None
+
+
+DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16", "bfloat16": "bfloat16"}
+
+
+def check_cpu_cache(text: Any, engine_args: dict[str, Any]) -> None:
+    """On a machine without CUDA, the cache layout CPU_ATTN will choose (its ISA, from the dtype, block size and
+    head size, as vLLM chooses it), refused before the engine starts where no adapter reads it (paged.LAYOUTS)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError:  # another vLLM: the engine's own first step checks the layout
+        return
+    from .paged import layout_for
+
+    given = str(engine_args.get("dtype", "auto")).removeprefix("torch.")
+    if given == "auto":
+        given = str(getattr(text, "dtype", None) or getattr(text, "torch_dtype", None) or "float32")
+    dtype = getattr(torch, DTYPES.get(given.removeprefix("torch."), "float32"))
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    isa = _get_attn_isa(dtype, int(engine_args.get("block_size") or 128), head,
+                        str(engine_args.get("kv_cache_dtype", "auto")))
+    layout_for("CPU_ATTN", isa)

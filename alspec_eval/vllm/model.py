@@ -35,8 +35,8 @@ from ..rows import Row
 from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 from ..stats import ACCEPTED, AcceptanceStats, run_statistics
 from .backend import TAG
-from .checks import (check_engine_args, check_model_config, check_speculation, check_torch_companions,
-                     vllm_model_class)
+from .checks import (check_cpu_cache, check_engine_args, check_model_config, check_speculation,
+                     check_torch_companions, vllm_model_class)
 from .plugin import ENGINE_FLAG
 
 VLLM = vllm_model_class()  # lm-eval's VLLM; where vLLM is missing, one line naming the extra
@@ -67,6 +67,7 @@ class ALSpecVLLM(VLLM):
         self.spec_config.check_layers(text.num_hidden_layers)
         self.num_layers = int(text.num_hidden_layers)
         check_engine_args(vllm_kwargs)
+        check_cpu_cache(text, vllm_kwargs)
         check_torch_companions()
         vllm_kwargs["worker_extension_cls"] = "alspec_eval.vllm.worker.ALSpecWorker"
         self.ledger = RequestLedger(self.num_layers, self.spec_config.trace_tokens)

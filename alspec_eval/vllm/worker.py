@@ -35,7 +35,21 @@ class ALSpecWorker:
     def alspec_dumps(self) -> list[dict[str, Any]]:
         """With ``dump`` set: every verified layer call's rows since the last call (for an outside reference)."""
         dumps, STATE.dumps = STATE.dumps, []
-        return [{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in d.items()} for d in dumps]
+        return [{k: packed(v) if isinstance(v, torch.Tensor) else v for k, v in d.items()} for d in dumps]
 
     def alspec_backend(self) -> str | None:
         return STATE.backend
+
+
+def packed(tensor: torch.Tensor) -> dict[str, Any]:
+    """A tensor as the RPC carries it fast: its bytes, dtype and shape (:func:`unpacked` makes it again)."""
+    tensor = tensor.detach().cpu().contiguous()
+    return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
+            "data": tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b""}
+
+
+def unpacked(value: dict[str, Any]) -> torch.Tensor:
+    dtype = getattr(torch, value["dtype"])
+    if not value["data"]:
+        return torch.zeros(value["shape"], dtype=dtype)
+    return torch.frombuffer(bytearray(value["data"]), dtype=torch.uint8).view(dtype).view(value["shape"])

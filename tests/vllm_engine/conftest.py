@@ -70,3 +70,11 @@ def speculating(lm, dump: bool = False, **changes):
     finally:
         lm.dump = dumped
         lm._use(previous)
+
+
+def dumps_of(lm) -> list[dict]:
+    """The workers' dumps, their tensors as tensors again (the RPC carries their bytes)."""
+    from alspec_eval.vllm.worker import unpacked
+
+    return [{k: unpacked(v) if isinstance(v, dict) else v for k, v in d.items()}
+            for d in lm.model.collective_rpc("alspec_dumps")[0]]

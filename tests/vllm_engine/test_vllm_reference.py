@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("vllm")
 import torch
 
-from conftest import speculating
+from conftest import dumps_of, speculating
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +34,6 @@ def attention64(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale
     k, v = keys[kv][:, positions].double(), values[kv][:, positions].double()
     weights = torch.softmax(torch.einsum("hd,hpd->hp", q.double(), k) * scale, dim=-1)
     return torch.einsum("hp,hpd->hd", weights, v)
-
-
-def dumps_of(lm) -> list[dict]:
-    """The workers' dumps, their tensors as tensors again (the RPC sends nested lists)."""
-    return [{k: torch.tensor(v) if isinstance(v, list) else v for k, v in d.items()}
-            for d in lm.model.collective_rpc("alspec_dumps")[0]]
 
 
 def check_dumps(dumps: list[dict], lam: float, window: int, approx: str) -> dict[str, int]:

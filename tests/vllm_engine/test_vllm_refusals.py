@@ -86,3 +86,25 @@ def test_the_layout_table_refuses_what_it_cannot_read():
         with pytest.raises(LayoutError, match=backend):
             layout_for(backend, isa)
     assert layout_for("CPU_ATTN", "vec").name == "cpu-vec" and layout_for("TRITON_ATTN").name == "plain"
+
+
+@pytest.mark.slow  # importing vLLM's CPU attention starts a process (its CPU probe)
+@pytest.mark.parametrize("config, args, refused", [
+    (transformers.LlamaConfig(hidden_size=512, num_attention_heads=8), {"dtype": "float32"}, False),
+    (transformers.LlamaConfig(hidden_size=512, num_attention_heads=8), {"dtype": "float32", "block_size": 16}, True),
+    (transformers.LlamaConfig(hidden_size=640, num_attention_heads=8), {"dtype": "float32"}, True),  # head 80: vec16
+])
+def test_a_cpu_cache_layout_it_cannot_read_is_refused_before_the_engine_starts(config, args, refused):
+    pytest.importorskip("vllm")
+    import torch
+
+    from alspec_eval.vllm.checks import check_cpu_cache
+    from alspec_eval.vllm.paged import LayoutError
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU's attention backend only")
+    if refused:
+        with pytest.raises(LayoutError, match="CPU_ATTN with isa vec16"):
+            check_cpu_cache(config, args)
+    else:
+        check_cpu_cache(config, args)

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("vllm")
 import torch
 
-from conftest import TINY
+from conftest import TINY, dumps_of, speculating
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +36,13 @@ def decisions(lm, prompts: list[list[int]], lam: float) -> tuple[list, list]:
     """Each prompt's generated tokens and its decisions (positions, codes, ratios), at ``lam``."""
     from vllm import SamplingParams
 
-    lm.reconfigure(lam=lam, dump=True)
-    try:
+    with speculating(lm, dump=True, lam=lam):
         out = lm._model_generate(prompts, generate=True,
                                  sampling_params=[SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)] * 2)
-        dumps = lm.model.collective_rpc("alspec_dumps")[0]
-    finally:
-        lm.reconfigure(dump=False)
+        dumps = dumps_of(lm)
     rows = {}
     for d in dumps:
-        for tag, pos, code, ratio in zip(d["tag"], d["pos"], d["code"], d["ratio"], strict=True):
+        for tag, pos, code, ratio in zip(*(d[k].tolist() for k in ("tag", "pos", "code", "ratio")), strict=True):
             rows[tag, pos, d["layer"]] = (code, ratio)
     return [o.outputs[0].token_ids for o in out], sorted(rows.items())
 
