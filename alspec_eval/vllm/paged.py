@@ -57,11 +57,10 @@ class CpuVecLayout:
         blocks, heads, size, twice = kv_cache.shape
         dim = twice // 2
         flat = kv_cache.view(blocks, heads, size * twice)
-        head = torch.arange(heads, device=block.device)[None, :, None, None]
-        d = torch.arange(dim, device=block.device)
-        keys = flat[block[..., None], head, d * size + offset[..., None]]
-        values = flat[block[..., None], head, size * dim + offset[..., None] * dim + d]
-        return keys, values
+        keys_t = flat[..., :size * dim].view(blocks, heads, dim, size)  # (block, head, D, N): keys transposed
+        values = flat[..., size * dim:].view(blocks, heads, size, dim)
+        head = torch.arange(heads, device=block.device)[None, :, None]
+        return keys_t[block, head, :, offset], values[block, head, offset]
 
 
 # (the platform's attention backend, its ISA where it has one) -> how its cache is read
