@@ -27,7 +27,7 @@ parts=$work/parts
 : >"$parts"
 
 # Budgets in seconds: .ci/run within 30 minutes in all, the venvs included; the fast tier within 60 s.
-declare -A budget=([venv]=150 [suite]=900 [triton-floor]=150 [venv-tt]=200 [tt]=90 [alone-venv]=150 [alone-fast]=120 [alone-exact]=180 [demo]=300)
+declare -A budget=([venv]=150 [suite]=900 [triton-floor]=150 [venv-tt]=200 [tt]=90 [alone-venv]=150 [alone-fast]=120 [alone-exact]=180 [venv-vllm]=240 [vllm]=330 [demo]=300)
 
 if [ "$ci" = 1 ]; then
     git clone -q "$repo" "$work/ci"
