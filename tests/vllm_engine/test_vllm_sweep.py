@@ -20,7 +20,7 @@ def test_a_sweep_on_one_engine_equals_its_cells_run_alone(alspec_smol, tmp_path)
     from alspec_eval.sweep.config import parse_config
 
     config = parse_config({"name": "v", "tasks": ["alspec_recall", "alspec_hellaswag"], "lambdas": [0.1, 0.4],
-                           "window": 16, "engine": "vllm", "limit": 2, "static": {"p": 0.5, "lambda": 0.1},
+                           "window": 16, "engine": "vllm", "limit": 3, "static": {"p": 0.5, "lambda": 0.1},
                            "model_args": {"pretrained": "smollm2", **ENGINE}, "output": str(tmp_path / "v")})
     alspec_smol.reconfigure(window=16)  # HellaSwag's items are 60 to 150 tokens: past 2S = 32
     try:
