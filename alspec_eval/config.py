@@ -16,8 +16,11 @@ from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 
 __all__ = ["ConfigError", "LambdaSchedule", "SpeculationConfig", "parse_layers"]
 
-Policy = Literal["dynamic", "sink", "static", "exact", "selfspec"]
-POLICIES: tuple[str, ...] = ("dynamic", "sink", "static", "exact", "selfspec")
+Policy = Literal["dynamic", "always", "static", "exact", "selfspec"]
+POLICIES: tuple[str, ...] = ("dynamic", "always", "static", "exact", "selfspec")
+# Old names a policy is still read under (model_args, configs, cell and result files written before): "sink" named
+# the policy that accepts A~ always (lambda = inf) whatever the approximation, as the approximation "sink" is named.
+POLICY_ALIASES = {"sink": "always"}
 DEFAULT_GAMMA = 4  # draft tokens per verification step under policy=selfspec
 KERNELS: tuple[str, ...] = ("auto", "model", "torch", "triton")  # backends/sim/__init__.py says what each computes
 KERNEL_ALIASES = {"sdpa": "model"}  # the name kernel=model had before it also covered eager attention
@@ -28,7 +31,7 @@ TT_KERNELS: tuple[str, ...] = ("ttnn", "ttlang")
 # (row, layer) does. semantics.accept rejects NaN and -inf by itself, so a kernel needs no case for them.
 OFF = math.nan  # exact attention, nothing recorded (baseline; policy=exact and selfspec's verifier; sliding layers)
 REJECT = -math.inf  # exact attention, recorded as rejected (policy=static's exact layers: decided, not measured)
-ALWAYS = math.inf  # A~ always (sink; policy=static's approximated layers)
+ALWAYS = math.inf  # A~ always (policy=always; policy=static's approximated layers)
 # Settings fixed when the model loads (its hooks, kernel and device); the others may change from call to call.
 LOAD_TIME_SETTINGS: tuple[str, ...] = ("backend", "kernel", "tt")
 TT_ARGS = {"tt_mode": "mode", "tt_device_id": "device_id", "tt_kv_dtype": "kv_dtype", "tt_kernel": "kernel"}
@@ -66,6 +69,11 @@ def tt_window_problem(window: int) -> str | None:
                 f"TT op's k_chunk_size; use window=32, 64, 128 (the authors' default), 256 or 512 "
                 "(backend=sim takes any S)")
     return None
+
+
+def canonical_policy(policy: Any) -> Any:
+    """A policy under its name of today (``POLICY_ALIASES``); anything else as given, for the caller to check."""
+    return POLICY_ALIASES.get(policy, policy) if isinstance(policy, str) else policy
 
 
 def parse_layers(spec: str | int | list[int] | tuple[int, ...] | None) -> tuple[int, ...]:
@@ -167,6 +175,7 @@ class SpeculationConfig:
         object.__setattr__(self, "lam", float(lam))
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ConfigError(f"window={self.window!r} is invalid; use an integer >= 1 (S, tokens per sink window), e.g. window=128")
+        object.__setattr__(self, "policy", canonical_policy(self.policy))
         if self.policy not in POLICIES:
             raise ConfigError(f"policy={self.policy!r} is unknown; use one of {', '.join(POLICIES)}")
         if self.backend not in BACKENDS:
@@ -252,7 +261,7 @@ class SpeculationConfig:
         or a lambda). Every path reads the plan, never the policy's name."""
         if self.policy in ("exact", "selfspec"):  # selfspec's own passes verify exactly; its drafts: sink_draft()
             return [OFF] * num_layers
-        if self.policy == "sink":
+        if self.policy == "always":
             return [ALWAYS] * num_layers
         if self.policy == "static":
             return [ALWAYS if i in self.static_layers else REJECT for i in range(num_layers)]
@@ -264,14 +273,14 @@ class SpeculationConfig:
         return self.policy == "selfspec"
 
     def sink_draft(self) -> "SpeculationConfig":
-        """What self-speculation drafts with: A~ always (policy=sink), of the same window and approximation."""
-        return replace(self, policy="sink", gamma=None)
+        """What self-speculation drafts with: A~ always (policy=always), of the same window and approximation."""
+        return replace(self, policy="always", gamma=None)
 
     @property
     def recorded_lambda(self) -> float | str | None:
-        """The lambda a result records: the one that decides (dynamic), "inf" for sink, None where none decides
+        """The lambda a result records: the one that decides (dynamic), "inf" for always, None where none decides
         (exact, static, selfspec, a schedule)."""
-        if self.policy == "sink":
+        if self.policy == "always":
             return "inf"
         if self.policy != "dynamic" or self.lambda_schedule is not None:
             return None

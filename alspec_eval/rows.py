@@ -10,21 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from .approximations import DEFAULT, Approximation, default_approximation, make_approximation
-from .config import SpeculationConfig
+from .config import SpeculationConfig, canonical_policy
 from .schedule import DEFAULT_LAMBDA, LambdaSchedule
 
 # The paper's row order, then token-level self-speculation, then a tuned per-layer schedule (alspec-tune).
-KINDS: tuple[str, ...] = ("baseline", "dynamic", "sink", "static", "selfspec", "tuned")
-POLICY_OF_KIND = {"baseline": "exact", "dynamic": "dynamic", "sink": "sink", "static": "static", "selfspec": "selfspec",
-                  "tuned": "dynamic"}
-# A~ always (kind "sink", lambda = inf) of an approximation other than the default is no sink: that approximation
-# accepted unverified, named by what it is ("inf_quest_p16", "λ = ∞ · quest P=16"). Its cells of before keep "sink_".
-INF_NAME, INF_LABEL = "inf", "λ = ∞"
+KINDS: tuple[str, ...] = ("baseline", "dynamic", "always", "static", "selfspec", "tuned")
+POLICY_OF_KIND = {"baseline": "exact", "dynamic": "dynamic", "always": "always", "static": "static",
+                  "selfspec": "selfspec", "tuned": "dynamic"}
+# A~ always (kind "always", lambda = inf) of the default approximation is the paper's pure attention-sink baseline,
+# named "sink" as the paper names it; of another approximation it is no sink: that approximation accepted unverified,
+# named by what it is ("inf_quest_p16", "λ = ∞ · quest P=16"). Its cells of before keep "sink_".
+SINK_NAME, INF_NAME, INF_LABEL = "sink", "inf", "λ = ∞"
 
 
 @dataclass(frozen=True)
 class Row:
-    """Baseline (exact), one lambda (dynamic), pure sink (lambda = inf), the static layer baseline, token-level
+    """Baseline (exact), one lambda (dynamic), A~ always (lambda = inf: the pure sink), the static layer baseline, token-level
     self-speculation with draft length ``gamma``, or a per-layer lambda ``schedule`` (tuned). Every kind but the
     baseline takes A~ from an Approximation ``approx`` (None: the registry's default, the sink windows; a name is
     made into one where it is read: config, cell files), with a budget of 2 ``window`` keys where a sweep has
@@ -87,8 +88,10 @@ class Row:
             name = f"selfspec_g{self.gamma}"
         elif self.kind == "tuned":
             name = f"tuned_{self.digest[:10]}"
+        elif self.kind == "always":
+            name = INF_NAME if self.unverified else SINK_NAME
         else:
-            name = INF_NAME if self._unverified else self.kind
+            name = self.kind
         return name + self.name_suffix
 
     @property
@@ -101,7 +104,7 @@ class Row:
     def legacy_names(self) -> tuple[str, ...]:
         """The names its cell file had before, which a sweep resumes from and the report reads: a λ = ∞ row of an
         approximation other than the default was "sink_<slug>" (now "inf_<slug>")."""
-        return (self.kind + self.name_suffix,) if self._unverified else ()
+        return (SINK_NAME + self.name_suffix,) if self.unverified else ()
 
     @property
     def file_names(self) -> tuple[str, ...]:
@@ -130,7 +133,9 @@ class Row:
             return f"selfspec γ = {self.gamma}"
         if self.kind == "tuned":
             return f"tuned {self.digest[:6]}"
-        return INF_LABEL if self._unverified else self.kind
+        if self.kind == "always":
+            return INF_LABEL if self.unverified else SINK_NAME
+        return self.kind
 
     @property
     def label(self) -> str:
@@ -138,9 +143,9 @@ class Row:
         return self.kind_label + self._approx_suffix(" · ", label=True)
 
     @property
-    def _unverified(self) -> bool:
+    def unverified(self) -> bool:
         """A~ always of an approximation other than the default: no sink (INF_NAME, INF_LABEL)."""
-        return self.kind == "sink" and not self.approx.is_default
+        return self.kind == "always" and not self.approx.is_default
 
     def _approx_suffix(self, sep: str, label: bool) -> str:
         suffix = self.approx.row_part(sep, label)
@@ -205,7 +210,7 @@ class Row:
 
     def record(self, static_layers: list[int] | None = None) -> dict[str, Any]:
         """What the row's cell file records about how it was made."""
-        lam = {"dynamic": self.lam, "sink": "inf"}.get(self.kind)
+        lam = {"dynamic": self.lam, "always": "inf"}.get(self.kind)
         out: dict[str, Any] = {"policy": self.policy, "lambda": lam, "static_layers": static_layers}
         if self.kind == "selfspec":
             out["gamma"] = self.gamma
@@ -243,13 +248,13 @@ class Row:
             if gamma is None:
                 raise ValueError("a selfspec cell needs its gamma")
             return cls.selfspec(int(gamma))
-        kind = {"exact": "baseline", "sink": "sink", "static": "static"}.get(policy)
+        kind = {"exact": "baseline", "always": "always", "static": "static"}.get(canonical_policy(policy))
         if kind is None:
             raise ValueError(f"a cell with policy {policy!r} is no row of a sweep")
         return cls(kind)
 
 
-BASELINE, SINK, STATIC = Row("baseline"), Row("sink"), Row("static")
+BASELINE, SINK, STATIC = Row("baseline"), Row("always"), Row("static")
 
 
 def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, gammas: list[int] = (),

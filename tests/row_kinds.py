@@ -35,7 +35,7 @@ def examples(lam: float, layers: int = 3, folder: Path | None = None) -> list[Ex
     return [
         Example(BASELINE, (), {"policy": "exact"}),
         Example(Row.dynamic(lam), (), {"lambda": lam}),
-        Example(SINK, (), {"policy": "sink"}),
+        Example(SINK, (), {"policy": "always"}),
         Example(STATIC, (1,), {"policy": "static", "static_layers": "1"}),
         Example(Row.selfspec(2), (), {"policy": "selfspec", "gamma": 2}),
         Example(Row.tuned(LambdaSchedule.load(path)), (), {"lambda_schedule": str(path)}),

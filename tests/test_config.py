@@ -57,6 +57,16 @@ def test_page_at_exactly_the_window_is_accepted_and_the_default_is_quests():
     assert SpeculationConfig(approx="quest", approx_args="page:8").to_dict()["approx_args"] == {"page": 8}
 
 
+def test_policy_sink_is_the_old_name_of_always():
+    """"sink" names the approximation; the policy that accepts A~ always is "always", read under its old name too."""
+    old, new = SpeculationConfig(policy="sink", approx="quest"), SpeculationConfig(policy="always", approx="quest")
+    assert old == new and old.policy == "always" and old.to_dict()["policy"] == "always"
+    from_args, _ = SpeculationConfig.from_model_args({"policy": "sink", "window": 8})
+    assert from_args.thresholds(2) == [math.inf, math.inf] and from_args.recorded_lambda == "inf"
+    with pytest.raises(ConfigError, match="use one of dynamic, always, static, exact, selfspec"):
+        SpeculationConfig(policy="sinks")
+
+
 @pytest.mark.parametrize(("args", "named"), BAD)
 def test_bad_args_name_the_value(args, named):
     with pytest.raises(ConfigError) as err:

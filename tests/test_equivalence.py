@@ -67,7 +67,7 @@ def _sink_mask(length: int, spec_start: int, window: int, align: int) -> torch.T
 @pytest.mark.parametrize("align", [1, 32])
 def test_sink_policy_equals_reference_sink_attention(model, chunks, align):
     window = 32 if align == 32 else 8
-    spec = alspec_lm(model, policy="sink", window=window, window_align=align)
+    spec = alspec_lm(model, policy="always", window=window, window_align=align)
     plain = hf_lm(model).model
     text = (" ".join(["the age of wisdom, the age of foolishness"] * 6))[:230]
     ids = torch.tensor([TOKENIZER(text)["input_ids"]])
@@ -84,7 +84,7 @@ def test_sink_policy_equals_reference_sink_attention(model, chunks, align):
 @pytest.mark.parametrize("approx", APPROXIMATIONS)
 def test_window_covering_context_is_exact_and_trivial(model, approx):
     baseline = hf_lm(model)
-    spec = alspec_lm(model, policy="sink", window=512, **approx_args(approx, 512))
+    spec = alspec_lm(model, policy="always", window=512, **approx_args(approx, 512))
     assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())
     assert spec.loglikelihood(ll_requests()) == baseline.loglikelihood(ll_requests())
     for task in ("gen", "ll"):
@@ -213,7 +213,7 @@ def test_rolling_loglikelihood_speculates_every_position(model, chunks):
 
     assert alspec_lm(model, **{"lambda": 0.0}).loglikelihood_rolling(requests()) == \
         hf_lm(model).loglikelihood_rolling(requests())
-    sink = alspec_lm(model, policy="sink", window=8)
+    sink = alspec_lm(model, policy="always", window=8)
     rolled = requests()
     sink.loglikelihood_rolling(rolled)
     tokens, layers = len(TOKENIZER(text)["input_ids"]), model.config.num_hidden_layers
@@ -225,7 +225,7 @@ def test_rolling_loglikelihood_speculates_every_position(model, chunks):
 def test_sliding_window_layers_are_skipped_and_reported():
     model = tiny_model("mistral")
     model.config.sliding_window = 32
-    baseline, spec = hf_lm(model), alspec_lm(model, policy="sink")
+    baseline, spec = hf_lm(model), alspec_lm(model, policy="always")
     assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())
     stats = spec.statistics()
     assert stats["skipped_layers"] == {str(i): "sliding_window" for i in range(3)}

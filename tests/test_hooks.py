@@ -26,7 +26,7 @@ def test_speculation_block_installs_and_removes_everything():
         before = model(ids).logits
         with speculation(model) as speculator:
             assert model.config._attn_implementation == "alspec_sdpa"
-            with speculator.speculating(DecodeRegion.build([0], [30]), SpeculationConfig(policy="sink", window=8)):
+            with speculator.speculating(DecodeRegion.build([0], [30]), SpeculationConfig(policy="always", window=8)):
                 sink = model(ids).logits
             with pytest.raises(RuntimeError, match="already speculates"):
                 install(model)

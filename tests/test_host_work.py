@@ -293,4 +293,4 @@ def test_no_row_kind_uploads_or_reads_back_per_layer(kernel, approx, monkeypatch
         assert uploads == model_uploads, (name, "uploads per layer over hf's", uploads, model_uploads)
     speculated = {name: sum(s["speculated"] for s in sample_stats(run.requests)) for (name, layers), run in runs.items()
                   if layers == ROW_LAYERS[1] and name != "hf"}
-    assert speculated["dynamic"] > 0 and speculated["sink"] > 0 and speculated["baseline"] == 0
+    assert speculated["dynamic"] > 0 and speculated["always"] > 0 and speculated["baseline"] == 0

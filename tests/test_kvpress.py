@@ -201,7 +201,7 @@ def test_a_family_whose_queries_kvpress_gets_wrong_is_refused(model):
 def test_a_prompt_time_press_scores_at_the_ratio_that_keeps_2s_minus_r_prompt_keys(model):
     """CompactorPress blends its two scores by the compression ratio unless told: the draft's ratio keeps 2S - R of
     the P prompt keys, 1 - (2S - R + 1/2) / P, so blending at that ratio changes nothing, and blending at 0 does
-    (policy=sink: A~ always, so the generations show which keys it chose)."""
+    (policy=always: A~ always, so the generations show which keys it chose)."""
     from helpers import PROMPTS, alspec_lm, gen_requests, sample_stats
 
     given = {"sink_size_start": 2, "sink_size_end": 2, "chunk_size": 8, "sketch_dimension": 8, "recent": 12}
@@ -210,7 +210,7 @@ def test_a_prompt_time_press_scores_at_the_ratio_that_keeps_2s_minus_r_prompt_ke
     for blending in ("default", "ratio", 0.0):
         prompt_keys = len(alspec_lm(model, window=8).tok_encode(prompt))
         value = {"default": None, "ratio": 1 - (2 * 8 - 12 + 0.5) / prompt_keys}.get(blending, blending)
-        lm = alspec_lm(model, window=8, policy="sink",
+        lm = alspec_lm(model, window=8, policy="always",
                        approx=make_approximation("kvpress:CompactorPress", {**given, "blending": value}))
         requests = gen_requests([prompt])
         runs[blending] = (lm.generate_until(requests), sample_stats(requests))

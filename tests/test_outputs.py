@@ -47,7 +47,7 @@ def _cell(out: Path, name: str) -> dict:
 def test_every_cell_records_its_own_settings(swept):
     config, _, out = swept
     expected = {"baseline": ("exact", None), "lambda_0.5": ("dynamic", 0.5), "lambda_1": ("dynamic", 1.0),
-                "sink": ("sink", "inf")}
+                "sink": ("always", "inf")}
     for name, (policy, lam) in expected.items():  # shared-prefill variants: each its own, not the sweep's first lambda
         recorded = _cell(out, name)["alspec"]["config"]
         assert (recorded["policy"], recorded["lambda"], recorded["gamma"]) == (policy, lam, None), name

@@ -41,8 +41,8 @@ def test_settings_are_what_each_row_runs_with():
 def test_rows_are_checked_and_ordered():
     with pytest.raises(ValueError, match="dynamic row needs lambda"):
         Row("dynamic")
-    with pytest.raises(ValueError, match="sink row takes no gamma"):
-        Row("sink", gamma=2)
+    with pytest.raises(ValueError, match="always row takes no gamma"):
+        Row("always", gamma=2)
     rows = sweep_rows([0.05, 0.1], gammas=[2])
     assert [r.name for r in rows] == ["baseline", "lambda_0.05", "lambda_0.1", "sink", "selfspec_g2"]
     assert [r.order for r in rows] == [0, 1, 1, 2, 4]
@@ -91,11 +91,19 @@ def test_lambda_inf_of_another_approximation_is_no_sink():
     assert (SINK.name, SINK.label, SINK.legacy_names) == ("sink", "sink", ())
     assert (SINK.approximated(None, 32).name, SINK.approximated(None, 32).label) == ("sink_S32", "sink · S=32")
     assert (quest.name, quest.label, quest.legacy_names) == ("inf_quest_p16", "λ = ∞ · quest P=16", ("sink_quest_p16",))
-    assert (quest.kind, quest.policy, quest.record()["lambda"]) == ("sink", "sink", "inf")  # the policy keeps its name
+    assert (quest.kind, quest.policy, quest.record()["lambda"]) == ("always", "always", "inf")
     wide = SINK.approximated(TOPK, 32)
     assert (wide.name, wide.label, wide.file_names) == ("inf_topk_S32", "λ = ∞ · topk · S=32",
                                                         ("inf_topk_S32", "sink_topk_S32"))
     assert Row.dynamic(0.1, Quest()).legacy_names == () and STATIC.approximated(Quest()).legacy_names == ()
+
+
+def test_a_cell_recorded_under_the_old_policy_name_reads_as_the_same_row():
+    """Cells written before the policy "sink" was named "always" keep reading, as the row they were made as."""
+    for row in (SINK, SINK.approximated(Quest()), SINK.approximated(None, 32)):
+        record = {**row.record(), "policy": "sink"}
+        assert Row.from_record(record["policy"], record["lambda"], approx=record.get("approx"),
+                               approx_args=record.get("approx_args"), window=record.get("window")) == row
 
 
 def test_a_cell_under_its_legacy_name_is_found_and_its_fingerprint_matches(tmp_path):
@@ -131,7 +139,7 @@ def test_every_kind_has_an_example():
 # What each kind's line of a decision plan must be, at the example's lambda 0.1 on 4 layers, written from
 # docs/design.md (NaN: exact, not recorded; -inf: exact, rejected; inf: A~ always; else accept iff d <= lambda n).
 NAN, INF = math.nan, math.inf
-EXPECTED_LINES = {"baseline": [NAN] * 4, "dynamic": [0.1] * 4, "sink": [INF] * 4, "static": [-INF, INF, -INF, -INF],
+EXPECTED_LINES = {"baseline": [NAN] * 4, "dynamic": [0.1] * 4, "always": [INF] * 4, "static": [-INF, INF, -INF, -INF],
                   "selfspec": [NAN] * 4, "tuned": [0.05, 0.4, 0.1, 0.2]}
 
 
@@ -162,5 +170,5 @@ def test_recorded_lambda_is_the_rows_own():
     """A cell records its own row's settings: no sink or baseline cell records a sweep's first lambda."""
     base = SpeculationConfig(lam=0.5, window=8)
     recorded = {e.row.kind: e.row.config(base, e.static_layers).to_dict()["lambda"] for e in examples(0.1)}
-    assert recorded == {"baseline": None, "dynamic": 0.1, "sink": "inf", "static": None, "selfspec": None,
+    assert recorded == {"baseline": None, "dynamic": 0.1, "always": "inf", "static": None, "selfspec": None,
                         "tuned": None}

@@ -207,7 +207,7 @@ def test_a_ruler_sweep_is_a_cell_per_length_equal_to_separate_runs(tmp_path, cap
     assert "Generating synthetic samples" in log and "Generating synthetic samples" not in console.err + console.out
     assert "nltk" not in console.err + console.out
     assert [log.count(f"repeat | {n}:   0%") for n in (384, 512)] == [1, 1]  # built once for its 3 cells
-    own = {"baseline": {"policy": "exact"}, "lambda_1.25": {"lambda": 1.25}, "sink": {"policy": "sink"}}
+    own = {"baseline": {"policy": "exact"}, "lambda_1.25": {"lambda": 1.25}, "sink": {"policy": "always"}}
     assert [row.name for row in config.rows()] == list(own)
     for length in (384, 512):
         index = TaskManager(metadata={"pretrained": str(path), "max_seq_lengths": [length]})

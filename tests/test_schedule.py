@@ -49,7 +49,7 @@ def test_schedule_errors_before_the_model_loads(tmp_path):
     with pytest.raises(ConfigError, match="lambda=0.2 and lambda_schedule=.* both set the threshold"):
         SpeculationConfig(lam=0.2, lambda_schedule=good)
     with pytest.raises(ConfigError, match="only applies to policy=dynamic"):
-        SpeculationConfig(policy="sink", lambda_schedule=good)
+        SpeculationConfig(policy="always", lambda_schedule=good)
     model = save_tiny(tmp_path / "model")  # 3 layers; the checks run on its config, before the weights load
     with pytest.raises(ConfigError, match="gives 2 lambdas, but the model has 3 decoder layers"):
         ALSpecLM(pretrained=model, lambda_schedule=write(tmp_path, [0.1, 0.2], "short.json"), device="cpu")

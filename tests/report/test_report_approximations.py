@@ -139,7 +139,7 @@ def test_table1_csv_names_each_rows_approximation(written: dict[str, Path]):
     assert (quest["policy"], quest["lambda"], quest["approx"], quest["approx_args"], quest["oracle"]) == (
         "dynamic", "0.1", "quest", f"page:{PAGE}", "")
     assert (rows["λ = ∞ · topk"]["approx"], rows["λ = ∞ · topk"]["oracle"]) == ("topk", "yes")
-    assert (rows["λ = ∞ · topk"]["policy"], rows["sink"]["policy"], rows["sink"]["approx"]) == ("sink", "sink", "sink")
+    assert (rows["λ = ∞ · topk"]["policy"], rows["sink"]["policy"], rows["sink"]["approx"]) == ("always", "always", "sink")
     assert rows["baseline"]["approx"] == "" and rows["λ = 0.1"]["approx"] == "sink"
     assert rows["λ = 0.1"]["approx_args"] == "" and rows["λ = 0.1 · topk"]["approx_args"] == ""
     assert float(quest["alspec_gsm8k_cot score"]) == approx_score("alspec_gsm8k_cot", 0.1, "quest")
@@ -284,6 +284,6 @@ def test_a_lambda_inf_cell_written_under_its_old_sink_name_still_reads(approx_di
                                                           f"inf_quest_p{PAGE}")
     assert [row.label for row in sweep.rows] == [row.label for row in load_sweep(approx_dir).rows]
     cells = load(old).cells
-    assert set(cells[cells["policy"] == "sink"]["row"]) == {"sink", f"λ = ∞ · quest P={PAGE}", "λ = ∞ · topk"}
+    assert set(cells[cells["policy"] == "always"]["row"]) == {"sink", f"λ = ∞ · quest P={PAGE}", "λ = ∞ · topk"}
     projection = project_sweep(sweep, preset(DEFAULT_PRESET))
     assert len(frontier(cells, projection).axes) == len(frontier(load(approx_dir).cells, projection).axes)  # its row found

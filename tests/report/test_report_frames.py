@@ -3,6 +3,7 @@ files, and Table 1 with intervals added and nothing else changed."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -86,6 +87,18 @@ def test_frames_round_trip_the_cells(documented: Path):
     docs = frames.documents
     assert len(docs[(docs.task == "alspec_recall") & (docs.cell == "sink")]) == DOCUMENTS["alspec_recall"]
     assert docs.groupby(["task", "cell"])["score"].mean().loc[("alspec_recall", "sink")] == SCORES["alspec_recall"]["sink"]
+
+
+def test_sink_cells_written_under_the_old_policy_name_report_as_before(tmp_path: Path):
+    """A sweep folder of before the policy "sink" was named "always": its cells give the same frames."""
+    new, old = write_sweep(tmp_path / "new"), write_sweep(tmp_path / "old")
+    for path in (old / "cells").glob("*/sink.json"):
+        cell = json.loads(path.read_text())
+        assert cell["policy"] == "always"
+        path.write_text(json.dumps({**cell, "policy": "sink"}))
+    frames = [report.load(folder).cells.drop(columns=["elapsed_s"], errors="ignore") for folder in (new, old)]
+    pd.testing.assert_frame_equal(*frames)
+    assert set(frames[1][frames[1].cell == "sink"]["policy"]) == {"always"}
 
 
 def test_table1_gains_intervals_and_nothing_else(documented: Path, tmp_path: Path):

@@ -24,7 +24,7 @@ def crowded(tmp_path):
     add_selfspec(out)
     for path in (out / "cells" / TASKS[1]).glob("*.json"):
         cell = json.loads(path.read_text())
-        if cell["policy"] in ("dynamic", "sink", "static"):
+        if cell["policy"] in ("dynamic", "always", "static"):
             for layer in cell["alspec"]["layers"]:
                 layer["accepted"], layer["hit_rate"] = layer["speculated"], 1.0
             total = cell["alspec"]["total"]

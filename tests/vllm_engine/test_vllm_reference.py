@@ -112,7 +112,7 @@ def test_lambda_zero_commits_nothing_and_sink_policy_accepts_every_row(alspec_ti
         exact = lm._model_generate(prompts, generate=True, sampling_params=[greedy] * 2)
         dumps = dumps_of(lm)
     assert all(torch.equal(d["committed"], d["exact"]) for d in dumps)
-    with speculating(lm, policy="sink"):
+    with speculating(lm, policy="always"):
         lm._model_generate(prompts, generate=True, sampling_params=[greedy] * 2)
     for prompt in prompts:
         stats = lm.ledger.records[tuple(prompt)].stats
