@@ -119,3 +119,9 @@ def accept_squared(d2: torch.Tensor, n2: torch.Tensor, lam: float | torch.Tensor
         return torch.ones_like(d2, dtype=torch.bool) if lam == math.inf else (d2 <= lam * lam * n2) & (lam >= 0)
     lam = lam.to(dtype=torch.float32, device=d2.device)
     return ((d2 <= lam * lam * n2) & (lam >= 0)) | (lam == math.inf)
+
+
+def commit(exact: torch.Tensor, approx: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+    """What a verified position continues with (Semantics 5): A~ where accepted, A elsewhere, per query (the first
+    dimension of ``exact`` and ``approx``, ``accept`` one bool each), in the dtype of A."""
+    return torch.where(accept.reshape(-1, *[1] * (exact.dim() - 1)), approx.to(exact.dtype), exact)

@@ -23,7 +23,7 @@ import torch
 from . import semantics
 from .config import SpeculationConfig
 from .kernels import DecodeKernel, SpecDecodeOutput
-from .passes import Pass, assemble
+from .passes import Decision, Pass, assemble
 from .plan import EXACT_REJECTED, IDLE, Plan
 from .prompt_observer import PromptObserver, PromptPrefix, PromptState
 from .region import DecodeRegion, Trace
@@ -120,37 +120,37 @@ class Speculator:
 
     def attend(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, scaling: float, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The committed attention output (B, q_len, Hq, D) of one layer, and the base attention's weights."""
+        """The committed attention output (B, q_len, Hq, D) of one layer, and the base attention's weights: the
+        paper's steps, locate, approximate, verify, commit and record, either gathered (the speculated positions'
+        A~ from the model's own attention over the keys their approximation selects) or fused (a decode step's
+        A, A~, d, n and decision of every batch row from the draft's decode kernel)."""
         layer = module.layer_idx
         self.prompts.attention(self.session, self.speculates(layer), module, query, key, value, scaling)
         if not self.speculates(layer):
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        first = self.locate(query, key)
-        step = first.on(query.device)
+        step = self.locate(query, key).on(query.device)
         if step.trivial is None:  # an idle pass (a prompt's exact prefill): the model's own attention, nothing kept
             return self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        exact_layer = self.session.plan.layer_kinds[layer] == EXACT_REJECTED  # nothing to measure: A, rejected
-        if step.dense:
+        measured = self.session.plan.layer_kinds[layer] != EXACT_REJECTED  # else nothing to measure: A, rejected
+        if step.dense:  # every batch row at once: A~ where the kernel accepted a speculated row (no gather per layer)
             fused = self.fused_decode(layer, step, query, key, value, scaling)
-            if exact_layer:
-                step.decisions[layer] = None
+            if not measured:
+                self.record(step, layer, None)
                 return fused.exact[:, None], None
-            # every batch row at once: A~ where the kernel accepted a speculated row (no gather per layer)
-            step.decisions[layer] = (fused.accept, fused.d, fused.n)
-            use = (fused.accept & step.speculated)[:, None, None]
-            return torch.where(use, fused.spec, fused.exact)[:, None], None
+            self.record(step, layer, (fused.accept, fused.d, fused.n))
+            return self.commit(fused.exact, fused.spec, fused.accept & step.speculated)[:, None], None
         exact, weights = self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        if exact_layer:
-            step.decisions[layer] = None
+        if not measured:
+            self.record(step, layer, None)
             return exact, weights
         rows, cols = step.rows, step.cols
         if not len(rows):
-            step.decisions[layer] = (torch.empty(0, dtype=torch.bool), torch.empty(0), torch.empty(0))
+            self.record(step, layer, (torch.empty(0, dtype=torch.bool), torch.empty(0), torch.empty(0)))
             return exact, weights
         approx = self.approximate(module, step, query, key, value, scaling, kwargs)
         current = exact[:, 0] if step.every_row else exact[rows, cols]
         accept, d, n = self.verify(approx, current, self.thresholds(rows, layer))
-        step.decisions[layer] = (accept, d, n)
+        self.record(step, layer, (accept, d, n))
         committed = self.commit(current, approx, accept)
         if step.every_row:  # no scatter back: the committed rows are the output
             return committed[:, None], weights
@@ -191,25 +191,29 @@ class Speculator:
         lam = self.session.plan.layer(layer, rows.device if rows is not None else device)
         return lam if rows is None or not isinstance(lam, torch.Tensor) else lam[rows]
 
+    def draft_kernel(self) -> DecodeKernel | None:
+        """The decode kernel the session's draft takes (Approximation.fused_decode, offered this backend's kernel),
+        which is the one that runs; None where the draft's A~ takes the gathered path."""
+        return self.session.config.approx.fused_decode(self.decode_kernel)
+
     def has_fused_decode(self) -> bool:
-        """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call (the kernels
-        compute the sink A~ only)."""
-        return self.session.config.approx.fused_decode(self.decode_kernel) is not None
+        """Whether decode steps (one query per row) compute A, A~, d, n and the decision in one call."""
+        return self.draft_kernel() is not None
 
     def fused_decode(self, layer: int, step: Pass, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> SpecDecodeOutput:
         """A decode step through the fused kernel: A, A~, d, n and the decision of every batch row at once."""
-        cfg = self.session.config
+        cfg, kernel = self.session.config, self.draft_kernel()
         if step.kernel_inputs is None:  # once per pass: every layer has the same positions
             pad = self.session.on(query.device)[0]
             cur_pos = torch.full_like(pad, key.shape[2] - 1)
             step.kernel_inputs = {"cur_pos": cur_pos, "start": pad}
-            prepare = getattr(self.decode_kernel, "prepare", None)
+            prepare = getattr(kernel, "prepare", None)
             if prepare is not None:
                 step.kernel_inputs["geometry"] = prepare(cur_pos, cfg.window, cfg.window_align, pad)
         lam = self.thresholds(None, layer, query.device)
         inputs = step.kernel_inputs
-        return self.decode_kernel(query[:, :, 0], key, value, inputs["cur_pos"], cfg.window, lam,
+        return kernel(query[:, :, 0], key, value, inputs["cur_pos"], cfg.window, lam,
                                   window_align=cfg.window_align, scale=scaling, start=inputs["start"],
                                   **({"geometry": inputs["geometry"]} if "geometry" in inputs else {}))
 
@@ -256,10 +260,15 @@ class Speculator:
 
     @staticmethod
     def commit(exact: torch.Tensor, approx: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
-        """The output the speculated positions continue with: A~ where accepted, A elsewhere."""
-        return torch.where(accept[:, None, None], approx.to(exact.dtype), exact)
+        """The output the speculated positions continue with (docs/design.md, Semantics 5): A~ where accepted, A
+        elsewhere, (R, Hq, D) in the model dtype."""
+        return semantics.commit(exact, approx, accept)
 
-    # ------------------------------------------------------------------ the record
+    @staticmethod
+    def record(step: Pass, layer: int, decisions: Decision) -> None:
+        """Keep ``layer``'s decisions in its pass, where the layer computed them (no read-back per layer): the session
+        assembles its record from them when it ends (passes.assemble)."""
+        step.decisions[layer] = decisions
 
 
 def alspec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -41,6 +41,15 @@ def test_accept_ties_inf_and_squares():
     assert d.dtype == torch.float32 and torch.allclose(d, torch.full((2,), math.sqrt(12))) and (n == 0).all()
 
 
+def test_commit_takes_a_tilde_where_accepted_in_the_dtype_of_a():
+    exact = torch.zeros(3, 2, 4, dtype=torch.bfloat16)
+    approx = torch.arange(24, dtype=torch.float32).reshape(3, 2, 4)
+    out = semantics.commit(exact, approx, torch.tensor([True, False, True]))
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out[0], approx[0].bfloat16()) and torch.equal(out[1], exact[1])
+    assert torch.equal(out[2], approx[2].bfloat16())
+
+
 # For each broken rule, tests that compare with an independent oracle and must fail.
 GUARDS = {
     "window": ["tests/kernels/test_kernel_reference.py::test_matches_sdpa",

@@ -209,7 +209,7 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
         d2, n2 = reduce(torch.stack([d2, n2]))
     d, n = d2.sqrt(), n2.sqrt()
     accepted = semantics.accept(d, n, lam)
-    output[token[accepted]] = approx[accepted]
+    output[token] = semantics.commit(exact, approx, accepted)
     codes[live] = torch.where(accepted, ACCEPTED, REJECTED).cpu()
     ratios[live] = (d / n).float().cpu()
     return codes, ratios
