@@ -1,6 +1,6 @@
 """`lm_eval --model alspec`: lm-eval's HFLM with attention-level speculation and its statistics.
 
-Every HFLM option keeps working; the speculation options are read off the same model_args (see README). In the
+Every HFLM option keeps working; the speculation options are read off the same model_args (docs/model_args.md). In the
 shape of lm-eval's ``hf_steered``: HFLM does the work. The three request methods are wrapped, not rewritten: each
 runs HFLM's own, task by task through the request ledger (:mod:`.ledger`), which knows which request a model input
 belongs to and sums the row records per request (logged with the sample) and per task. The two model calls

@@ -93,7 +93,7 @@ def test_window_covering_context_is_exact_and_trivial(model, approx):
 
 
 @pytest.mark.parametrize(("kind", "approx"), [(kind, "sink") for kind in KINDS] +
-                         [(kind, approx) for kind in ("dynamic", "sink") for approx in BEYOND_SINK])
+                         [(kind, approx) for kind in ("dynamic", "always") for approx in BEYOND_SINK])
 def test_teacher_forcing_equals_token_by_token_decoding(model, chunks, kind, approx, tmp_path):
     """Every kind of row (row_kinds.py), run from its own model_args: scoring a continuation in one pass gives the
     log-probability and the per-layer decisions of decoding it token by token with a KV cache, and each layer
@@ -131,11 +131,11 @@ def test_teacher_forcing_equals_token_by_token_decoding(model, chunks, kind, app
 @pytest.mark.parametrize("kind", KINDS)
 def test_exactly_the_kinds_that_never_accept_at_lambda_zero_equal_hf(model, kind, tmp_path):
     """At lambda 0 a row answers as `--model hf` iff its plan never takes A~ (baseline, selfspec, a lambda or a
-    schedule of zeros); sink and static, which take A~ whatever lambda, answer differently."""
+    schedule of zeros); always and static, which take A~ whatever lambda, answer differently."""
     example = _example(kind, 0.0, model, tmp_path)
     baseline, spec = hf_lm(model, batch_size=2), alspec_lm(model, batch_size=2, **example.model_args)
     exact = not any(t > 0 for t in spec.spec_config.thresholds(model.config.num_hidden_layers))
-    assert exact == (kind not in ("sink", "static"))
+    assert exact == (kind not in ("always", "static"))
     lls, expected = spec.loglikelihood(ll_requests()), baseline.loglikelihood(ll_requests())
     if exact:
         assert spec.generate_until(gen_requests()) == baseline.generate_until(gen_requests())

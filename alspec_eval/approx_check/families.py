@@ -1,5 +1,5 @@
 """The model-family matrix: tiny random configs of every decoder family people evaluate, each set to exercise what
-is special about its attention (built by models.build). The README's family table is rendered from FAMILIES
+is special about its attention (built by models.build). The family table of docs/models.md is rendered from FAMILIES
 (tests/test_families.py checks that it is); CONTRACT is the three alspec-check-approx runs on."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ CONTRACT = {"llama": ARCHS["llama"], "qwen2": BY_NAME["Qwen2"], "gemma2": BY_NAM
 
 
 def table_markdown() -> str:
-    """The README's family table."""
+    """The family table of docs/models.md."""
     lines = ["| family | what is special about its attention | status |", "| --- | --- | --- |"]
     lines += [f"| {f.name} | {f.special} | {f.status} |" for f in FAMILIES]
     return "\n".join(lines) + "\n"

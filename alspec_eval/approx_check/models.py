@@ -1,5 +1,5 @@
 """The tiny random models, built in-process (no hub), and a character tokenizer: the one source of them, for the
-contract (families.CONTRACT) and for the tests (tiny_model, save_tiny; families.FAMILIES, the README's matrix)."""
+contract (families.CONTRACT) and for the tests (tiny_model, save_tiny; families.FAMILIES, docs/models.md's matrix)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 @dataclass(frozen=True)
 class Family:
     """A decoder family's tiny config: its transformers classes, what it sets over COMMON, its attention function;
-    ``special`` and ``status`` are the README's columns (families.py)."""
+    ``special`` and ``status`` are the columns of docs/models.md (families.py)."""
 
     name: str
     config: str  # transformers config class

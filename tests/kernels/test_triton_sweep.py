@@ -41,7 +41,7 @@ def test_a_shared_prefill_batch_through_triton_equals_kernel_model(tmp_path):
     lam = median_ratio(alspec_lm(model), PROMPTS[0])
     model = model.to(DEVICE)  # an instance stays where it is (lm-eval moves only what it loads)
     rows = [e.row for e in examples(lam, folder=tmp_path) if e.row.shares_prefill] + [Row.dynamic(2 * lam)]
-    assert {r.kind for r in rows} >= {"baseline", "dynamic", "sink", "selfspec", "tuned"}
+    assert {r.kind for r in rows} >= {"baseline", "dynamic", "always", "selfspec", "tuned"}
     model_answers, model_traces = _sweep(model, rows, "model")
     triton_answers, triton_traces = _sweep(model, rows, "triton")
     for row in rows:

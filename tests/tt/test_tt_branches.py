@@ -107,7 +107,7 @@ def _fallback(model, monkeypatch) -> None:
 
 
 def test_largest_window(monkeypatch):
-    """S = 512, the largest window the README allows for backend=tt: rows past 2S = 1024 tokens."""
+    """S = 512, the largest window docs/tenstorrent.md allows for backend=tt: rows past 2S = 1024 tokens."""
     from alspec_eval.adapter import ALSpecLM
     from helpers import TOKENIZER
 
