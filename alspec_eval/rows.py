@@ -257,15 +257,15 @@ class Row:
 BASELINE, SINK, STATIC = Row("baseline"), Row("always"), Row("static")
 
 
-def sweep_rows(lambdas: list[float], baseline: bool = True, sink: bool = True, gammas: list[int] = (),
+def sweep_rows(lambdas: list[float], baseline: bool = True, always: bool = True, gammas: list[int] = (),
                approximations: list[Approximation | None] = (None,), windows: list[int | None] = (None,)
                ) -> list[Row]:
     """The rows of a sweep that share one exact prefill, in run order: the baseline, then per approximation (None:
-    the default) and window (None: the sweep's one) its lambdas, its sink row (A~ always) and its self-speculation
-    rows."""
+    the default) and window (None: the sweep's one) its lambdas, its lambda = inf row (A~ always: the sink's is the
+    paper's sink row) and its self-speculation rows."""
     return [*([BASELINE] if baseline else []),
             *(row.approximated(approx, window) for approx in approximations for window in windows
-              for row in [*map(Row.dynamic, lambdas), *([SINK] if sink else []), *map(Row.selfspec, gammas)])]
+              for row in [*map(Row.dynamic, lambdas), *([SINK] if always else []), *map(Row.selfspec, gammas)])]
 
 
 def prefill_groups(rows: list[Row]) -> list[list[Row]]:

@@ -57,7 +57,7 @@ def main() -> None:
         else {"pretrained": path, "dtype": "float32"}
     lm = ALSpecLM(**model, device=args.device, batch_size=1, window=64)
     texts = prompts(lm.tokenizer, args.prompts, args.tokens)
-    variants = sweep_rows(LAMBDAS, sink=False)
+    variants = sweep_rows(LAMBDAS, always=False)
 
     start = time.perf_counter()
     separate = []
@@ -113,7 +113,7 @@ def vllm_sweep(args: argparse.Namespace) -> None:
             separate[name] = {s["doc_id"]: s["filtered_resps"] for s in map(json.loads, samples)}
         config = Path(tmp) / "sweep.yaml"
         config.write_text(json.dumps({"name": "bench", "engine": "vllm", "tasks": [args.task], "lambdas": LAMBDAS,
-                                      "window": 64, "limit": args.limit, "static": False, "sink": False,
+                                      "window": 64, "limit": args.limit, "static": False, "always": False,
                                       "model_args": {k: v for k, v in VLLM_ARGS.items() if k != "window"}}))
         sweep_s, sweep_starts = timed_command([bin_dir / "alspec-sweep", config, "--output_path", Path(tmp) / "sweep",
                                                "--no-report"], env)

@@ -62,6 +62,7 @@ def test_shipped_configs_are_valid(name):
     ({"window": [16, 0]}, "window=[16, 0] must be an integer >= 1"),
     ({"window": [8, 32], "approx": ["quest"], "approx_args": {"quest": {"page": 16}}}, "page:16 does not divide the key "
      "budget 2S=16"),  # fits S = 32, not S = 8
+    ({"sink": False, "always": True}, "sink is the old name of always; keep always: True and drop sink"),
 ])
 def test_config_errors_name_the_key_and_fix(change, message):
     raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.2], **change}
@@ -122,6 +123,19 @@ def test_a_resumed_sweep_reuses_a_lambda_inf_cell_under_its_old_sink_name(tmp_pa
 def test_empty_lambdas_without_static_is_a_sweep():
     config = parse_config({"name": "x", "tasks": ["alspec_recall"], "lambdas": [], "static": False, "gammas": [2]})
     assert [row.name for row in config.rows()] == ["baseline", "sink", "selfspec_g2"]
+
+
+def test_the_lambda_inf_rows_key_is_always_and_sink_its_old_name():
+    """`always` names the rows that accept A~ always; configs written with `sink` read the same."""
+    raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "approx": ["sink", "quest"],
+           "approx_args": {"quest": {"page": 4}}, "window": 8}
+
+    def names(**key: bool) -> list[str]:
+        return [row.name for row in parse_config({**raw, **key}).rows()]
+
+    every = names()
+    assert {"sink", "inf_quest_p4"} <= set(every) and names(sink=True) == names(always=True) == every
+    assert names(sink=False) == names(always=False) == [n for n in every if n not in ("sink", "inf_quest_p4")]
 
 
 def test_missing_config_file():

@@ -35,7 +35,7 @@ class SweepConfig:
     window: int | list[int] = 128  # S; a list is a budget axis: every row of every approximation at each
     window_align: int = 1
     baseline: bool = True
-    sink: bool = True
+    always: bool = True  # the lambda = inf row (A~ always) of each approximation: the sink's is the paper's sink row
     static: StaticBaseline | None = field(default_factory=StaticBaseline)
     gammas: list[int] = field(default_factory=list)  # a policy=selfspec row per draft length
     schedules: list[str] = field(default_factory=list)  # a tuned row per lambda_schedule file (alspec-tune)
@@ -79,7 +79,7 @@ class SweepConfig:
         axis = self.windows if isinstance(self.window, list) else [None]
         tuned = [Row.tuned(LambdaSchedule.load(path)) for path in self.schedules]
         static = [STATIC.approximated(approx, w) for approx in self.approx for w in axis] if self.static else []
-        return [*sweep_rows(self.lambdas, self.baseline, self.sink, self.gammas, self.approx, axis), *tuned, *static]
+        return [*sweep_rows(self.lambdas, self.baseline, self.always, self.gammas, self.approx, axis), *tuned, *static]
 
 
 def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
@@ -90,6 +90,22 @@ def _check_keys(where: str, given: dict[str, Any], allowed: list[str]) -> None:
             raise ConfigError(f"{where}: unknown key {key!r}; {hint}")
 
 
+OLD_KEYS = {"sink": "always"}  # keys of configs written before, read under their names of today
+
+
+def _renamed(raw: Any, source: str) -> Any:
+    """``raw`` with its old keys (OLD_KEYS) under their names of today; both given is an error."""
+    if not isinstance(raw, dict):
+        return raw
+    out = dict(raw)
+    for old, new in OLD_KEYS.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{source}: {old} is the old name of {new}; keep {new}: {out[new]} and drop {old}")
+            out[new] = out.pop(old)
+    return out
+
+
 def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
     """Validate a config dict: unknown keys, types and ranges, each with the fix."""
     if not isinstance(raw, dict):
@@ -97,6 +113,7 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
     if "page" in raw:
         raise ConfigError(f"{source}: page={raw['page']!r}: a sweep gives quest's page as approx_args: "
                           f"{{quest: {{page: {raw['page']}}}}}; move it there")
+    raw = _renamed(raw, source)
     names = [f.name for f in fields(SweepConfig)]
     _check_keys(source, raw, [*names, "approx_args", "model"])
     for key in ("name", "tasks", "lambdas"):

@@ -98,7 +98,7 @@ class Tuner:
         return run_sweep(config, lm=self.lm, recompute=self.plan.recompute, tasks=self.tasks)
 
     def calibrate(self) -> Path:
-        return self.sweep("calibration", samples=self.calibration_docs, sink=False, static=None, gammas=[])
+        return self.sweep("calibration", samples=self.calibration_docs, always=False, static=None, gammas=[])
 
     def run_candidate(self, lambdas: list[float]) -> Row:
         """One schedule on the calibration documents (a tuned row of ``candidates/``)."""
@@ -108,7 +108,7 @@ class Tuner:
             write_json_atomic(path, schedule.to_json())
         if str(path) not in self.candidates:
             self.candidates.append(str(path))
-        self.sweep("candidates", samples=self.calibration_docs, lambdas=[], baseline=False, sink=False, static=None,
+        self.sweep("candidates", samples=self.calibration_docs, lambdas=[], baseline=False, always=False, static=None,
                    gammas=[], schedules=list(self.candidates), shared_prefill=False)
         return Row.tuned(LambdaSchedule.load(path))
 
