@@ -67,7 +67,7 @@ def selfspec_generate(model: PreTrainedModel, speculator: Speculator, config: Sp
     ``cache`` holds the exact KV entries of the prompt before ``pending`` (none: the whole prompt is pending); the
     pending tokens are prefilled exactly and give the first token. ``accepted`` counts only the drafted tokens
     kept in the output (docs/design.md, Token-level self-speculation). The draft speculates with ``config``'s window
-    under the sink policy."""
+    under policy=always."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     device = model.device
     logits = model(torch.tensor([pending], device=device), **with_cache(model, cache), use_cache=True,

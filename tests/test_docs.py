@@ -655,7 +655,11 @@ def test_every_result_has_its_date_commit_and_machine() -> None:
 
 @pytest.mark.slow
 def test_the_commits_results_name_exist() -> None:
-    """Starts git (slow tier): every commit docs/results.md names is in the repository's history."""
+    """Starts git (slow tier): every commit docs/results.md names is in the repository's history (a shallow clone
+    holds too little of it to say)."""
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    if shallow.returncode or shallow.stdout.strip() != "false":
+        pytest.skip("not a full git clone: the history is not here to check")
     commits = set(re.findall(r"\b[0-9a-f]{7}\b", (ROOT / "docs" / "results.md").read_text()))
     missing = [c for c in sorted(commits) if subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT,
                                                            capture_output=True).returncode]
