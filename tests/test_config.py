@@ -63,6 +63,8 @@ def test_policy_sink_is_the_old_name_of_always():
     assert old == new and old.policy == "always" and old.to_dict()["policy"] == "always"
     from_args, _ = SpeculationConfig.from_model_args({"policy": "sink", "window": 8})
     assert from_args.thresholds(2) == [math.inf, math.inf] and from_args.recorded_lambda == "inf"
+    draft = SpeculationConfig(policy="selfspec", gamma=2, window=8).sink_draft()  # self-speculation drafts with it
+    assert (draft.policy, draft.gamma, draft.thresholds(2)) == ("always", None, [math.inf, math.inf])
     with pytest.raises(ConfigError, match="use one of dynamic, always, static, exact, selfspec"):
         SpeculationConfig(policy="sinks")
 

@@ -54,3 +54,4 @@ def test_each_kind_is_drawn_with_its_style(every_kind: Path):
     assert drawn == {(s.marker, s.colour) for s in STYLES.values()}
     points = set(score_vs_hit_rate(sweep).axes[0].get_legend_handles_labels()[1])
     assert {s.hit_rate_legend for s in STYLES.values() if s.hit_rate_legend} <= points
+    assert {"sink (λ = ∞)", "static layers"} <= points  # the paper's two baselines, each its own point
