@@ -46,6 +46,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
         sys.path.insert(0, str(SITE))
     _task_index_site().install()
+    # matplotlib's font list, built once per machine with fc-list (a process, which a fast test may not start):
+    # here, before any test, on a machine that has none yet
+    importlib.import_module("matplotlib.font_manager")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `pytest -n N`'s workers: one core each, not N x the cores
         torch.set_num_threads(1)
         os.environ["OMP_NUM_THREADS"] = "1"  # and the processes it starts

@@ -1,7 +1,6 @@
 """The report of a sink-only synthetic sweep as the committed code wrote it before approximations reached the report
-(tests/report/golden/): its text files byte for byte and every figure's sha256, with the versions of the packages that
-drew them (matplotlib, numpy and pillow: another version of any of them may draw or encode other bytes; a fresh
-install of 2026-11-25 drew open_loop_acceptance.png differently from the same code and matplotlib).
+(tests/report/golden/): its text files byte for byte, and for every figure what it draws (``drawn.py``: data,
+colours, labels and legends), not its PNG bytes, which differ from one CPU to another (``drawn.py`` says why).
 
 ``python tests/report/golden.py`` rewrites the folder: only ever from a report whose sink-only output is meant to
 change, and say so in the commit.
@@ -9,16 +8,17 @@ change, and say so in the commit.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
-from importlib.metadata import version
+from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).parent))
+from drawn import drawn
 from synthetic_sweep import write_sweep
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -28,15 +28,27 @@ IMAGE = re.compile(r'src="data:image/png;base64,[A-Za-z0-9+/=]*"')
 
 def render(outdir: Path) -> dict[str, bytes]:
     """Every file the report writes of the sink-only synthetic sweep in ``outdir``: text files as written (the page
-    with its images and the folder's path taken out), figures as their sha256."""
-    from alspec_eval.report.build import write_report
+    with its images and the folder's path taken out), figures as what they draw (``NAME.png.json``)."""
+    from alspec_eval.report import build
 
+    figures: dict[str, bytes] = {}
+
+    def save(fig: Figure, path: Path) -> Path:
+        written = saved(fig, path)
+        png = written.read_bytes()  # its size in pixels from the PNG header: the figure's size at the saved dpi
+        picture = {"pixels": [int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")], **drawn(fig)}
+        figures[path.name + ".json"] = (json.dumps(picture, indent=1, ensure_ascii=False) + "\n").encode()
+        return written
+
+    saved = build.save
     write_sweep(outdir, documents=True, extra_kinds=EXTRA_KINDS)
     out: dict[str, bytes] = {}
-    for path in write_report(outdir):
+    with mock.patch.object(build, "save", save):
+        paths = build.write_report(outdir)
+    for path in paths:
         data = path.read_bytes()
         if path.suffix == ".png":
-            out[path.name + ".sha256"] = hashlib.sha256(data).hexdigest().encode() + b"\n"
+            out[path.name + ".json"] = figures[path.name + ".json"]
         elif path.suffix == ".html":
             out[path.name] = IMAGE.sub('src="IMAGE"', data.decode()).replace(str(outdir), "OUTDIR").encode()
         else:
@@ -44,17 +56,8 @@ def render(outdir: Path) -> dict[str, bytes]:
     return out
 
 
-DRAWING = ("matplotlib", "numpy", "pillow")
-
-
-def drawing_versions() -> dict[str, str]:
-    return {name: version(name) for name in DRAWING}
-
-
-def recorded() -> tuple[dict[str, bytes], dict[str, str]]:
-    """The golden files and the versions of the packages that drew their figures."""
-    files = {p.name: p.read_bytes() for p in GOLDEN.iterdir() if p.name != "versions.json"}
-    return files, json.loads((GOLDEN / "versions.json").read_text())
+def recorded() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in GOLDEN.iterdir()}
 
 
 def main() -> None:
@@ -65,7 +68,6 @@ def main() -> None:
         old.unlink()
     for name, data in files.items():
         (GOLDEN / name).write_bytes(data)
-    (GOLDEN / "versions.json").write_text(json.dumps(drawing_versions()) + "\n")
 
 
 if __name__ == "__main__":
