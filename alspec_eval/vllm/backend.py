@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .prefix_cache import TAG
 from .paged import LayoutError, Settings, StepRows, check_newest, contexts, layout_for, verify_layer
 
-TAG = "alspec"  # the key of SamplingParams.extra_args: [speculation start, request id]
 NEVER = 1 << 62  # a start past any context: the request does not speculate
 
 
@@ -52,7 +52,7 @@ class WorkerState:
             state = self.runner.requests.get(req_id)
             args = state and state.sampling_params and state.sampling_params.extra_args
             if args and TAG in args:
-                starts[row], tags[row] = args[TAG]
+                starts[row], tags[row] = args[TAG][:2]
         return torch.tensor(starts), torch.tensor(tags)
 
     def take(self) -> Taken:

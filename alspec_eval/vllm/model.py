@@ -34,10 +34,11 @@ from ..provenance import versions
 from ..rows import Row
 from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 from ..stats import ACCEPTED, AcceptanceStats, run_statistics
-from .backend import TAG
-from .checks import (check_cpu_cache, check_engine_args, check_model_config, check_speculation,
+from .prefix_cache import TAG
+from .checks import (check_cpu_cache, check_data_parallel, check_engine_args, check_model_config, check_speculation,
                      check_torch_companions, vllm_model_class)
 from .plugin import ENGINE_FLAG
+from .replicas import Replicas
 
 VLLM = vllm_model_class()  # lm-eval's VLLM; where vLLM is missing, one line naming the extra
 
@@ -67,6 +68,7 @@ class ALSpecVLLM(VLLM):
         self.spec_config.check_layers(text.num_hidden_layers)
         self.num_layers = int(text.num_hidden_layers)
         check_engine_args(vllm_kwargs)
+        check_data_parallel(vllm_kwargs)
         check_cpu_cache(text, vllm_kwargs)
         check_torch_companions()
         vllm_kwargs["worker_extension_cls"] = "alspec_eval.vllm.worker.ALSpecWorker"
@@ -80,6 +82,10 @@ class ALSpecVLLM(VLLM):
         self.dump = False  # tests: the workers keep what an outside reference recomputes (worker.alspec_dumps)
         with _engine_flag():
             super().__init__(pretrained=pretrained, **vllm_kwargs)
+        if self.data_parallel_size > 1:  # lm-eval's VLLM started no engine: replicas that live for the whole run
+            self.model = Replicas(self.model_args, self.data_parallel_size, self.tensor_parallel_size,
+                                  torch.cuda.is_available())
+            self._max_length = self._max_length or self.model.max_model_len
         self.attention_backend: str | None = None
         self._configure()
 
@@ -112,10 +118,10 @@ class ALSpecVLLM(VLLM):
     @property
     def _live(self) -> bool:
         """Whether any layer can commit A~ (a non-zero threshold): only then can a speculated KV entry differ from
-        the exact one. Every request is then salted in the prefix cache by the rules and where its speculation starts
-        (its prompt's speculated positions, or the generated tokens' blocks that vLLM caches too), so its blocks serve
-        only requests that compute them alike; requests of the baseline and of lambda = 0 stay shared by every
-        cell of a sweep."""
+        the exact one. The blocks that hold speculated positions (a prompt's from its speculation start, generated
+        tokens fed back, which vLLM caches too) are then keyed in the prefix cache by the rules and that start
+        (:mod:`.prefix_cache`), so they serve only requests that compute them alike; blocks before the start are
+        exact and shared by every cell of a sweep."""
         return any(t > 0 for t in self.spec_config.thresholds(self.num_layers))
 
     def set_cache_hook(self, cache_hook: Any) -> None:
@@ -222,8 +228,9 @@ class ALSpecVLLM(VLLM):
 
     def _model_generate(self, requests: list[list[int]], generate: bool = False,
                         sampling_params: list[Any] | Any | None = None) -> list:
-        """VLLM's call with every request tagged (where it speculates, its id) and, where speculation can change a
-        KV entry, its prefix-cache blocks salted by that start; then the workers' decisions, per request."""
+        """VLLM's call with every request tagged (where it speculates, its id and, where speculation can change a KV
+        entry, the rules that key its speculated blocks in the prefix cache); then the workers' decisions, per
+        request."""
         from vllm import SamplingParams, TokensPrompt
 
         if not generate or sampling_params is None:
@@ -233,18 +240,18 @@ class ALSpecVLLM(VLLM):
         starts = [self._start(tokens, generate) for tokens in requests]
         tags = [next(self._ids) for _ in requests]
         prompts, params = [], []
+        salt = self._salt if self._live else None  # blocks that hold speculated positions: .prefix_cache
         for tokens, params_of, start, tag in zip(requests, sampling_params, starts, tags, strict=True):
             tagged = params_of.clone()
-            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag]}
+            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag, salt]}
             params.append(tagged)
-            prompt = TokensPrompt(prompt_token_ids=list(tokens))
-            if self._live:  # its blocks will hold speculated positions: the prompt's, or the generated tokens'
-                prompt["cache_salt"] = f"alspec:{self._salt}:{start}"
-            prompts.append(prompt)
+            prompts.append(TokensPrompt(prompt_token_ids=list(tokens)))
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",
                                       lora_request=self.lora_request)
-        decisions, redecided = self.model.collective_rpc("alspec_take")[0]
-        self.redecided += int(redecided)
+        decisions: dict[int, tuple] = {}
+        for taken, redecided in self.model.collective_rpc("alspec_take")[::self.tensor_parallel_size]:
+            decisions.update(taken)  # each replica's first rank (the ranks of one replica decide alike)
+            self.redecided += int(redecided)
         if self.attention_backend is None:
             self.attention_backend = self.model.collective_rpc("alspec_backend")[0]
         for tokens, start, tag, out in zip(requests, starts, tags, outputs, strict=True):
@@ -280,7 +287,7 @@ class ALSpecVLLM(VLLM):
         stats = run_statistics(self.spec_config.to_dict(), self.num_layers, {}, self.task_stats)
         stats["provenance"] = {"model": self.model_args["model"], "versions": {**versions(), "vllm": vllm.__version__},
                                "engine": "vllm", "attention_backend": self.attention_backend,
-                               "redecided_positions": self.redecided}
+                               "redecided_positions": self.redecided, "data_parallel_size": self.data_parallel_size}
         return stats
 
     def get_model_info(self) -> dict[str, Any]:

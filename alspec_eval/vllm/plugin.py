@@ -12,9 +12,13 @@ ENGINE_FLAG = "ALSPEC_VLLM_ENGINE"
 
 def register() -> None:
     """Wrap the platform's attention backend choice, whatever it chooses (the CPU platform ignores
-    ``attention_backend`` and always picks CPU_ATTN, so the wrapper sits on the platform's own selector)."""
+    ``attention_backend`` and always picks CPU_ATTN, so the wrapper sits on the platform's own selector), and key
+    speculated blocks in the prefix cache by their rules (:mod:`.prefix_cache`)."""
     if os.environ.get(ENGINE_FLAG) != "1":
         return
+    from .prefix_cache import install
+
+    install()
     from vllm.platforms import current_platform
 
     platform = type(current_platform)

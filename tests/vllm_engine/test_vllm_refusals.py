@@ -11,7 +11,8 @@ import transformers
 
 from alspec_eval.config import SpeculationConfig
 from alspec_eval.errors import ConfigError
-from alspec_eval.vllm.checks import check_engine_args, check_model_config, check_speculation
+from alspec_eval.vllm import checks
+from alspec_eval.vllm.checks import check_data_parallel, check_engine_args, check_model_config, check_speculation
 
 
 def refused(call, *args) -> str:
@@ -60,7 +61,7 @@ def test_models_it_runs(config):
 
 
 @pytest.mark.parametrize("args, named", [
-    ({"data_parallel_size": 2}, "data_parallel_size=2"), ({"kv_cache_dtype": "fp8_e4m3"}, "kv_cache_dtype=fp8_e4m3"),
+    ({"kv_cache_dtype": "fp8_e4m3"}, "kv_cache_dtype=fp8_e4m3"),
     ({"attention_backend": "FLASHINFER"}, "attention_backend=FLASHINFER"),
     ({"worker_extension_cls": "my.Ext"}, "worker_extension_cls"),
     ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
@@ -119,3 +120,32 @@ def test_a_cpu_cache_layout_it_cannot_read_is_refused_before_the_engine_starts(c
             check_cpu_cache(config, args)
     else:
         check_cpu_cache(config, args)
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A CPU-only machine with Ray installed and ``cores`` cores (set by the test)."""
+    import torch
+
+    state = {"cores": 4, "ray": True}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(checks.importlib.util, "find_spec",
+                        lambda name, *a: (object() if state["ray"] else None) if name == "ray" else real(name, *a))
+    monkeypatch.setattr(checks.os, "sched_getaffinity", lambda pid: set(range(state["cores"])))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return state
+
+
+def test_data_parallel_without_ray_names_the_package(machine):
+    machine["ray"] = False
+    assert "pip install ray" in refused(check_data_parallel, {"data_parallel_size": 2})
+    check_data_parallel({"data_parallel_size": 1})  # one replica is one engine: no Ray
+
+
+def test_data_parallel_at_the_machine_s_cores_and_one_past(machine):
+    check_data_parallel({"data_parallel_size": 4})
+    check_data_parallel({"data_parallel_size": 2, "tensor_parallel_size": 2})
+    message = refused(check_data_parallel, {"data_parallel_size": 5})
+    assert "data_parallel_size=5" in message and "has 4" in message and "to 4" in message
+    message = refused(check_data_parallel, {"data_parallel_size": 3, "tensor_parallel_size": 2})
+    assert "needs 6" in message and "to 2" in message

@@ -1,0 +1,39 @@
+"""Which blocks of a request vLLM's prefix cache keys by the speculation rules (prefix_cache.speculated_block_key):
+those that hold a position at or after the request's speculation start, under rules that can change a KV entry.
+Fast: no vLLM (a request is anything with ``sampling_params.extra_args``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from alspec_eval.vllm.prefix_cache import TAG, speculated_block_key
+
+
+def request(tag) -> SimpleNamespace:
+    return SimpleNamespace(sampling_params=SimpleNamespace(extra_args=None if tag is None else {TAG: tag}))
+
+
+@pytest.mark.parametrize("block, key", [
+    ((0, 32), None), ((32, 64), None),  # every position before the start (64): exact, shared
+    ((64, 96), (TAG, "rules", 64)),  # the start is the block's first position
+    ((48, 80), (TAG, "rules", 64)),  # a block over the start
+    ((96, 128), (TAG, "rules", 64)),
+])
+def test_blocks_from_the_speculation_start_carry_the_rules(block, key):
+    assert speculated_block_key(request([64, 7, "rules"]), *block) == key
+
+
+def test_the_block_that_ends_one_past_the_start_is_keyed_and_the_one_before_is_not():
+    assert speculated_block_key(request([63, 7, "r"]), 32, 64) == (TAG, "r", 63)
+    assert speculated_block_key(request([64, 7, "r"]), 32, 64) is None
+
+
+@pytest.mark.parametrize("tag", [None, [0, 7, None], [0, 7]])  # untagged, lambda = 0 or exact, an older tag
+def test_blocks_that_no_speculation_changes_are_shared(tag):
+    assert speculated_block_key(request(tag), 0, 32) is None
+
+
+def test_two_starts_key_the_same_tokens_apart():
+    assert speculated_block_key(request([10, 1, "r"]), 0, 32) != speculated_block_key(request([20, 1, "r"]), 0, 32)
