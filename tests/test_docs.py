@@ -746,3 +746,15 @@ def test_the_layout_names_files_that_exist() -> None:
             missing.append(str((base / word).relative_to(ROOT)))
         parents[indent] = base / word
     assert not missing, missing
+
+
+def test_the_vllm_venv_is_built_as_the_install_says() -> None:
+    """The tests of --model alspec-vllm run in .venv-vllm, built by scripts/vllm_env.sh with the very commands the
+    README and docs/vllm.md give a user (from the clone: the package as `-e .`), so they test what a user gets."""
+    script = script_commands((ROOT / "scripts" / "vllm_env.sh").read_text())
+    marked = [b for b in BLOCKS if "vllm_env.sh builds .venv-vllm with exactly these lines" in (b.marker or "")]
+    assert {b.path.name for b in marked} == {"README.md", "vllm.md"}
+    for block in marked:
+        for words in split_commands(block.text):
+            words = [w for word in words for w in (["-e", ".[vllm]"] if word == "alspec-eval[vllm]" else [word])]
+            assert runs(script, words), f"{block.where}: scripts/vllm_env.sh does not run {' '.join(words)}"
