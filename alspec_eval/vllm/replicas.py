@@ -14,7 +14,6 @@ import os
 from typing import Any
 
 from lm_eval.models.utils import undistribute
-from more_itertools import distribute
 
 from .plugin import ENGINE_FLAG
 
@@ -75,10 +74,11 @@ class Replicas:
 
     def generate(self, prompts: list[Any], sampling_params: list[Any], use_tqdm: bool = False,
                  lora_request: Any = None) -> list[Any]:
-        """Requests dealt to the replicas in turn (lm-eval's ``distribute``, which balances context lengths), each
-        replica's results back in lm-eval's order."""
+        """Requests dealt to the replicas in turn, as lm-eval deals them (``more_itertools.distribute``, which
+        balances context lengths: replica i gets requests i, i + N, ...), each replica's results back in lm-eval's
+        order (its ``undistribute``)."""
         size = len(self.actors)
-        parts = [(list(p), list(s)) for p, s in zip(distribute(size, prompts), distribute(size, sampling_params))]
+        parts = [(prompts[i::size], sampling_params[i::size]) for i in range(size)]
         done = self._ray.get([a.generate.remote(p, s, lora_request) for a, (p, s) in zip(self.actors, parts)])
         return undistribute(done)
 
