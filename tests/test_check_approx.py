@@ -32,7 +32,8 @@ def test_every_registered_approximation_keeps_the_contract(name, capsys):
     approx = SpeculationConfig(window=8, **approx_args(name, 8)).approx
     assert check(approx, 8, ["llama", "qwen2", "gemma2"])
     lines = capsys.readouterr().out.splitlines()[1:]
-    assert len(lines) == 3 * 4 and all(line.endswith(": ok") for line in lines), lines
+    assert len(lines) == 3 * 5 and all(line.endswith(": ok") for line in lines), lines
+    assert sum("a paged cache (vLLM) selects as a contiguous one: ok" in line for line in lines) == 3
 
 
 def test_the_documented_example_keeps_the_contract(monkeypatch, capsys):

@@ -17,8 +17,10 @@ from ..approximations import Approximation
 from ..compat import with_cache
 from ..region import DecodeRegion
 from .models import PROMPTS
+from .paged import paged_equals_contiguous
 from .watch import watched
 
+PAGED = "a paged cache (vLLM) selects as a contiguous one"
 GEN_KWARGS = {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False}
 CONTEXT, CONTINUATION = "It was the best of times, it was the", " worst of times, it was the age of wisdom"
 
@@ -126,9 +128,22 @@ def batch_and_padding_change_nothing(c: Contract) -> list[str]:
     return broken
 
 
+def paged_cache_selects_as_contiguous(c: Contract) -> list[str]:
+    """Inside vLLM the draft reads each row's context from a paged cache (blocks of 16 and 128, shuffled, shared,
+    both layouts, a prompt prefilled in three steps): the same keys as from the HF engine's left-padded cache, on
+    random keys of the family's head geometry. A draft that cannot run in vLLM (``hf_only``) says why instead."""
+    if c.approx.hf_only:
+        return []
+    config = c.model.config
+    heads = config.num_attention_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return paged_equals_contiguous(c.approx, heads, config.num_key_value_heads, dim, c.window)
+
+
 PROPERTIES: dict[str, Callable[[Contract], list[str]]] = {
     "lambda 0 is --model hf": lambda_zero_is_the_model,
     "teacher forcing is token-by-token decoding": teacher_forcing_is_token_by_token,
     "batch size and left padding change nothing": batch_and_padding_change_nothing,
+    PAGED: paged_cache_selects_as_contiguous,
 }
 KEY_RULES = "never a future or padding key, at most 2S keys, none twice"

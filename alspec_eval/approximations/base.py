@@ -48,6 +48,9 @@ class Approximation:
     reads_layer: ClassVar[bool] = False  # prepare and observe_prompt also get the layer (LayerInputs: kvpress's)
     family_name: ClassVar[str] = ""  # the name a family's factory made it under ("kvpress:SnapKVPress")
     names_defaults: ClassVar[bool] = True  # labels and slugs name every parameter (False: those given otherwise)
+    # what it reads that only the HF engine's layer has (its attention module, the layer's input): why it cannot run
+    # inside vLLM, whose attention sees queries, keys and values only; "" where it reads nothing else
+    hf_only: ClassVar[str] = ""
 
     # ------------------------------------------------------------------ settings
 
@@ -107,9 +110,10 @@ class Approximation:
         return kernel if self.fused_kernel else None
 
     def paged_positions(self, pos: torch.Tensor, window: int, window_align: int) -> Selected | None:
-        """Where A~'s keys are when they depend on the query's logical position alone, as a paged cache (vLLM) is read:
-        (R, Hkv or 1, at most 2S) logical positions and which count (None: all). None where A~ needs more than the
-        position (the keys themselves, the prompt's scores): such a draft cannot run inside vLLM."""
+        """Where A~'s keys are when they depend on the query's logical position alone: (R, Hkv or 1, at most 2S)
+        logical positions and which count (None: all), so that a paged cache (vLLM) is read at those keys only. None
+        (the default) where A~ needs more than the position: vLLM then reads each row's context from its paged cache
+        and selects through :meth:`per_pass`, :meth:`prepare` and :meth:`select`, as the HF engine does."""
         return None
 
     # ------------------------------------------------------------------ one call's selections
@@ -165,7 +169,7 @@ class LayerInputs:
     and its rotary ``position_embeddings`` (cos, sin) as the module's forward received them, and the model's
     rotary embedding module."""
 
-    module: torch.nn.Module
+    module: torch.nn.Module | None  # None inside vLLM, whose layer has no HF module (drafts that read it: hf_only)
     value: torch.Tensor
     hidden_states: torch.Tensor | None = None
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -81,11 +81,13 @@ def press_draft(press: str) -> type[Approximation]:
     return cls
 
 
-def press_view(layer: LayerInputs) -> torch.nn.Module:
+def press_view(layer: LayerInputs) -> torch.nn.Module | None:
     """The attention module as presses read it, the model untouched: a shallow copy (its class, so kvpress's
     family checks hold, and its weights) that has the model's ``rotary_emb`` (ExpectedAttention and Cap read it from
     the module; transformers 5 keeps it on the model) and a config with ``head_dim`` (CriticalKV reads it; Qwen2's
     config has none)."""
+    if layer.module is None:  # vLLM's layer: key-only presses read the keys and values alone
+        return None
     view = copy.copy(layer.module)
     config = copy.copy(view.config)
     object.__setattr__(config, "head_dim", view.head_dim)
@@ -200,6 +202,8 @@ class PositionRankedPress(KeyScoredPress):
 class WrappingPress(KeyScoredPress):
     """A press around a key-only press (CriticalKV): the inner one by name, with its defaults."""
 
+    hf_only = "it weighs values by the HF attention module's o_proj weight, which vLLM's attention layer does not have"
+
     @classmethod
     def fields_of(cls, press: type) -> list[tuple]:
         return [("press", str, field(default="KnormPress", metadata={"short": "of", "label": "of"})),
@@ -238,6 +242,8 @@ class PromptScoredPress(_PressDraft, PromptScored):
 
     recent: int = field(default=8, metadata={"short": "r", "label": "R"})
     kind = "prompt-time"
+    hf_only = ("it scores the prompt from the layer's input hidden states through the HF attention module's q_proj "
+               "and rotary embedding, which vLLM's attention layer does not expose")
 
     def shortest(self) -> int:
         """Prompts of at most this many tokens are too short for the press to score: their keys rank newest first."""

@@ -201,20 +201,16 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> SweepConfig:
     _check_engine(raw, source)
     _check_approximations(raw, source)
     if raw["engine"] == "vllm":
-        _check_paged(raw["approx"], raw.get("window", 128), raw.get("window_align", 1), source)
+        _check_paged(raw["approx"], source)
     return SweepConfig(**raw)
 
 
-def _check_paged(approx: list[Approximation], window: int | list[int], window_align: int, source: str) -> None:
-    """Every approximation of a vLLM sweep reads vLLM's paged cache (its keys depend on the position alone)."""
-    import torch
+def _check_paged(approx: list[Approximation], source: str) -> None:
+    """Every approximation of a vLLM sweep runs inside vLLM (none reads what only the HF engine's layer has)."""
+    from ..vllm.checks import check_runs_in_vllm
 
     for a in approx:
-        if a.paged_positions(torch.zeros(0, dtype=torch.long), min(window if isinstance(window, list) else [window]),
-                             window_align) is None:
-            raise ConfigError(f"{source}: approx {a.name} cannot read vLLM's paged cache (its keys depend on more than "
-                              "the position); drop it from a sweep with engine: vllm (sink and local can), or run it "
-                              "with engine: hf")
+        check_runs_in_vllm(a, f"{source}: ")
 
 
 ENGINES = {"hf": "alspec", "vllm": "alspec-vllm"}  # a sweep's engine -> the lm-eval model it runs

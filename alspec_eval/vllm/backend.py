@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 import torch
 
 from .prefix_cache import TAG
-from .paged import LayoutError, Settings, StepRows, check_newest, contexts, layout_for, verify_layer
+from .paged import (LayoutError, PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for,
+                    observe_layer, verify_layer)
 
 NEVER = 1 << 62  # a start past any context: the request does not speculate
 
@@ -31,29 +32,40 @@ class WorkerState:
     records: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     step: Any = None
     rows: StepRows | None = None
+    prompt_rows: PromptRows | None = None
+    prompts: Prompts = field(default_factory=Prompts)  # a prompt-scoring draft's observations (paged.observe_layer)
     checked: set[str] = field(default_factory=set)  # layers whose cache layout was checked once
     dumps: list[dict[str, Any]] = field(default_factory=list)  # Settings.dump: what an outside reference reads
     backend: str | None = None  # the platform backend that gives A (provenance)
 
-    def step_rows(self, metadata: Any) -> StepRows:
-        """The step's speculating tokens, read once per forward pass (vLLM makes a forward context per pass)."""
+    def step_rows(self, metadata: Any) -> tuple[StepRows, PromptRows]:
+        """The step's speculating tokens and the tokens in an observation window, read once per forward pass (vLLM
+        makes a forward context per pass); observations of requests no longer in the engine are dropped."""
         from vllm.forward_context import get_forward_context
 
         context = get_forward_context()
         if context is not self.step:
-            self.step, self.rows = context, StepRows.build(metadata.query_start_loc, metadata.seq_lens,
-                                                           *self._tags(len(metadata.seq_lens)))
-        return self.rows
+            starts, tags, firsts = self._tags(len(metadata.seq_lens))
+            self.step = context
+            self.rows = StepRows.build(metadata.query_start_loc, metadata.seq_lens, starts, tags)
+            self.prompt_rows = PromptRows.build(metadata.query_start_loc, metadata.seq_lens, firsts, starts, tags)
+            if self.prompts.queries or self.prompts.observed:
+                self.prompts.prune({args[TAG][1] for args in map(_extra_args, self.runner.requests.values())
+                                    if TAG in args})
+        return self.rows, self.prompt_rows
 
-    def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per batch row: where its speculation starts, its tag, and where its observation window begins (NEVER
+        where it has none)."""
         batch = self.runner.input_batch.req_ids
-        starts, tags = [NEVER] * requests, [-1] * requests
+        starts, tags, firsts = [NEVER] * requests, [-1] * requests, [NEVER] * requests
         for row, req_id in enumerate(batch[:requests]):
-            state = self.runner.requests.get(req_id)
-            args = state and state.sampling_params and state.sampling_params.extra_args
-            if args and TAG in args:
+            args = _extra_args(self.runner.requests.get(req_id))
+            if TAG in args:
                 starts[row], tags[row] = args[TAG][:2]
-        return torch.tensor(starts), torch.tensor(tags)
+                if len(args[TAG]) > 3 and args[TAG][3] is not None:
+                    firsts[row] = args[TAG][3]
+        return torch.tensor(starts), torch.tensor(tags), torch.tensor(firsts)
 
     def take(self) -> Taken:
         """The decisions since the last take, per request id: positions, and per position every layer's code and
@@ -100,6 +112,12 @@ def first_of_each(keys: torch.Tensor) -> torch.Tensor:
     return first[inverse] == order
 
 
+def _extra_args(state: Any) -> dict[str, Any]:
+    """A request's ``SamplingParams.extra_args`` as the model runner holds them ({} where it has none)."""
+    params = state and state.sampling_params
+    return (params and params.extra_args) or {}
+
+
 STATE = WorkerState()
 
 
@@ -128,8 +146,8 @@ class SpeculatingImpl:
         settings = STATE.settings
         if attn_metadata is None or settings is None or STATE.runner is None:
             return result
-        rows = STATE.step_rows(attn_metadata)
-        if not len(rows.token):
+        rows, prompt_rows = STATE.step_rows(attn_metadata)
+        if not len(rows.token) and not len(prompt_rows.token):
             return result
         layout = self._alspec_layout(layer)
         block_size = kv_cache.shape[2]
@@ -142,10 +160,14 @@ class SpeculatingImpl:
         index = layer_index(layer.layer_name)
         out = output.view(output.shape[0], self.num_heads, -1)
         queries = query.view(query.shape[0], self.num_heads, -1)
+        observe_layer(queries, kv_cache, layout, attn_metadata.block_table, block_size, prompt_rows, settings, index,
+                      self.scale, STATE.prompts)
         exact = out[rows.token.to(out.device)].clone() if settings.dump else None
+        observed = {row: STATE.prompts.observed.get((tag, index)) for row, tag in
+                    zip(rows.request.tolist(), rows.tag.tolist())} if STATE.prompts.observed else None
         decided = verify_layer(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,
                                settings, index, self.scale,
-                               _reduce if get_tensor_model_parallel_world_size() > 1 else None)
+                               _reduce if get_tensor_model_parallel_world_size() > 1 else None, observed)
         if decided is not None:
             STATE.records.append((rows.tag, rows.pos, index, *decided))
             if settings.dump:

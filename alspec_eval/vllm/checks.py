@@ -45,11 +45,14 @@ def check_speculation(model_args: dict[str, Any], config: SpeculationConfig) -> 
     if config.policy not in POLICIES:
         raise ConfigError(f"policy={config.policy} is not supported by --model alspec-vllm; use one of "
                           f"{', '.join(POLICIES)}, or --model alspec")
-    import torch
+    check_runs_in_vllm(config.approx)
 
-    if config.approx.paged_positions(torch.zeros(0, dtype=torch.long), config.window, config.window_align) is None:
-        raise ConfigError(f"approx={config.approx.name} cannot read vLLM's paged cache (its keys depend on more than "
-                          "the position); use approx=sink or approx=local, or run --model alspec")
+
+def check_runs_in_vllm(approx: Any, where: str = "") -> None:
+    """A draft that reads what only the HF engine's layer has (``Approximation.hf_only``) cannot run inside vLLM."""
+    if approx.hf_only:
+        raise ConfigError(f"{where}approx={approx.family_name or approx.name} cannot run in vLLM: {approx.hf_only}; "
+                          "run it with --model alspec")
 
 
 def check_model_config(text: Any) -> None:

@@ -34,6 +34,7 @@ from ..provenance import versions
 from ..rows import Row
 from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 from ..stats import ACCEPTED, AcceptanceStats, run_statistics
+from .paged import observation_first
 from .prefix_cache import TAG
 from .checks import (check_cpu_cache, check_data_parallel, check_engine_args, check_model_config, check_speculation,
                      vllm_model_class)
@@ -243,7 +244,7 @@ class ALSpecVLLM(VLLM):
         salt = self._salt if self._live else None  # blocks that hold speculated positions: .prefix_cache
         for tokens, params_of, start, tag in zip(requests, sampling_params, starts, tags, strict=True):
             tagged = params_of.clone()
-            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag, salt]}
+            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag, salt, self._observed_from(start)]}
             params.append(tagged)
             prompts.append(TokensPrompt(prompt_token_ids=list(tokens)))
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",
@@ -258,6 +259,12 @@ class ALSpecVLLM(VLLM):
             new = len(out.outputs[0].token_ids) if generate else 0
             self.ledger.records[tuple(tokens)] = self._record(decisions.get(tag), len(tokens), start, new, generate)
         return outputs
+
+    def _observed_from(self, start: int) -> int | None:
+        """Where the prompt positions a prompt-scoring draft reads the queries of begin (its observation window), so
+        that their prefill runs in this call whatever the prefix cache holds (.prefix_cache); None for other drafts."""
+        approx = self.spec_config.approx
+        return observation_first(start, approx.prompt_window()) if approx.prompt_keys else None
 
     def _start(self, tokens: list[int], generate: bool) -> int:
         if generate:  # the prompt is exact; every generated token fed back speculates

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +44,13 @@ class PlainLayout:
         rows = kv_cache[block, head, offset]  # (M, Hkv, n, 2D)
         return rows[..., :dim], rows[..., dim:]
 
+    def blocks(self, kv_cache: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of whole blocks ``ids`` (R, nb), in order: two (R, Hkv, nb N, D)."""
+        rows, count = ids.shape
+        dim = kv_cache.shape[-1] // 2
+        picked = kv_cache[ids].transpose(1, 2).reshape(rows, kv_cache.shape[1], count * kv_cache.shape[2], 2 * dim)
+        return picked[..., :dim], picked[..., dim:]
+
 
 @dataclass(frozen=True)
 class CpuVecLayout:
@@ -61,6 +68,14 @@ class CpuVecLayout:
         values = flat[..., size * dim:].view(blocks, heads, size, dim)
         head = torch.arange(heads, device=block.device)[None, :, None]
         return keys_t[block, head, :, offset], values[block, head, offset]
+
+    def blocks(self, kv_cache: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, heads, size, twice = kv_cache.shape
+        dim, (rows, count) = twice // 2, ids.shape
+        picked = kv_cache.view(-1, heads, size * twice)[ids]  # (R, nb, Hkv, 2ND)
+        keys = picked[..., :size * dim].view(rows, count, heads, dim, size).permute(0, 2, 1, 4, 3)
+        values = picked[..., size * dim:].view(rows, count, heads, size, dim).transpose(1, 2)
+        return keys.reshape(rows, heads, count * size, dim), values.reshape(rows, heads, count * size, dim)
 
 
 # (the platform's attention backend, its ISA where it has one) -> how its cache is read
@@ -129,6 +144,50 @@ class StepRows:
         return (qsl[1:] - 1)[keep], torch.arange(requests)[keep], (seq_lens.long().cpu() - 1)[keep]
 
 
+@dataclass(frozen=True)
+class PromptRows:
+    """The tokens of one step in a request's observation window: its prompt's last positions, whose queries a
+    prompt-scoring draft reads (``Approximation.observe_prompt``), [first, end) with end = max(start, 1) (an empty
+    prompt is observed, empty, at position 0); per token the window's first position and the prompt's end."""
+
+    token: torch.Tensor
+    request: torch.Tensor
+    pos: torch.Tensor
+    tag: torch.Tensor
+    first: torch.Tensor
+    start: torch.Tensor
+
+    @classmethod
+    def build(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, firsts: torch.Tensor, starts: torch.Tensor,
+              tags: torch.Tensor) -> "PromptRows":
+        every = StepRows.build(query_start_loc, seq_lens, firsts, tags)  # the tokens at or past each window's first
+        start = starts.long()[every.request]
+        keep = every.pos < start.clamp(min=1)
+        return cls(every.token[keep], every.request[keep], every.pos[keep], every.tag[keep],
+                   firsts.long()[every.request][keep], start[keep])
+
+
+def observation_first(start: int, window: int) -> int:
+    """The first position of the observation window of a prompt that ends at ``start`` (where speculation starts),
+    for a draft that reads its last ``window`` queries."""
+    return start - min(window, start)
+
+
+@dataclass
+class Prompts:
+    """What a worker keeps of prompts for a prompt-scoring draft, per (request tag, layer): the queries of the
+    observation window until the prompt's end has passed the layer, then what ``observe_prompt`` made of them."""
+
+    queries: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    observed: dict[tuple[int, int], Any] = field(default_factory=dict)
+
+    def prune(self, live: set[int]) -> None:
+        """Forget the requests no longer in the engine (a preempted request keeps what it observed)."""
+        for kept in (self.queries, self.observed):
+            for key in [k for k in kept if k[0] not in live]:
+                del kept[key]
+
+
 def slots(block_table: torch.Tensor, request: torch.Tensor, pos: torch.Tensor,
           block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The physical block and offset of logical position ``pos`` of batch row ``request`` (broadcast together)."""
@@ -175,10 +234,128 @@ def contexts(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, blo
     return layout.gather(kv_cache, block, offset)
 
 
+CONTEXT_BUDGET = 128 * 2**20  # bytes of contexts read from the paged cache at once, unless one request's is larger
+
+
+def read_contexts(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
+                  request: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first ``length`` keys and values of batch rows ``request`` (b,), read through the block table a block at
+    a time, as the HF engine's cache holds a batch: (b, Hkv, max length, D) each, shorter rows left-padded with zeros;
+    and each row's padding (b,)."""
+    most = int(length.max())
+    ids = block_table[request.to(block_table.device), :-(-most // block_size)].long()
+    keys, values = layout.blocks(kv_cache, ids)
+    pad = (most - length).long().to(keys.device)
+    if not bool(pad.any()):
+        return keys[:, :, :most], values[:, :, :most], pad
+    padded_keys, padded_values = keys.new_zeros(*keys.shape[:2], most, keys.shape[3]), values.new_zeros(
+        *values.shape[:2], most, values.shape[3])
+    for row, (skip, size) in enumerate(zip(pad.tolist(), length.tolist())):
+        padded_keys[row, :, skip:], padded_values[row, :, skip:] = keys[row, :, :size], values[row, :, :size]
+    return padded_keys, padded_values, pad
+
+
+def _layer_inputs(approx: Any, values: torch.Tensor) -> dict[str, Any]:
+    """What a draft that reads the layer gets inside vLLM: the values, and no HF module (``hf_only`` drafts are
+    refused before the engine starts)."""
+    from ..approximations import LayerInputs
+
+    return {"layer": LayerInputs(None, values)} if approx.reads_layer else {}
+
+
+def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
+                  block_size: int, rows: PromptRows, settings: Settings, layer: int, scale: float,
+                  prompts: Prompts) -> None:
+    """Keep this layer's queries of each request's observation window, and where the window's last position is in
+    the step, let the draft score the prompt (``observe_prompt``) from them and the prompt's keys in the cache. A
+    prompt split over several steps (chunked prefill) is observed whole, once."""
+    lam = settings.thresholds[layer]
+    if math.isnan(lam) or lam == -math.inf or not len(rows.token):
+        return
+    approx = settings.approx
+    for tag in rows.tag.unique().tolist():
+        key = (tag, layer)
+        if key in prompts.observed:  # a recompute after preemption: observed before
+            continue
+        mine = (rows.tag == tag).nonzero().squeeze(1)
+        first, start = int(rows.first[mine[0]]), int(rows.start[mine[0]])
+        end = max(start, 1)
+        kept = prompts.queries.get(key)
+        if kept is None:
+            kept = prompts.queries[key] = query.new_zeros(end - first, *query.shape[1:])
+        kept[(rows.pos[mine] - first).to(query.device)] = query[rows.token[mine].to(query.device)]
+        if int(rows.pos[mine].max()) != end - 1:
+            continue
+        keys, values, _ = read_contexts(kv_cache, layout, block_table, block_size, rows.request[mine[:1]],
+                                        torch.tensor([end]))
+        device = keys.device
+        prompts.observed[key] = approx.observe_prompt(
+            kept.transpose(0, 1)[None], keys, scale, torch.tensor([start], device=device),
+            torch.zeros(1, dtype=torch.long, device=device), first, **_layer_inputs(approx, values))
+        del prompts.queries[key]
+
+
+def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
+                       block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
+                       observed: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
+    (M, Hkv or 1, n) and which count (None: all). Where they depend on the position alone (``paged_positions``),
+    from it; else each request's context is read from the cache (:func:`read_contexts`, requests chunked to
+    :data:`CONTEXT_BUDGET`) and the draft selects as on the HF engine (``per_pass``, ``prepare``, ``select``).
+    ``observed``: per batch row, what a prompt-scoring draft kept of its prompt at this layer."""
+    approx, window = settings.approx, settings.window
+    fixed = approx.paged_positions(pos, window, settings.window_align)
+    if fixed is not None:
+        return fixed
+    heads, dim = kv_cache.shape[1], kv_cache.shape[-1] // 2
+    positions = torch.zeros(len(pos), heads, 2 * window, dtype=torch.long, device=query.device)
+    valid = torch.zeros(len(pos), heads, 2 * window, dtype=torch.bool, device=query.device)
+    requests, inverse = request.cpu().unique(return_inverse=True)
+    lengths = torch.zeros(len(requests), dtype=torch.long).scatter_reduce(0, inverse, pos.cpu() + 1, "amax")
+    per_token = 2 * heads * dim * kv_cache.element_size()
+    for group in _chunks(lengths, per_token, one_each=approx.prompt_keys):  # a prompt's observation is its own
+        keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group], lengths[group])
+        local = torch.full((len(requests),), -1, dtype=torch.long)
+        local[group] = torch.arange(len(group))
+        mine = (local[inverse] >= 0).nonzero().squeeze(1)
+        rows, where = local[inverse[mine]].to(keys.device), pos[mine].to(keys.device)
+        row_pad, mine = pad[rows], mine.to(keys.device)
+        passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align)
+        prepared = approx.prepare(keys, pad, window, observed.get(int(requests[group[0]])),
+                                  **_layer_inputs(approx, values))
+        step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
+        for lo in range(0, len(mine), step):
+            part = slice(lo, lo + step)
+            index, chosen = approx.select(query[mine[part]], keys, rows[part], where[part], row_pad[part], window,
+                                          tuple(None if t is None else t[part] for t in passed), prepared)
+            width = index.shape[-1]
+            positions[mine[part], :, :width] = index - row_pad[part, None, None]
+            valid[mine[part], :, :width] = True if chosen is None else chosen
+    return positions, valid
+
+
+def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool) -> list[torch.Tensor]:
+    """Requests (indices into ``lengths``) in groups whose contexts, padded to the group's longest, take at most
+    :data:`CONTEXT_BUDGET` bytes (a request alone where its own takes more, or where ``one_each``)."""
+    if one_each:
+        return [torch.tensor([i]) for i in range(len(lengths))]
+    groups, current, longest = [], [], 0
+    for i in lengths.argsort().tolist():
+        longest_with = max(longest, int(lengths[i]))
+        if current and longest_with * per_token * (len(current) + 1) > CONTEXT_BUDGET:
+            groups.append(torch.tensor(current))
+            current, longest_with = [], int(lengths[i])
+        current.append(i)
+        longest = longest_with
+    return groups + [torch.tensor(current)]
+
+
 def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
                  block_table: torch.Tensor, block_size: int, rows: StepRows, settings: Settings, layer: int,
-                 scale: float, reduce: Reduce | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 scale: float, reduce: Reduce | None = None,
+                 observed: dict[int, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Verify one layer's speculating tokens and commit the accepted A~ into ``output`` (A, (T, Hq, D)), in place.
+    ``observed``: per batch row, what a prompt-scoring draft kept of the row's prompt at this layer.
 
     Returns each row's decision code and d/n (NaN where not measured), or None where the layer does not speculate
     (threshold OFF). Under tensor parallelism each rank holds some heads: ``reduce`` sums d^2 and n^2 over the ranks
@@ -194,7 +371,8 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
     if lam == -math.inf or not len(live):  # static's exact layers: decided, not measured
         return codes, ratios
     pos, request, token = rows.pos[live], rows.request[live], rows.token[live].to(output.device)
-    positions, valid = settings.approx.paged_positions(pos, settings.window, settings.window_align)
+    positions, valid = selected_positions(query[token], kv_cache, layout, block_table, block_size, request, pos,
+                                          settings, observed or {})
     heads = kv_cache.shape[1]
     positions = positions.expand(-1, heads, -1)
     if valid is not None:

@@ -12,16 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
-TAG = "alspec"  # the key of SamplingParams.extra_args: [speculation start, request id, salt of the rules or None]
+TAG = "alspec"  # the key of SamplingParams.extra_args: [speculation start, request id, salt of the rules or None,
+# first position of a prompt-scoring draft's observation window or None]
 
 
-def speculated_block_key(request: Any, start_token: int, end_token: int) -> tuple[str, str, int] | None:
-    """The extra key of the block of ``request`` over [start_token, end_token): its rules and speculation start where
-    it holds a speculated position under rules that can change a KV entry, else None."""
+def speculated_block_key(request: Any, start_token: int, end_token: int) -> tuple | None:
+    """The extra key of the block of ``request`` over [start_token, end_token): the request's own id where the block
+    holds a position whose query a prompt-scoring draft must read in this call (its observation window: the prefill
+    must run), else its rules and speculation start where it holds a speculated position under rules that can change
+    a KV entry, else None."""
     params = getattr(request, "sampling_params", None)
     args = getattr(params, "extra_args", None) or {}
     tag = args.get(TAG)
-    if not tag or len(tag) < 3 or tag[2] is None or end_token <= tag[0]:
+    if not tag:
+        return None
+    if len(tag) > 3 and tag[3] is not None and end_token > tag[3]:
+        return (TAG, "observed", int(tag[1]))
+    if len(tag) < 3 or tag[2] is None or end_token <= tag[0]:
         return None
     return (TAG, str(tag[2]), int(tag[0]))
 

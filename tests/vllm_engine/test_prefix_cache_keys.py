@@ -37,3 +37,22 @@ def test_blocks_that_no_speculation_changes_are_shared(tag):
 
 def test_two_starts_key_the_same_tokens_apart():
     assert speculated_block_key(request([10, 1, "r"]), 0, 32) != speculated_block_key(request([20, 1, "r"]), 0, 32)
+
+
+@pytest.mark.parametrize("block, key", [
+    ((0, 32), None),  # before the observation window (from 40): shared
+    ((32, 64), (TAG, "observed", 7)),  # holds the window's first position: this request's own, its prefill runs
+    ((64, 96), (TAG, "observed", 7)),  # past the start: its own too
+])
+def test_a_prompt_scoring_draft_s_observation_window_is_never_served_from_the_cache(block, key):
+    assert speculated_block_key(request([64, 7, "rules", 40]), *block) == key
+
+
+def test_the_block_that_ends_at_the_window_s_first_position_is_shared_and_one_past_is_not():
+    assert speculated_block_key(request([64, 7, None, 32]), 0, 32) is None
+    assert speculated_block_key(request([64, 7, None, 31]), 0, 32) == (TAG, "observed", 7)
+
+
+def test_two_requests_with_the_same_prompt_observe_apart():
+    assert speculated_block_key(request([64, 1, None, 40]), 32, 64) != speculated_block_key(
+        request([64, 2, None, 40]), 32, 64)

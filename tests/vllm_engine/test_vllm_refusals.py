@@ -26,14 +26,16 @@ def refused(call, *args) -> str:
 @pytest.mark.parametrize("args, named", [
     ({"backend": "tt"}, "backend=tt"), ({"kernel": "triton"}, "kernel=triton"), ({"tt_mode": "host"}, "tt_mode"),
     ({"policy": "selfspec", "gamma": 2}, "gamma=2"), ({"policy": "selfspec"}, "policy=selfspec"),
-    ({"approx": "quest"}, "approx=quest"), ({"approx": "topk"}, "approx=topk"), ({"approx": "snapkv"}, "approx=snapkv"),
+    ({"approx": "kvpress:CriticalKVPress"}, "approx=kvpress:CriticalKVPress cannot run in vLLM"),
+    ({"approx": "kvpress:SnapKVPress"}, "approx=kvpress:SnapKVPress cannot run in vLLM"),
 ])
 def test_arguments_this_engine_does_not_take(args, named):
     config, _ = SpeculationConfig.from_model_args(dict(args))
     assert named in refused(check_speculation, args, config)
 
 
-@pytest.mark.parametrize("args", [{}, {"approx": "local"}, {"policy": "sink"}, {"policy": "exact"},
+@pytest.mark.parametrize("args", [{}, {"approx": "local"}, {"approx": "quest"}, {"approx": "topk"}, {"approx": "snapkv"},
+                                  {"approx": "kvpress:KnormPress"}, {"policy": "sink"}, {"policy": "exact"},
                                   {"policy": "static", "static_layers": "0;2"}, {"window_align": 32, "window": 64}])
 def test_what_it_takes(args):
     config, _ = SpeculationConfig.from_model_args(dict(args))

@@ -14,7 +14,8 @@ BASE = {"name": "s", "tasks": ["alspec_recall"], "lambdas": [0.1]}
 
 
 @pytest.mark.parametrize("given", [{"engine": "vllm"}, {"model": "alspec-vllm"},
-                                   {"model": "alspec-vllm", "engine": "vllm"}])
+                                   {"model": "alspec-vllm", "engine": "vllm"},
+                                   {"engine": "vllm", "approx": ["sink", "local", "quest", "topk", "snapkv"]}])
 def test_a_vllm_sweep(given):
     assert parse_config({**BASE, **given}).engine == "vllm"
 
@@ -35,7 +36,7 @@ def test_hf_stays_the_default_and_its_fingerprints_do_not_change():
     ({"engine": "vllm", "model_args": {"kernel": "triton"}}, "kernel=triton"),
     ({"engine": "vllm", "device": "cuda"}, "device"),
     ({"engine": "vllm", "batch_size": 4}, "batch_size"),
-    ({"engine": "vllm", "approx": ["sink", "quest"]}, "approx quest"),
+    ({"engine": "vllm", "approx": ["sink", "kvpress:CapPress"]}, "approx=kvpress:CapPress cannot run in vLLM"),
 ])
 def test_refused_in_one_line(given, named):
     with pytest.raises(ConfigError) as err:

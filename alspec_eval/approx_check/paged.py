@@ -1,0 +1,152 @@
+"""The contract on a paged cache (vLLM's): an approximation's selection read through a block table equals its
+selection from the contiguous, left-padded cache the HF engine holds, on the same keys, queries and prompts.
+
+The paged cache is laid out as vLLM lays it out: blocks of 16 and of 128 tokens in both layouts alspec-vllm reads,
+physical blocks in shuffled order, two requests sharing their common prefix's blocks, and a prompt observed over
+three steps (chunked prefill). Torch only: no vLLM, no model (random keys of a family's head geometry).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..approximations import Approximation, LayerInputs
+from ..vllm.paged import (CpuVecLayout, PlainLayout, PromptRows, Prompts, Settings, observation_first, observe_layer,
+                          selected_positions)
+
+BLOCK_SIZES = (16, 128)
+LAYOUTS = (PlainLayout(), CpuVecLayout())
+LENGTHS = (150, 97, 262, 60)  # the first two share their first SHARED tokens; the last speculates from position 0
+SHARED = 64
+SPECULATED = 9  # each request's last positions that speculate (a prefill chunk's worth: several per request)
+
+
+class Batch:
+    """Random keys, values and queries of four requests (a family's Hq, Hkv and D), as one left-padded batch."""
+
+    def __init__(self, heads: int, kv_heads: int, dim: int, window: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.window, self.heads, self.kv_heads = window, heads, kv_heads
+        self.keys = [torch.randn(kv_heads, n, dim, generator=g) for n in LENGTHS]
+        self.values = [torch.randn(kv_heads, n, dim, generator=g) for n in LENGTHS]
+        self.queries = [torch.randn(n, heads, dim, generator=g) for n in LENGTHS]  # a query at every position
+        for part in (self.keys, self.values):
+            part[1][:, :SHARED] = part[0][:, :SHARED]
+        self.scale = dim ** -0.5
+        self.pos = [torch.arange(n - SPECULATED, n) for n in LENGTHS]
+        # each prompt ends where its speculation starts; the last has none (speculate_prefill: observed empty)
+        self.start = [n - SPECULATED for n in LENGTHS[:-1]] + [0]
+
+    def contiguous(self, approx: Approximation) -> list[list[list[int]]]:
+        """Per speculated position and KV head, the sorted logical positions selected, as the HF engine selects
+        them: one left-padded batch, the prompt observed in one pass that holds every position."""
+        longest = max(LENGTHS)
+        pad = torch.tensor([longest - n for n in LENGTHS])
+        key = torch.zeros(len(LENGTHS), self.kv_heads, longest, self.keys[0].shape[-1])
+        value, query = torch.zeros_like(key), torch.zeros(len(LENGTHS), self.heads, longest, key.shape[-1])
+        for row, n in enumerate(LENGTHS):
+            key[row, :, longest - n:], value[row, :, longest - n:] = self.keys[row], self.values[row]
+            query[row, :, longest - n:] = self.queries[row].transpose(0, 1)
+        extra = {"layer": LayerInputs(None, value)} if approx.reads_layer else {}
+        observed = None
+        if approx.prompt_keys:
+            observed = approx.observe_prompt(query, key, self.scale, torch.tensor(self.start) + pad, pad, 0, **extra)
+        rows = torch.cat([torch.full((SPECULATED,), row) for row in range(len(LENGTHS))])
+        pos = torch.cat(self.pos)
+        passed = approx.per_pass(pos, pad[rows], longest, self.window, 1)
+        prepared = approx.prepare(key, pad, self.window, observed, **extra)
+        index, valid = approx.select(query[rows, :, pos + pad[rows]], key, rows, pos, pad[rows], self.window, passed,
+                                     prepared)
+        return _sets(index - pad[rows][:, None, None], valid, self.kv_heads)
+
+    def paged(self, approx: Approximation, layout: PlainLayout | CpuVecLayout, block_size: int,
+              seed: int = 1) -> list[list[list[int]]]:
+        """The same through a paged cache in ``layout`` (blocks of ``block_size``, shuffled, the shared prefix's full
+        blocks held once), the prompts observed over three steps."""
+        cache, table = self.cache(layout, block_size, seed)
+        settings = Settings((0.0,), self.window, 1, approx)
+        prompts = Prompts()
+        if approx.prompt_keys:
+            self._observe(approx, cache, layout, table, block_size, settings, prompts)
+        request = torch.cat([torch.full((SPECULATED,), row) for row in range(len(LENGTHS))])
+        pos = torch.cat(self.pos)
+        query = torch.cat([q[p] for q, p in zip(self.queries, self.pos)])
+        observed = {row: prompts.observed.get((row, 0)) for row in range(len(LENGTHS))}
+        positions, valid = selected_positions(query, cache, layout, table, block_size, request, pos, settings,
+                                              observed)
+        return _sets(positions, valid, self.kv_heads)
+
+    def cache(self, layout: PlainLayout | CpuVecLayout, block_size: int,
+              seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The paged cache, (blocks, Hkv, N, 2D) packed as ``layout`` reads it, and its block table."""
+        dim = self.keys[0].shape[-1]
+        shared = SHARED // block_size  # full blocks of the common prefix, held once
+        owned = [-(-n // block_size) - (shared if row == 1 else 0) for row, n in enumerate(LENGTHS)]
+        total = sum(owned)
+        physical = torch.randperm(total + 3, generator=torch.Generator().manual_seed(seed))  # 3 blocks no one holds
+        width = max(-(-n // block_size) for n in LENGTHS) + 2  # the table's rows are wider than any request's
+        table = torch.zeros(len(LENGTHS), width, dtype=torch.int32)
+        cursor = 0
+        for row, n in enumerate(LENGTHS):
+            first = shared if row == 1 else 0
+            if row == 1:
+                table[1, :shared] = table[0, :shared]
+            count = -(-n // block_size) - first
+            table[row, first:first + count] = physical[cursor:cursor + count].int()
+            cursor += count
+        cache = torch.randn(total + 3, self.kv_heads, block_size, 2 * dim)  # junk where nothing was written
+        for row, n in enumerate(LENGTHS):
+            for t in range(n):
+                block, offset = int(table[row, t // block_size]), t % block_size
+                _write(cache, layout, block, offset, self.keys[row][:, t], self.values[row][:, t])
+        return cache, table
+
+    def _observe(self, approx: Approximation, cache: torch.Tensor, layout: PlainLayout | CpuVecLayout,
+                 table: torch.Tensor, block_size: int, settings: Settings, prompts: Prompts) -> None:
+        """Each request's prompt prefilled in three steps (every request in each), its window observed over them."""
+        firsts = torch.tensor([observation_first(s, approx.prompt_window()) for s in self.start])
+        starts, tags = torch.tensor(self.start), torch.arange(len(LENGTHS))
+        # a window of 6 or more positions spans all three steps; an empty prompt is observed at position 0
+        cuts = [[0, s - 5, s - 2, s] if s else [0, 1, 2, 3] for s in self.start]
+        for step in range(3):
+            lengths = torch.tensor([c[step + 1] - c[step] for c in cuts])
+            seq_lens = torch.tensor([c[step + 1] for c in cuts])
+            query_start_loc = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+            rows = PromptRows.build(query_start_loc, seq_lens, firsts, starts, tags)
+            query = torch.cat([q[c[step]:c[step + 1]] for q, c in zip(self.queries, cuts)])
+            observe_layer(query, cache, layout, table, block_size, rows, settings, 0, self.scale, prompts)
+
+
+def _write(cache: torch.Tensor, layout: PlainLayout | CpuVecLayout, block: int, offset: int, key: torch.Tensor,
+           value: torch.Tensor) -> None:
+    """One token's key and value (Hkv, D) into ``cache`` as ``layout`` packs them."""
+    dim = key.shape[-1]
+    if isinstance(layout, CpuVecLayout):
+        size = cache.shape[2]
+        flat = cache[block].view(cache.shape[1], 2 * size * dim)
+        flat[:, :size * dim].view(-1, dim, size)[:, :, offset] = key
+        flat[:, size * dim:].view(-1, size, dim)[:, offset] = value
+    else:
+        cache[block, :, offset, :dim], cache[block, :, offset, dim:] = key, value
+
+
+def _sets(index: torch.Tensor, valid: torch.Tensor | None, kv_heads: int) -> list[list[list[int]]]:
+    index = index.expand(-1, kv_heads, -1)
+    keep = torch.ones_like(index, dtype=torch.bool) if valid is None else valid.expand_as(index)
+    return [[sorted(index[m, h][keep[m, h]].tolist()) for h in range(kv_heads)] for m in range(index.shape[0])]
+
+
+def paged_equals_contiguous(approx: Approximation, heads: int, kv_heads: int, dim: int, window: int) -> list[str]:
+    """What differs between the paged and the contiguous selections, one line per layout and block size (empty:
+    equal everywhere)."""
+    batch = Batch(heads, kv_heads, dim, window)
+    expected = batch.contiguous(approx)
+    broken = []
+    for layout in LAYOUTS:
+        for block_size in BLOCK_SIZES:
+            got = batch.paged(approx, layout, block_size)
+            wrong = [m for m, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
+            if wrong:
+                broken.append(f"{layout.name} cache, blocks of {block_size}: {len(wrong)} of {len(expected)} "
+                              f"positions select other keys than from a contiguous cache")
+    return broken

@@ -1,0 +1,76 @@
+"""Every draft that runs inside vLLM selects from its paged cache the keys it selects from the HF engine's contiguous
+one (approx_check.paged: both layouts, blocks of 16 and 128, shuffled and shared blocks, a prompt observed over three
+prefill steps, a request with an empty prompt); a reader that gets the block table or the padding wrong is caught;
+and the drafts that cannot run there are exactly those that read what only the HF layer has, refused in one line.
+Torch only, no vLLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from alspec_eval.approx_check import paged as check
+from alspec_eval.config import SpeculationConfig
+from alspec_eval.errors import ConfigError
+from alspec_eval.vllm import paged
+from alspec_eval.vllm.checks import check_runs_in_vllm
+from default_approximations import APPROXIMATIONS, approx_args
+from default_presses import PRESSES, press_args
+
+WINDOW = 16
+GEOMETRIES = [(4, 2, 16), (3, 3, 24)]  # (Hq, Hkv, D): grouped-query heads, and one query head per KV head
+HF_ONLY = {"CriticalKVPress", "SnapKVPress", "PyramidKVPress", "ExpectedAttentionPress", "CapPress",
+           "LeverageScorePress", "NonCausalAttnPress", "CompactorPress"}
+
+
+def draft(name: str):
+    args = press_args(name, WINDOW) if name in PRESSES else approx_args(name, WINDOW)
+    return SpeculationConfig(window=WINDOW, **args).approx
+
+
+IN_VLLM = APPROXIMATIONS + [p for p in PRESSES if p not in HF_ONLY]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("name", IN_VLLM)
+def test_a_paged_cache_selects_as_a_contiguous_one(name, geometry):
+    assert check.paged_equals_contiguous(draft(name), *geometry, WINDOW) == []
+
+
+def test_the_drafts_that_cannot_run_in_vllm_read_what_only_the_hf_layer_has():
+    assert {name for name in APPROXIMATIONS + PRESSES if draft(name).hf_only} == HF_ONLY
+
+
+@pytest.mark.parametrize("name", sorted(HF_ONLY))
+def test_a_draft_that_cannot_run_in_vllm_is_refused_in_one_line(name):
+    with pytest.raises(ConfigError) as err:
+        check_runs_in_vllm(draft(name))
+    message = str(err.value)
+    assert "\n" not in message and f"approx=kvpress:{name} cannot run in vLLM" in message
+    assert "--model alspec" in message and ("o_proj" in message or "hidden states" in message)
+
+
+def _shifted(read):
+    """A reader whose contexts start one key late (the block table read from its second slot)."""
+    def read_contexts(*args):
+        keys, values, pad = read(*args)
+        return keys.roll(-1, 2), values.roll(-1, 2), pad
+    return read_contexts
+
+
+def _padding_blind(read):
+    """A reader that reports no left padding where it padded."""
+    def read_contexts(*args):
+        keys, values, pad = read(*args)
+        return keys, values, pad * 0
+    return read_contexts
+
+
+@pytest.mark.parametrize("broken", [_shifted, _padding_blind])
+@pytest.mark.parametrize("name", ["quest", "topk", "snapkv", "KnormPress"])
+def test_a_reader_that_gets_the_cache_wrong_is_caught(monkeypatch, broken, name):
+    monkeypatch.setattr(paged, "read_contexts", broken(paged.read_contexts))
+    found = check.paged_equals_contiguous(draft(name), 4, 2, 16, WINDOW)
+    if broken is _padding_blind and name == "snapkv":  # a request alone is never padded
+        assert found == []
+        return
+    assert len(found) == 4 and all("positions select other keys" in line for line in found), found
