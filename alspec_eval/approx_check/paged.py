@@ -16,7 +16,8 @@ from ..vllm.paged import (CpuVecLayout, PlainLayout, PromptRows, Prompts, Settin
 
 BLOCK_SIZES = (16, 128)
 LAYOUTS = (PlainLayout(), CpuVecLayout())
-LENGTHS = (150, 97, 262, 60)  # the first two share their first SHARED tokens; the last speculates from position 0
+# past the 2S trivial keys: the first two share their first SHARED tokens; the last speculates from position 0
+LENGTHS = (150, 97, 262, 60)
 SHARED = 64
 SPECULATED = 9  # each request's last positions that speculate (a prefill chunk's worth: several per request)
 
@@ -27,31 +28,32 @@ class Batch:
     def __init__(self, heads: int, kv_heads: int, dim: int, window: int, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
         self.window, self.heads, self.kv_heads = window, heads, kv_heads
-        self.keys = [torch.randn(kv_heads, n, dim, generator=g) for n in LENGTHS]
-        self.values = [torch.randn(kv_heads, n, dim, generator=g) for n in LENGTHS]
-        self.queries = [torch.randn(n, heads, dim, generator=g) for n in LENGTHS]  # a query at every position
+        self.lengths = [n + 2 * window for n in LENGTHS]
+        self.keys = [torch.randn(kv_heads, n, dim, generator=g) for n in self.lengths]
+        self.values = [torch.randn(kv_heads, n, dim, generator=g) for n in self.lengths]
+        self.queries = [torch.randn(n, heads, dim, generator=g) for n in self.lengths]  # a query at every position
         for part in (self.keys, self.values):
             part[1][:, :SHARED] = part[0][:, :SHARED]
         self.scale = dim ** -0.5
-        self.pos = [torch.arange(n - SPECULATED, n) for n in LENGTHS]
+        self.pos = [torch.arange(n - SPECULATED, n) for n in self.lengths]
         # each prompt ends where its speculation starts; the last has none (speculate_prefill: observed empty)
-        self.start = [n - SPECULATED for n in LENGTHS[:-1]] + [0]
+        self.start = [n - SPECULATED for n in self.lengths[:-1]] + [0]
 
     def contiguous(self, approx: Approximation) -> list[list[list[int]]]:
         """Per speculated position and KV head, the sorted logical positions selected, as the HF engine selects
         them: one left-padded batch, the prompt observed in one pass that holds every position."""
-        longest = max(LENGTHS)
-        pad = torch.tensor([longest - n for n in LENGTHS])
-        key = torch.zeros(len(LENGTHS), self.kv_heads, longest, self.keys[0].shape[-1])
-        value, query = torch.zeros_like(key), torch.zeros(len(LENGTHS), self.heads, longest, key.shape[-1])
-        for row, n in enumerate(LENGTHS):
+        longest = max(self.lengths)
+        pad = torch.tensor([longest - n for n in self.lengths])
+        key = torch.zeros(len(self.lengths), self.kv_heads, longest, self.keys[0].shape[-1])
+        value, query = torch.zeros_like(key), torch.zeros(len(self.lengths), self.heads, longest, key.shape[-1])
+        for row, n in enumerate(self.lengths):
             key[row, :, longest - n:], value[row, :, longest - n:] = self.keys[row], self.values[row]
             query[row, :, longest - n:] = self.queries[row].transpose(0, 1)
         extra = {"layer": LayerInputs(None, value)} if approx.reads_layer else {}
         observed = None
         if approx.prompt_keys:
             observed = approx.observe_prompt(query, key, self.scale, torch.tensor(self.start) + pad, pad, 0, **extra)
-        rows = torch.cat([torch.full((SPECULATED,), row) for row in range(len(LENGTHS))])
+        rows = torch.cat([torch.full((SPECULATED,), row) for row in range(len(self.lengths))])
         pos = torch.cat(self.pos)
         passed = approx.per_pass(pos, pad[rows], longest, self.window, 1)
         prepared = approx.prepare(key, pad, self.window, observed, **extra)
@@ -68,10 +70,10 @@ class Batch:
         prompts = Prompts()
         if approx.prompt_keys:
             self._observe(approx, cache, layout, table, block_size, settings, prompts)
-        request = torch.cat([torch.full((SPECULATED,), row) for row in range(len(LENGTHS))])
+        request = torch.cat([torch.full((SPECULATED,), row) for row in range(len(self.lengths))])
         pos = torch.cat(self.pos)
         query = torch.cat([q[p] for q, p in zip(self.queries, self.pos)])
-        observed = {row: prompts.observed.get((row, 0)) for row in range(len(LENGTHS))}
+        observed = {row: prompts.observed.get((row, 0)) for row in range(len(self.lengths))}
         positions, valid = selected_positions(query, cache, layout, table, block_size, request, pos, settings,
                                               observed)
         return _sets(positions, valid, self.kv_heads)
@@ -81,13 +83,13 @@ class Batch:
         """The paged cache, (blocks, Hkv, N, 2D) packed as ``layout`` reads it, and its block table."""
         dim = self.keys[0].shape[-1]
         shared = SHARED // block_size  # full blocks of the common prefix, held once
-        owned = [-(-n // block_size) - (shared if row == 1 else 0) for row, n in enumerate(LENGTHS)]
+        owned = [-(-n // block_size) - (shared if row == 1 else 0) for row, n in enumerate(self.lengths)]
         total = sum(owned)
         physical = torch.randperm(total + 3, generator=torch.Generator().manual_seed(seed))  # 3 blocks no one holds
-        width = max(-(-n // block_size) for n in LENGTHS) + 2  # the table's rows are wider than any request's
-        table = torch.zeros(len(LENGTHS), width, dtype=torch.int32)
+        width = max(-(-n // block_size) for n in self.lengths) + 2  # the table's rows are wider than any request's
+        table = torch.zeros(len(self.lengths), width, dtype=torch.int32)
         cursor = 0
-        for row, n in enumerate(LENGTHS):
+        for row, n in enumerate(self.lengths):
             first = shared if row == 1 else 0
             if row == 1:
                 table[1, :shared] = table[0, :shared]
@@ -95,7 +97,7 @@ class Batch:
             table[row, first:first + count] = physical[cursor:cursor + count].int()
             cursor += count
         cache = torch.randn(total + 3, self.kv_heads, block_size, 2 * dim)  # junk where nothing was written
-        for row, n in enumerate(LENGTHS):
+        for row, n in enumerate(self.lengths):
             for t in range(n):
                 block, offset = int(table[row, t // block_size]), t % block_size
                 _write(cache, layout, block, offset, self.keys[row][:, t], self.values[row][:, t])
@@ -105,7 +107,7 @@ class Batch:
                  table: torch.Tensor, block_size: int, settings: Settings, prompts: Prompts) -> None:
         """Each request's prompt prefilled in three steps (every request in each), its window observed over them."""
         firsts = torch.tensor([observation_first(s, approx.prompt_window()) for s in self.start])
-        starts, tags = torch.tensor(self.start), torch.arange(len(LENGTHS))
+        starts, tags = torch.tensor(self.start), torch.arange(len(self.lengths))
         # a window of 6 or more positions spans all three steps; an empty prompt is observed at position 0
         cuts = [[0, s - 5, s - 2, s] if s else [0, 1, 2, 3] for s in self.start]
         for step in range(3):

@@ -119,7 +119,11 @@ def score(press: Any, module: torch.nn.Module, hidden: torch.Tensor | None, keys
     same ones at every call, and the caller's random state is as it was."""
     devices = [keys.device] if keys.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(SEED)
+        # the generators of the keys' device only: torch.manual_seed also queues every other backend's seed with a
+        # formatted stack trace, which costs more than a key-only press's score inside vLLM's deep call stack
+        torch.default_generator.manual_seed(SEED)
+        if devices:
+            torch.cuda.manual_seed(SEED)
         return press.score(module, hidden, keys, values, None, kwargs)
 
 
