@@ -13,6 +13,7 @@ pytest.importorskip("vllm")
 import torch
 
 from conftest import TINY, dumps_of, speculating
+from default_approximations import approx_args
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +33,11 @@ def alspec_tiny_tp2(tiny_path):
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = before
 
 
-def decisions(lm, prompts: list[list[int]], lam: float) -> tuple[list, list]:
+def decisions(lm, prompts: list[list[int]], lam: float, approx: str = "sink") -> tuple[list, list]:
     """Each prompt's generated tokens and its decisions (positions, codes, ratios), at ``lam``."""
     from vllm import SamplingParams
 
-    with speculating(lm, dump=True, lam=lam):
+    with speculating(lm, dump=True, lam=lam, **approx_args(approx, 16)):
         out = lm._model_generate(prompts, generate=True,
                                  sampling_params=[SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)] * 2)
         dumps = dumps_of(lm)
@@ -47,16 +48,19 @@ def decisions(lm, prompts: list[list[int]], lam: float) -> tuple[list, list]:
     return [o.outputs[0].token_ids for o in out], sorted(rows.items())
 
 
-def test_two_ranks_decide_as_one(alspec_tiny, alspec_tiny_tp2):
+# a rank holds one of the two KV heads: quest's pages, topk's scores and snapkv's prompt scores per KV head must not
+# depend on which heads the rank holds (nor their ratios, summed over the ranks)
+@pytest.mark.parametrize("approx", ["sink", "quest", "topk", "snapkv"])
+def test_two_ranks_decide_as_one(alspec_tiny, alspec_tiny_tp2, approx):
     prompts = [list(range(3, 100)) * 2, list(range(50, 99)) * 3]
-    _, calibration = decisions(alspec_tiny, prompts, math.inf)
+    _, calibration = decisions(alspec_tiny, prompts, math.inf, approx)
     ratios = sorted(r for _, (_, r) in calibration if not math.isnan(r))
     # the threshold in the widest gap between the middle ratios: no decision is a float tie between the engines
     middle = ratios[len(ratios) // 4: 3 * len(ratios) // 4]
     gap = max(range(len(middle) - 1), key=lambda i: middle[i + 1] - middle[i])
     lam = (middle[gap] + middle[gap + 1]) / 2
-    one_text, one = decisions(alspec_tiny, prompts, lam)
-    two_text, two = decisions(alspec_tiny_tp2, prompts, lam)
+    one_text, one = decisions(alspec_tiny, prompts, lam, approx)
+    two_text, two = decisions(alspec_tiny_tp2, prompts, lam, approx)
     assert [k[1:] for k, _ in one] == [k[1:] for k, _ in two]  # the same (position, layer) rows
     codes = torch.tensor([[c for _, (c, _) in rows] for rows in (one, two)])
     assert torch.equal(codes[0], codes[1])

@@ -1,0 +1,91 @@
+"""A prompt-scoring draft (snapkv) inside vLLM reads its prompt's last queries whatever the engine did with the
+prompt: prefilled in several chunks (the tiny engine takes 96 tokens a step, and an observation window of 200
+positions spans three of them, and 48 keys before it are chosen by its queries), or prefilled before by another cell whose blocks the prefix cache holds. Each
+request's d/n at every position and layer is then --model alspec's for the same prompt, and a cell after a baseline
+cell equals the same cell alone."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+import torch
+from lm_eval.api.instance import Instance
+
+from alspec_eval.stats import AcceptanceStats
+from conftest import TINY, speculating
+
+pytestmark = pytest.mark.slow
+
+# a window of 200 prompt positions, always kept, and 2S - recent - 200 = 48 prompt keys before it chosen by their
+# scores from the window's queries
+WINDOW = 128
+SNAPKV = {"approx": "snapkv", "approx_args": "observe:200;pool:3;recent:8"}
+GEN_KWARGS = {"until": ["\n\n"], "max_gen_toks": 10, "do_sample": False}
+PROMPTS = ["".join(chr(33 + (i * 7 + j * 13) % 90) for j in range(n)) for i, n in enumerate((500, 420, 40))]
+
+
+@pytest.fixture(scope="module")
+def hf_tiny(tiny_path):
+    from alspec_eval.adapter import ALSpecLM
+
+    return ALSpecLM(pretrained=tiny_path, dtype="float32", device="cpu", batch_size=3,
+                    max_length=TINY["max_model_len"], window=WINDOW, **{"lambda": 0.0}, **SNAPKV)
+
+
+def ratios_of(lm, monkeypatch) -> tuple[list, torch.Tensor]:
+    """Texts of PROMPTS and every measured d/n, per request in the order of its positions and layers, sorted by
+    request (the engines reduce their requests in other orders)."""
+    traced = []
+    original = AcceptanceStats.from_trace.__func__
+
+    def from_trace(cls, codes, ratios, *args, **kwargs):
+        traced.append(ratios.detach().float().cpu().flatten())
+        return original(cls, codes, ratios, *args, **kwargs)
+
+    monkeypatch.setattr(AcceptanceStats, "from_trace", classmethod(from_trace))
+    texts = lm.generate_until([Instance("generate_until", {}, (p, dict(GEN_KWARGS)), i, ("gen", i, 1))
+                               for i, p in enumerate(PROMPTS)])
+    monkeypatch.undo()
+    return texts, sorted((t for t in traced if len(t)), key=len)
+
+
+def test_a_prompt_observed_over_three_chunks_scores_as_model_alspec(alspec_tiny, hf_tiny, monkeypatch):
+    assert TINY["max_num_batched_tokens"] * 2 < 200 < len(PROMPTS[0]) - 2 * WINDOW  # it spans three prefill steps
+    hf_texts, hf = ratios_of(hf_tiny, monkeypatch)
+    with speculating(alspec_tiny, lam=0.0, window=WINDOW, **SNAPKV):
+        alspec_tiny.model.reset_prefix_cache()
+        texts, ours = ratios_of(alspec_tiny, monkeypatch)
+    assert texts == hf_texts
+    assert [len(t) for t in ours] == [len(t) for t in hf] and sum(map(len, ours)) > 60
+    for a, b in zip(ours, hf):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_a_snapkv_cell_after_a_baseline_cell_equals_it_alone(alspec_tiny, monkeypatch):
+    lm = alspec_tiny
+    lm.model.reset_prefix_cache()
+    with speculating(lm, lam=0.0, window=WINDOW, **SNAPKV):
+        _, calibration = ratios_of(lm, monkeypatch)
+    measured = torch.cat(calibration)
+    lam = float(measured[~measured.isnan()].median()) * 1.0001
+    with speculating(lm, lam=lam, window=WINDOW, **SNAPKV):
+        lm.model.reset_prefix_cache()
+        lm.reset_statistics()
+        alone = ratios_of(lm, monkeypatch)
+        alone_stats = lm.statistics()["tasks"]
+    lm.model.reset_prefix_cache()
+    with speculating(lm, lam=0.0, window=WINDOW):  # the baseline cell: every prompt block now in the prefix cache
+        lm.generate_until([Instance("generate_until", {}, (p, dict(GEN_KWARGS)), i, ("gen", i, 1))
+                           for i, p in enumerate(PROMPTS)])
+    with speculating(lm, lam=lam, window=WINDOW, **SNAPKV):
+        lm.reset_statistics()
+        after = ratios_of(lm, monkeypatch)
+        after_stats = lm.statistics()["tasks"]
+    assert after[0] == alone[0]
+    assert [len(t) for t in after[1]] == [len(t) for t in alone[1]]
+    for a, b in zip(after[1], alone[1]):
+        assert torch.equal(a.nan_to_num(-1), b.nan_to_num(-1))
+    assert after_stats == alone_stats
+    total = after_stats["gen"]["total"]
+    assert 0 < total["accepted"] < total["speculated"], total
