@@ -173,10 +173,18 @@ def test_the_shipped_ruler_config_is_the_offline_tasks_at_4k():
     big = load_config(CONFIGS / "ruler_llama3.yaml")
     assert {ruler.split_unit(t)[0] for t in big.tasks} == set(ruler._ruler_configs()["ruler"]["task"])
     assert {ruler.split_unit(t)[1] for t in big.tasks} == {4096, 8192, 16384, 32768, 65536, 131072}
-    # the same boards through vLLM: the same tasks and lengths, the drafts its paged cache serves
+    # the same boards through vLLM: the same tasks and lengths, every draft that runs inside vLLM (the built-ins and
+    # kvpress's presses that read no more than keys and values), the same drafts at both sizes
+    from alspec_eval.approximations.kvpress import PRESSES, press_draft
+    from alspec_eval.approximations.registry import names
+
+    runs = {*names(), *(f"kvpress:{p}" for p in PRESSES if not press_draft(p).hf_only)}
+    drafts = []
     for small, large in (("ruler", "ruler_vllm"), ("ruler_llama3", "ruler_llama3_vllm")):
         hf, vllm = load_config(CONFIGS / f"{small}.yaml"), load_config(CONFIGS / f"{large}.yaml")
-        assert vllm.tasks == hf.tasks and vllm.engine == "vllm" and [a.name for a in vllm.approx] == ["sink", "local"]
+        assert vllm.tasks == hf.tasks and vllm.engine == "vllm"
+        drafts.append({a.family_name or a.name for a in vllm.approx})
+    assert drafts[0] == drafts[1] == runs
 
 
 @pytest.mark.slow

@@ -30,8 +30,8 @@ def test_shipped_configs_are_valid(name):
     config = load_config(CONFIGS / f"{name}.yaml")
     last = {"demo_approx": "inf_snapkv_w32_k5_r8_S32",  # no static rows
             "demo_kvpress": "lambda_0.4_kvpress-CompactorPress", "ruler": "lambda_0.4_topk",
-            "ruler_llama3": "lambda_0.4_kvpress-KnormPress_S128", "ruler_vllm": "lambda_0.4_local",
-            "ruler_llama3_vllm": "lambda_0.4_local_S128"}.get(name, "static")
+            "ruler_llama3": "lambda_0.4_kvpress-KnormPress_S128", "ruler_vllm": "lambda_0.4_kvpress-StreamingLLMPress",
+            "ruler_llama3_vllm": "lambda_0.4_kvpress-StreamingLLMPress_S128"}.get(name, "static")
     assert config.rows()[0].name == "baseline" and config.rows()[-1].name == last
     assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == ["demo", "demo_approx", "demo_kvpress", "paper_table1",
                                                               "ruler", "ruler_llama3", "ruler_llama3_vllm",
