@@ -7,6 +7,7 @@ Torch only, no vLLM."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from alspec_eval.approx_check import paged as check
 from alspec_eval.config import SpeculationConfig
@@ -74,3 +75,38 @@ def test_a_reader_that_gets_the_cache_wrong_is_caught(monkeypatch, broken, name)
         assert found == []
         return
     assert len(found) == 4 and all("positions select other keys" in line for line in found), found
+
+
+@pytest.mark.parametrize("window, page", [(16, 4), (24, 24), (32, 32)])  # pages smaller and larger than a block
+def test_quest_pages_across_blocks_select_as_from_a_contiguous_cache(window, page):
+    approx = SpeculationConfig(window=window, approx="quest", approx_args=f"page:{page}").approx
+    batch = check.Batch(4, 2, 16, window)
+    _, table = batch.cache(check.LAYOUTS[0], 16, seed=1)
+    # a page of the longest request over two blocks that are not neighbours in the cache (where pages span blocks)
+    longest = table[2].tolist()
+    pairs = [(longest[t // 16], longest[(t + page - 1) // 16]) for t in range(0, batch.lengths[2] - page, page)]
+    assert page <= 16 or any(b != a + 1 and b != a for a, b in pairs)
+    for layout in check.LAYOUTS:
+        assert batch.paged(approx, layout, 16) == batch.contiguous(approx)
+
+
+@pytest.mark.parametrize("name", ["quest", "topk", "KnormPress"])
+def test_requests_read_one_at_a_time_where_their_contexts_exceed_the_budget(monkeypatch, name):
+    """With a budget smaller than any context, each request's context is read alone (no padding): the same keys."""
+    groups = []
+    chunks = paged._chunks
+    monkeypatch.setattr(paged, "_chunks", lambda *a, **k: groups.append(chunks(*a, **k)) or groups[-1])
+    monkeypatch.setattr(paged, "CONTEXT_BUDGET", 1)
+    assert check.paged_equals_contiguous(draft(name), 4, 2, 16, WINDOW) == []
+    assert groups and all(len(group) == 1 for found in groups for group in found)
+
+
+def test_requests_share_a_read_up_to_the_budget():
+    lengths = torch.tensor([100, 300, 200, 50])
+    per_token = 1000
+    paged_budget = 2 * 300 * per_token  # two of the longest contexts
+    groups = paged._chunks(lengths, per_token, one_each=False, budget=paged_budget)
+    assert sorted(i for g in groups for i in g.tolist()) == [0, 1, 2, 3]
+    for group in groups:
+        assert len(group) == 1 or int(lengths[group].max()) * per_token * len(group) <= paged_budget
+    assert [len(g) for g in groups] == [3, 1]  # shortest first: 50, 100 and 200 padded to 200 fit, then 300

@@ -334,15 +334,16 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     return positions, valid
 
 
-def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool) -> list[torch.Tensor]:
+def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int | None = None) -> list[torch.Tensor]:
     """Requests (indices into ``lengths``) in groups whose contexts, padded to the group's longest, take at most
-    :data:`CONTEXT_BUDGET` bytes (a request alone where its own takes more, or where ``one_each``)."""
+    ``budget`` bytes (:data:`CONTEXT_BUDGET`; a request alone where its own takes more, or where ``one_each``)."""
+    budget = CONTEXT_BUDGET if budget is None else budget
     if one_each:
         return [torch.tensor([i]) for i in range(len(lengths))]
     groups, current, longest = [], [], 0
     for i in lengths.argsort().tolist():
         longest_with = max(longest, int(lengths[i]))
-        if current and longest_with * per_token * (len(current) + 1) > CONTEXT_BUDGET:
+        if current and longest_with * per_token * (len(current) + 1) > budget:
             groups.append(torch.tensor(current))
             current, longest_with = [], int(lengths[i])
         current.append(i)

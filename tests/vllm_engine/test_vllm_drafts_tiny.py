@@ -1,8 +1,12 @@
-"""A prompt-scoring draft (snapkv) inside vLLM reads its prompt's last queries whatever the engine did with the
-prompt: prefilled in several chunks (the tiny engine takes 96 tokens a step, and an observation window of 200
-positions spans three of them, and 48 keys before it are chosen by its queries), or prefilled before by another cell whose blocks the prefix cache holds. Each
-request's d/n at every position and layer is then --model alspec's for the same prompt, and a cell after a baseline
-cell equals the same cell alone."""
+"""Drafts on the tiny Llama inside vLLM against --model alspec on the same prompts, d/n for d/n at every position
+and layer:
+
+- a user's own draft (tests/user_draft.py, ``approx=pkg.module:Class``), which has no code for vLLM;
+- a prompt-scoring draft (snapkv), which reads its prompt's last queries whatever the engine did with the prompt:
+  prefilled in several chunks (the tiny engine takes 96 tokens a step: an observation window of 200 positions spans
+  three of them, and 48 keys before it are chosen by its queries), or prefilled before by another cell whose blocks
+  the prefix cache holds (a cell after a baseline cell equals the same cell alone).
+"""
 
 from __future__ import annotations
 
@@ -59,6 +63,21 @@ def test_a_prompt_observed_over_three_chunks_scores_as_model_alspec(alspec_tiny,
     assert texts == hf_texts
     assert [len(t) for t in ours] == [len(t) for t in hf] and sum(map(len, ours)) > 60
     for a, b in zip(ours, hf):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_a_users_own_draft_runs_in_vllm_as_in_model_alspec(alspec_tiny, tiny_path, monkeypatch):
+    from alspec_eval.adapter import ALSpecLM
+
+    user = {"approx": "user_draft:HighestSums"}
+    hf = ALSpecLM(pretrained=tiny_path, dtype="float32", device="cpu", batch_size=3, max_length=TINY["max_model_len"],
+                  window=WINDOW, **{"lambda": 0.0}, **user)
+    hf_texts, expected = ratios_of(hf, monkeypatch)
+    with speculating(alspec_tiny, lam=0.0, window=WINDOW, **user):
+        texts, ours = ratios_of(alspec_tiny, monkeypatch)
+    assert texts == hf_texts and [len(t) for t in ours] == [len(t) for t in expected]
+    assert sum(map(len, ours)) > 60
+    for a, b in zip(ours, expected):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
 
 
