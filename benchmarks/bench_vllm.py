@@ -6,9 +6,14 @@
    fresh command (the engine start included), with the score and the per-layer hit rates of both (the engines' own
    numerics differ, so these are measured, not asserted equal).
 
+3. `--drafts`: every draft that runs inside vLLM (the sink, local, quest, topk, snapkv, kvpress's key-only presses)
+   against plain vLLM on the same requests at 2K and 4K tokens of context (prompt and new tokens), one alspec-vllm
+   engine reconfigured per draft, rounds interleaved over plain vLLM and every draft, medians compared.
+
 Run it in .venv-vllm (scripts/vllm_env.sh); `--model alspec` runs in the same environment.
 
     python benchmarks/bench_vllm.py [--prompts 8] [--tokens 1024] [--new 64] [--rounds 5] [--task alspec_recall]
+    python benchmarks/bench_vllm.py --drafts [--contexts 2048,4096] [--prompts 4] [--new 32] [--rounds 3]
     ALSPEC_VLLM_CHECK_LAYOUT=1 python benchmarks/bench_vllm.py --skip engines --dtype bfloat16 --graphs \
         --attention-backend FLASH_ATTN      # on CUDA (scripts/gpu_check.sh): the layout read back at every step
 """
@@ -85,6 +90,61 @@ def generation(args: argparse.Namespace) -> None:
     print(f"  alspec-vllm hit rate: {hit:.3f}")
 
 
+# every draft that runs inside vLLM, with the arguments configs/ruler_vllm.yaml gives them
+DRAFTS = {"sink": None, "local": None, "quest": "page:16", "topk": None, "snapkv": None, "kvpress:KnormPress": None,
+          "kvpress:KeyDiffPress": None, "kvpress:CURPress": None, "kvpress:LagKVPress": None,
+          "kvpress:RandomPress": "seed:0", "kvpress:StreamingLLMPress": None}
+
+
+def drafts(args: argparse.Namespace) -> None:
+    """Per draft and context, alspec-vllm's wall over plain vLLM's on the same requests (medians of interleaved
+    rounds): what reading each row's context from the paged cache and selecting in PyTorch costs."""
+    from lm_eval.api.instance import Instance
+
+    from alspec_eval.compat import lm_eval_vllm
+    from alspec_eval.smollm2 import smollm2_path
+    from alspec_eval.vllm.model import ALSpecVLLM
+
+    path, longest = str(smollm2_path()), max(args.contexts)
+    # room in each engine's KV cache for every prompt at the longest context (SmolLM2 in float32: 30 layers, 3 KV
+    # heads of 64, keys and values: 46,080 bytes a token), so that the prefix cache holds them across rounds
+    engine = {**engine_args(args), "max_model_len": longest,
+              "kv_cache_memory_bytes": max(ENGINE["kv_cache_memory_bytes"], 2 * args.prompts * longest * 46080)}
+    plain = lm_eval_vllm().VLLM(pretrained=path, **engine)
+    ours = ALSpecVLLM(path, window=64, **{"lambda": 0.1}, **engine)
+    kwargs = {"until": [], "max_gen_toks": args.new, "do_sample": False, "ignore_eos": True}
+    print(f"drafts: {args.prompts} prompts, {args.new} new tokens each, lambda 0.1, window 64, SmolLM2 {args.dtype}, "
+          f"medians of {args.rounds} interleaved rounds (plain vLLM, then each draft)")
+    for context in args.contexts:
+        texts = prompts(plain.tokenizer, args.prompts, context - args.new)
+
+        def timed(lm) -> float:
+            requests = [Instance("generate_until", {}, (t, dict(kwargs)), i, ("bench", i, 1))
+                        for i, t in enumerate(texts)]
+            start = time.perf_counter()
+            lm.generate_until(requests, disable_tqdm=True)
+            return time.perf_counter() - start
+
+        walls: dict[str, list[float]] = {name: [] for name in ["vllm", *DRAFTS]}
+        hits: dict[str, float] = {}
+        timed(plain)  # warm-up: the prompts into plain vLLM's prefix cache
+        for round_ in range(args.rounds + 1):  # the first round of each draft warms it (its prompts, its code paths)
+            if round_:
+                walls["vllm"].append(timed(plain))
+            for name, approx_args in DRAFTS.items():
+                ours.reconfigure(approx=name, approx_args=approx_args)
+                ours.reset_statistics()
+                wall = timed(ours)
+                if round_:
+                    walls[name].append(wall)
+                    hits[name] = ours.statistics()["tasks"]["bench"]["total"]["hit_rate"]
+        plain_wall = statistics.median(walls["vllm"])
+        print(f"  context {context}: plain vLLM {plain_wall:.2f} s")
+        for name in DRAFTS:
+            wall = statistics.median(walls[name])
+            print(f"    {name:24s} {wall:7.2f} s  {wall / plain_wall:6.2f}x plain  hit rate {hits[name]:.3f}")
+
+
 def whole_run(model: str, task: str, limit: int, out: Path) -> tuple[float, dict, dict]:
     extra = ",".join(f"{k}={v}" for k, v in ENGINE.items()) if model == "alspec-vllm" else "dtype=float32"
     args = f"pretrained=smollm2,lambda=0.1,window=64,{extra}"
@@ -132,7 +192,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--attention-backend", help="CUDA: FLASH_ATTN or TRITON_ATTN (the CPU always takes CPU_ATTN)")
     parser.add_argument("--graphs", action="store_true", help="let vLLM capture its (piecewise) CUDA graphs")
+    parser.add_argument("--drafts", action="store_true", help="only the per-draft comparison (part 3)")
+    parser.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 4096],
+                        help="tokens of context (prompt and new tokens) of the per-draft comparison")
     args = parser.parse_args()
+    if args.drafts:
+        drafts(args)
+        return
     if args.skip != "generation":
         generation(args)
     if args.skip != "engines":
