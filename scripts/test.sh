@@ -35,9 +35,9 @@ if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then
     part tt .venv-tt/bin/python -m pytest -n auto --dist loadfile tests/tt
 fi
 # tests/vllm_engine once more in .venv-vllm, where vLLM is (the main venv runs its fast part): the engines, each
-# started once per worker (about 20 s each on this CPU).
+# started once (about 20 s each on this CPU), every test of one engine on the worker that holds it (loadgroup).
 if [ "${ALSPEC_SKIP_VLLM:-0}" != 1 ]; then
     wait "$vllm_env" || { cat "$vllm_log" >&2; exit 1; }
     cat "$vllm_log" >&2
-    part vllm .venv-vllm/bin/python -m pytest -n 2 --dist loadfile tests/vllm_engine
+    part vllm .venv-vllm/bin/python -m pytest -n 2 --dist loadgroup tests/vllm_engine
 fi

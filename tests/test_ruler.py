@@ -131,9 +131,9 @@ def test_the_board_picks_each_drafts_fastest_verified_point_and_ranks_the_drafts
     assert (found["topk"].rank, found["topk"].speedup) == (None, 2.0)
     text = board_markdown([unit], "h100")
     assert "## niah_single_1, 4096 tokens: baseline 1.000 [1.000, 1.000], n = 8" in text
-    assert "| 1 | quest P=16 | 1.50× | 0.4 | 64 | 40.0% | -0.125 [" in text
-    assert "| 2 | sink | 1.20× | 0.1 | 64 | 10.0% | +0.000 [+0.000, +0.000] | 8 |" in text
-    assert "| – | topk † | 2.00× |" in text and "ORACLE" in text
+    assert "| 1 | quest P=16 | hf | 1.50× | 0.4 | 64 | 40.0% | -0.125 [" in text
+    assert "| 2 | sink | hf | 1.20× | 0.1 | 64 | 10.0% | +0.000 [+0.000, +0.000] | 8 |" in text
+    assert "| – | topk † | hf | 2.00× |" in text and "ORACLE" in text
     rows = list(csv.DictReader(write_board_csv([unit], tmp_path / "board.csv").open()))
     assert [(r["approx"], r["rank"], float(r["speedup"])) for r in rows] == [
         ("quest", "1", 1.5), ("sink", "2", 1.2), ("topk", "", 2.0)]
@@ -146,7 +146,9 @@ def test_one_board_of_both_engines_cells_names_each_cells_engine(tmp_path):
     (unit,) = board(SimpleNamespace(tasks=["niah_single_1@4096"], approximations=approx), cells, documents, speedups)
     assert {e.approx.name: e.engine for e in unit.entries} == {"quest": "hf", "sink": "vllm", "topk": "hf"}
     assert [e.approx.name for e in unit.entries] == ["quest", "sink", "topk"]  # ranked as an hf-only board ranks
-    assert "Cells run on hf (--model alspec), vLLM (--model alspec-vllm)." in board_markdown([unit], "h100")
+    text = board_markdown([unit], "h100")
+    assert "Cells run on hf (--model alspec), vLLM (--model alspec-vllm)." in text
+    assert "| 2 | sink | vllm | 1.20× |" in text and "| 1 | quest P=16 | hf | 1.50× |" in text  # each row's engine
     rows = list(csv.DictReader(write_board_csv([unit], tmp_path / "board.csv").open()))
     assert [(r["approx"], r["engine"]) for r in rows] == [("quest", "hf"), ("sink", "vllm"), ("topk", "hf")]
     hf_only, *_ = _frames("niah_single_1@4096", [1] * 8)

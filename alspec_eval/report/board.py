@@ -126,14 +126,14 @@ def board_markdown(units: list[Unit], model: str) -> str:
         if not unit.ranks:
             lines += [f"The baseline is not above chance ({CHANCE:g}): a draft cannot lose what the model never had, "
                       "so nothing is ranked.", ""]
-        lines += ["| rank | draft | projected speedup | λ | S | hit rate | Δ score [95% CI] | n |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["| rank | draft | engine | projected speedup | λ | S | hit rate | Δ score [95% CI] | n |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for e in unit.entries:
             name = e.approx.label + (f" {ORACLE_MARK}" if e.approx.oracle else "")
             if math.isnan(e.speedup):
-                lines.append(f"| – | {name} | no cell without a significant loss | | | | | |")
+                lines.append(f"| – | {name} | | no cell without a significant loss | | | | | |")
                 continue
-            lines.append(f"| {e.rank or '–'} | {name} | {e.speedup:.2f}× | {e.lam:g} | {e.window} | "
+            lines.append(f"| {e.rank or '–'} | {name} | {e.engine} | {e.speedup:.2f}× | {e.lam:g} | {e.window} | "
                          f"{100 * e.hit_rate:.1f}% | {e.diff:+.3f} [{e.diff_low:+.3f}, {e.diff_high:+.3f}] | {e.n} |")
         lines.append("")
     notes = dict.fromkeys(oracle_note(e.approx) for u in units for e in u.entries if e.approx.oracle)
