@@ -44,12 +44,17 @@ class PlainLayout:
         rows = kv_cache[block, head, offset]  # (M, Hkv, n, 2D)
         return rows[..., :dim], rows[..., dim:]
 
-    def blocks(self, kv_cache: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values of whole blocks ``ids`` (R, nb), in order: two (R, Hkv, nb N, D)."""
+    def blocks(self, kv_cache: torch.Tensor, ids: torch.Tensor,
+               values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The keys (and values) of whole blocks ``ids`` (R, nb), in order: (R, Hkv, nb N, D) each; only the halves
+        asked for are copied."""
         rows, count = ids.shape
-        dim = kv_cache.shape[-1] // 2
-        picked = kv_cache[ids].transpose(1, 2).reshape(rows, kv_cache.shape[1], count * kv_cache.shape[2], 2 * dim)
-        return picked[..., :dim], picked[..., dim:]
+        dim, heads, size = kv_cache.shape[-1] // 2, kv_cache.shape[1], kv_cache.shape[2]
+
+        def read(half: torch.Tensor) -> torch.Tensor:
+            return half[ids].transpose(1, 2).reshape(rows, heads, count * size, dim)
+
+        return read(kv_cache[..., :dim]), read(kv_cache[..., dim:]) if values else None
 
 
 @dataclass(frozen=True)
@@ -69,13 +74,17 @@ class CpuVecLayout:
         head = torch.arange(heads, device=block.device)[None, :, None]
         return keys_t[block, head, :, offset], values[block, head, offset]
 
-    def blocks(self, kv_cache: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def blocks(self, kv_cache: torch.Tensor, ids: torch.Tensor,
+               values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         _, heads, size, twice = kv_cache.shape
         dim, (rows, count) = twice // 2, ids.shape
-        picked = kv_cache.view(-1, heads, size * twice)[ids]  # (R, nb, Hkv, 2ND)
-        keys = picked[..., :size * dim].view(rows, count, heads, dim, size).permute(0, 2, 1, 4, 3)
-        values = picked[..., size * dim:].view(rows, count, heads, size, dim).transpose(1, 2)
-        return keys.reshape(rows, heads, count * size, dim), values.reshape(rows, heads, count * size, dim)
+        flat = kv_cache.view(-1, heads, size * twice)
+        keys = flat[..., :size * dim][ids].view(rows, count, heads, dim, size).permute(0, 2, 1, 4, 3)
+        keys = keys.reshape(rows, heads, count * size, dim)
+        if not values:
+            return keys, None
+        picked = flat[..., size * dim:][ids].view(rows, count, heads, size, dim).transpose(1, 2)
+        return keys, picked.reshape(rows, heads, count * size, dim)
 
 
 # (the platform's attention backend, its ISA where it has one) -> how its cache is read
@@ -238,24 +247,18 @@ CONTEXT_BUDGET = 128 * 2**20  # bytes of contexts read from the paged cache at o
 
 
 def read_contexts(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
-                  request: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The first ``length`` keys and values of batch rows ``request`` (b,), read through the block table a block at
-    a time, as the HF engine's cache holds a batch: (b, Hkv, max length, D) each, shorter rows left-padded with zeros;
-    and each row's padding (b,)."""
+                  request: torch.Tensor, length: torch.Tensor,
+                  values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The keys (and values) of batch rows ``request`` (b,) up to the longest ``length``, read through the block
+    table a block at a time: (b, Hkv, max length, D) each, and each row's padding (zeros: a shorter row's keys past
+    its length are other blocks', which no draft reads, as none reads a key past its position)."""
     most = int(length.max())
     ids = block_table[request.to(block_table.device), :-(-most // block_size)].long()
-    keys, values = layout.blocks(kv_cache, ids)
-    pad = (most - length).long().to(keys.device)
-    if not bool(pad.any()):
-        return keys[:, :, :most], values[:, :, :most], pad
-    padded_keys, padded_values = keys.new_zeros(*keys.shape[:2], most, keys.shape[3]), values.new_zeros(
-        *values.shape[:2], most, values.shape[3])
-    for row, (skip, size) in enumerate(zip(pad.tolist(), length.tolist())):
-        padded_keys[row, :, skip:], padded_values[row, :, skip:] = keys[row, :, :size], values[row, :, :size]
-    return padded_keys, padded_values, pad
+    keys, held = layout.blocks(kv_cache, ids, values)
+    return keys[:, :, :most], None if held is None else held[:, :, :most], torch.zeros_like(ids[:, 0])
 
 
-def _layer_inputs(approx: Any, values: torch.Tensor) -> dict[str, Any]:
+def _layer_inputs(approx: Any, values: torch.Tensor | None) -> dict[str, Any]:
     """What a draft that reads the layer gets inside vLLM: the values, and no HF module (``hf_only`` drafts are
     refused before the engine starts)."""
     from ..approximations import LayerInputs
@@ -287,7 +290,7 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
         if int(rows.pos[mine].max()) != end - 1:
             continue
         keys, values, _ = read_contexts(kv_cache, layout, block_table, block_size, rows.request[mine[:1]],
-                                        torch.tensor([end]))
+                                        torch.tensor([end]), approx.reads_layer)
         device = keys.device
         prompts.observed[key] = approx.observe_prompt(
             kept.transpose(0, 1)[None], keys, scale, torch.tensor([start], device=device),
@@ -312,9 +315,10 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     valid = torch.zeros(len(pos), heads, 2 * window, dtype=torch.bool, device=query.device)
     requests, inverse = request.cpu().unique(return_inverse=True)
     lengths = torch.zeros(len(requests), dtype=torch.long).scatter_reduce(0, inverse, pos.cpu() + 1, "amax")
-    per_token = 2 * heads * dim * kv_cache.element_size()
+    per_token = (2 if approx.reads_layer else 1) * heads * dim * kv_cache.element_size()
     for group in _chunks(lengths, per_token, one_each=approx.prompt_keys):  # a prompt's observation is its own
-        keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group], lengths[group])
+        keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group], lengths[group],
+                                          approx.reads_layer)
         local = torch.full((len(requests),), -1, dtype=torch.long)
         local[group] = torch.arange(len(group))
         mine = (local[inverse] >= 0).nonzero().squeeze(1)
