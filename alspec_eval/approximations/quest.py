@@ -36,9 +36,6 @@ class Quest(Approximation):
                 observed: None = None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, heads, length, dim = key.shape
         pages = length // self.page  # full pages of the longest row; a shorter row's later ones are never candidates
-        if not bool(pad.any()):  # no left padding (one row, rows of one length, vLLM's contexts): the cache's pages
-            keys = key[:, :, :pages * self.page].unflatten(2, (pages, self.page))
-            return keys.amin(3), keys.amax(3)
         phys = (pad[:, None] + torch.arange(pages * self.page, device=key.device)).clamp_max(length - 1)
         keys = key.gather(2, phys[:, None, :, None].expand(-1, heads, -1, dim)).view(batch, heads, pages, self.page, dim)
         return keys.amin(3), keys.amax(3)
