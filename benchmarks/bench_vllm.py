@@ -13,7 +13,7 @@
 Run it in .venv-vllm (scripts/vllm_env.sh); `--model alspec` runs in the same environment.
 
     python benchmarks/bench_vllm.py [--prompts 8] [--tokens 1024] [--new 64] [--rounds 5] [--task alspec_recall]
-    python benchmarks/bench_vllm.py --drafts [--contexts 2048,4096] [--prompts 4] [--new 32] [--rounds 3]
+    python benchmarks/bench_vllm.py --drafts [--contexts 2048,4096] [--prompts 4] [--new 32] [--rounds 3] [--approx quest,topk]
     ALSPEC_VLLM_CHECK_LAYOUT=1 python benchmarks/bench_vllm.py --skip engines --dtype bfloat16 --graphs \
         --attention-backend FLASH_ATTN      # on CUDA (scripts/gpu_check.sh): the layout read back at every step
 """
@@ -125,13 +125,14 @@ def drafts(args: argparse.Namespace) -> None:
             lm.generate_until(requests, disable_tqdm=True)
             return time.perf_counter() - start
 
-        walls: dict[str, list[float]] = {name: [] for name in ["vllm", *DRAFTS]}
+        chosen = {name: a for name, a in DRAFTS.items() if not args.approx or name in args.approx}
+        walls: dict[str, list[float]] = {name: [] for name in ["vllm", *chosen]}
         hits: dict[str, float] = {}
         timed(plain)  # warm-up: the prompts into plain vLLM's prefix cache
         for round_ in range(args.rounds + 1):  # the first round of each draft warms it (its prompts, its code paths)
             if round_:
                 walls["vllm"].append(timed(plain))
-            for name, approx_args in DRAFTS.items():
+            for name, approx_args in chosen.items():
                 ours.reconfigure(approx=name, approx_args=approx_args)
                 ours.reset_statistics()
                 wall = timed(ours)
@@ -140,7 +141,7 @@ def drafts(args: argparse.Namespace) -> None:
                     hits[name] = ours.statistics()["tasks"]["bench"]["total"]["hit_rate"]
         plain_wall = statistics.median(walls["vllm"])
         print(f"  context {context}: plain vLLM {plain_wall:.2f} s")
-        for name in DRAFTS:
+        for name in chosen:
             wall = statistics.median(walls[name])
             print(f"    {name:24s} {wall:7.2f} s  {wall / plain_wall:6.2f}x plain  hit rate {hits[name]:.3f}")
 
@@ -195,6 +196,8 @@ def main() -> None:
     parser.add_argument("--drafts", action="store_true", help="only the per-draft comparison (part 3)")
     parser.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 4096],
                         help="tokens of context (prompt and new tokens) of the per-draft comparison")
+    parser.add_argument("--approx", type=lambda s: s.split(","), default=None,
+                        help="the drafts of the per-draft comparison (default: every one of DRAFTS)")
     args = parser.parse_args()
     if args.drafts:
         drafts(args)
