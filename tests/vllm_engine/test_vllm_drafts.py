@@ -49,9 +49,9 @@ def passage(start: int, length: int) -> str:
 
 
 def requests() -> dict[str, list[Instance]]:
-    """Prompts of about 250 and 450 tokens (2S = 64), and two continuations of about 15 and 40 tokens."""
+    """A prompt of about 250 tokens (2S = 64), and two continuations of about 15 and 40 tokens."""
     gen = [Instance("generate_until", {}, (passage(9000 + 1500 * i, 1000 + 800 * i), dict(GEN_KWARGS)), i,
-                    ("gen", i, 1)) for i in range(2)]
+                    ("gen", i, 1)) for i in range(1)]
     ll = [Instance("loglikelihood", {}, (passage(20000, 1200), passage(21200 + 50 * i, 60 + 100 * i)), i,
                    ("ll", i, 1)) for i in range(2)]
     return {"generate_until": gen, "loglikelihood": ll}
