@@ -37,8 +37,10 @@ class Quest(Approximation):
         batch, heads, length, dim = key.shape
         pages = length // self.page  # full pages of the longest row; a shorter row's later ones are never candidates
         phys = (pad[:, None] + torch.arange(pages * self.page, device=key.device)).clamp_max(length - 1)
-        keys = key.gather(2, phys[:, None, :, None].expand(-1, heads, -1, dim)).view(batch, heads, pages, self.page, dim)
-        return keys.amin(3), keys.amax(3)
+        # whole keys by row and position (a copy of D elements at a time, not a gather element by element)
+        keys = key.transpose(1, 2)[torch.arange(batch, device=key.device)[:, None], phys]  # (B, pages P, Hkv, D)
+        keys = keys.view(batch, pages, self.page, heads, dim)
+        return keys.amin(2).transpose(1, 2), keys.amax(2).transpose(1, 2)
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: tuple[torch.Tensor, torch.Tensor]) -> Selected:
