@@ -45,6 +45,40 @@ def window_positions(pos: torch.Tensor, window: int, window_align: int) -> tuple
     return positions, positions <= pos[:, None]
 
 
+def window_ranges(pos: torch.Tensor, window: int, window_align: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A~'s keys as two ranges of positions per query, [starts, ends) each (R, 2): the first window, then the last,
+    both cut at the current token; the keys :func:`window_positions` lists as valid, as ranges (a paged cache reads
+    them by range)."""
+    last_start, _ = window_bounds(pos, window, window_align)
+    starts = torch.stack([torch.zeros_like(pos), last_start], 1)
+    ends = torch.minimum(torch.stack([torch.full_like(pos, window), last_start + window], 1), pos[:, None] + 1)
+    return starts, ends
+
+
+def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor | None,
+           scale: float) -> torch.Tensor:
+    """A~'s arithmetic, one definition for every engine that computes it outside the model's attention function:
+    the scores q.k accumulate in float32 (from the inputs' own values), the softmax's max, exponentials and sum
+    are float32, the unnormalised probabilities are rounded to the values' dtype and P @ V accumulates in float32,
+    divided by the sum, and the output is rounded to the query's dtype (FlashAttention's arithmetic; in float32
+    nothing is rounded). Grouped-query heads as HF's repeat_kv: query head h reads KV head h // (Hq / Hkv).
+
+    query (B, Q, Hq, D); keys, values (B, Hkv, n, D); valid (B, Hkv or 1, Q, n), which keys each query reads
+    (None: all); returns (B, Q, Hq, D). A query with no valid key gives NaN."""
+    b, q_len, heads, dim = query.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    q = query.float().view(b, q_len, kv_heads, group, dim).permute(0, 2, 1, 3, 4).reshape(b, kv_heads, -1, dim)
+    scores = (q @ keys.float().transpose(-1, -2)) * scale  # (B, Hkv, Q g, n)
+    if valid is not None:
+        scores = scores.view(b, kv_heads, q_len, group, -1).masked_fill(~valid[:, :, :, None, :], -math.inf)
+        scores = scores.view(b, kv_heads, q_len * group, -1)
+    top = scores.amax(-1, keepdim=True)
+    weights = (scores - top).exp()
+    out = (weights.to(values.dtype).float() @ values.float()) / weights.sum(-1, keepdim=True)
+    return out.view(b, kv_heads, q_len, group, dim).permute(0, 2, 1, 3, 4).reshape(b, q_len, heads, dim).to(query.dtype)
+
+
 def page_bounds(query: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor) -> torch.Tensor:
     """Quest's upper bound of q.k over each page's keys, sum_i max(q_i min_i, q_i max_i), as q+ . max + q- . min
     (two products, no (pages, channels) buffer); per KV head, the largest over its group of query heads.

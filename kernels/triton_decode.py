@@ -110,6 +110,19 @@ class _Scratch:
 _scratch = _Scratch()
 
 
+def buffers(q: torch.Tensor, hkv: int, splits: int) -> tuple[torch.Tensor, ...]:
+    """A launch's buffers, laid out as the kernel reads them (:mod:`.triton_source`): the reused scratch (partials,
+    their log-sum-exps, each head's squared sums) and tickets, then the outputs (A, then A~), norms (d, then n) and
+    decisions of this call."""
+    b, hq, dim = q.shape
+    parts = b * hkv * splits
+    scratch, tickets = _scratch.get(q.device, parts * (hq // hkv) * (dim + 1) + 2 * b * hkv, b * hkv + b)
+    outputs = torch.empty((2, b, hq, dim), device=q.device, dtype=q.dtype)
+    norms = torch.empty((2, b), device=q.device, dtype=torch.float32)
+    decision = torch.empty(b, device=q.device, dtype=torch.bool)
+    return scratch, tickets, outputs, norms, decision
+
+
 def speculative_flash_decode_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -139,11 +152,7 @@ def speculative_flash_decode_triton(
     if k.stride(3) != 1 or v.stride() != k.stride():  # one set of strides serves both
         k, v = k.contiguous(), v.contiguous()
     splits = _num_splits(b * hkv, cache_len - window, static.block_n, device)
-    parts = b * hkv * splits
-    scratch, tickets = _scratch.get(device, parts * (hq // hkv) * (dim + 1) + 2 * b * hkv, b * hkv + b)
-    outputs = torch.empty((2, b, hq, dim), device=device, dtype=q.dtype)  # A, then A~
-    norms = torch.empty((2, b), device=device, dtype=torch.float32)  # d, then n
-    decision = torch.empty(b, device=device, dtype=torch.bool)
+    scratch, tickets, outputs, norms, decision = buffers(q, hkv, splits)
     if per_row:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()  # the kernel reads row b at lam_ptr + b
     kernel()[(b, hkv, splits)](

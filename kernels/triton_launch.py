@@ -114,17 +114,23 @@ def constexprs(dtype: torch.dtype, group: int, head_dim: int, launch: Launch) ->
             **MERGE, "IEEE": dtype == torch.float32}
 
 
+# Each kernel by name: the module of its source and its jitted function (the paged one reads a block table).
+KERNELS = {"decode": (".triton_source", "decode_kernel"), "paged": (".triton_paged_source", "paged_decode_kernel")}
+PAGE = 16  # the block size the paged kernel is compiled for by default (vLLM's FlashAttention default)
+
+
 @functools.lru_cache(maxsize=None)
-def kernel() -> Any:
-    """The jitted kernel, built on first use (Triton decides interpret mode when it is)."""
+def kernel(name: str = "decode") -> Any:
+    """The jitted kernel ``name`` of KERNELS, built on first use (Triton decides interpret mode when it is)."""
+    module, function = KERNELS[name]
     try:
-        triton_source = importlib.import_module(".triton_source", __package__)
+        source = importlib.import_module(module, __package__)
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise RuntimeError(
             "kernel=triton needs the `triton` package (pip install triton, or alspec-eval[triton]); "
             "use kernel=torch for the reference implementation"
         ) from err
-    return triton_source.decode_kernel
+    return getattr(source, function)
 
 
 _MODEL = ("q_ptr", "k_ptr", "v_ptr", "exact_ptr")
@@ -132,10 +138,10 @@ _MODEL = ("q_ptr", "k_ptr", "v_ptr", "exact_ptr")
 
 def _signature(arg_names: list[str], dtype: torch.dtype, constants: dict) -> dict[str, str]:
     """Triton's argument types as the launcher passes them: the model's tensors in its dtype, the geometry and the
-    tickets int32, decisions int1, the kernel's own buffers float32; sizes i32, the scale and lambda fp32."""
+    tickets and the block table int32, decisions int1, the kernel's own buffers float32; sizes i32, the scale and lambda fp32."""
     model = "*" + DTYPES[dtype]
-    types = {**dict.fromkeys(_MODEL, model), "geom_ptr": "*i32", "ticket_ptr": "*i32", "accept_ptr": "*i1",
-             "scale": "fp32", "lam": "fp32"}
+    types = {**dict.fromkeys(_MODEL, model), "geom_ptr": "*i32", "table_ptr": "*i32", "ticket_ptr": "*i32",
+             "accept_ptr": "*i1", "scale": "fp32", "lam": "fp32"}
     return {name: "constexpr" if name in constants else types.get(name, "*fp32" if name.endswith("_ptr") else "i32")
             for name in arg_names}
 
@@ -155,11 +161,14 @@ def _usage(cubin: bytes, name: str) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
-def compile_kernels(dtype: torch.dtype, group: int, head_dim: int, capability: int,
-                    launch: Launch) -> tuple[Resources, ...]:
-    """Compile the kernel for ``sm_<capability>`` (no GPU needed) and return what it asks of a block."""
+def compile_kernels(dtype: torch.dtype, group: int, head_dim: int, capability: int, launch: Launch,
+                    names: tuple[str, ...] = ("decode",), page: int = PAGE) -> tuple[Resources, ...]:
+    """Compile the kernels ``names`` (the paged one for blocks of ``page`` slots) for ``sm_<capability>`` (no GPU
+    needed) and return what each asks of a block."""
     constants = constexprs(dtype, group, head_dim, launch)
-    return (_compile("decode", dtype, tuple(constants.items()), capability, launch),)
+    paged = {"PAGE": page}
+    return tuple(_compile(name, dtype, tuple({**constants, **(paged if name == "paged" else {})}.items()),
+                          capability, launch) for name in names)
 
 
 @functools.lru_cache(maxsize=None)
@@ -169,7 +178,7 @@ def _compile(name: str, dtype: torch.dtype, constants: tuple, capability: int, l
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = kernel()
+    fn = kernel(name)
     if not hasattr(fn, "arg_names"):
         raise RuntimeError("Triton's interpreter is on (TRITON_INTERPRET=1): it compiles nothing for a GPU; run "
                            "python -m alspec_eval.kernels.triton_launch without it")
@@ -180,12 +189,14 @@ def _compile(name: str, dtype: torch.dtype, constants: tuple, capability: int, l
     return Resources(name, binary.metadata.shared, registers, 32 * launch.num_warps, stack)
 
 
-def misfit(dtype: torch.dtype, group: int, head_dim: int, arch: Arch, launch: Launch | None = None) -> str | None:
-    """Why the kernels cannot run this shape on ``arch`` (with :func:`launch_for`'s settings by default), else None."""
+def misfit(dtype: torch.dtype, group: int, head_dim: int, arch: Arch, launch: Launch | None = None,
+           names: tuple[str, ...] = ("decode",), page: int = PAGE) -> str | None:
+    """Why the kernels ``names`` cannot run this shape on ``arch`` (with :func:`launch_for`'s settings by default),
+    else None."""
     if dtype not in DTYPES:
         return f"the Triton kernels take {', '.join(map(str, DTYPES))}, not {dtype}"
     for resources in compile_kernels(dtype, group, head_dim, arch.capability,
-                                     launch or launch_for(dtype, head_dim)):
+                                     launch or launch_for(dtype, head_dim), names, page):
         reason = resources.misfit(arch)
         if reason:
             return reason
@@ -196,7 +207,7 @@ MATRIX = {"dtype": tuple(DTYPES), "head_dim": (64, 80, 96, 128, 256), "group": (
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print, one JSON line per shape, what the kernel asks of a block on each architecture and whether it fits
+    """Print, one JSON line per shape, what each kernel asks of a block on each architecture and whether it fits
     (every dtype, head_dim and group ``kernel=auto`` can pick; scalar and per-row lambda share a binary). Exits 1 if
     one does not."""
     parser = argparse.ArgumentParser(prog="python -m alspec_eval.kernels.triton_launch", description=main.__doc__)
@@ -204,14 +215,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="compute capability (repeatable; default: all of 80, 86, 89, 90)")
     parser.add_argument("--launch", metavar="BLOCK_N,STAGES", type=lambda text: Launch(*map(int, text.split(","))),
                         help="these settings instead of launch_for's (to see what another choice would ask)")
+    parser.add_argument("--kernel", action="append", choices=sorted(KERNELS),
+                        help="which kernel (repeatable; default: decode, the one kernel=auto launches)")
+    parser.add_argument("--page", type=int, default=PAGE, help=f"the paged kernel's block size (default {PAGE})")
     args = parser.parse_args(argv)
+    names = tuple(args.kernel or ("decode",))
     import triton
 
     worst = 0
     for capability, dtype, head_dim, group in itertools.product(args.arch or sorted(ARCHS), *MATRIX.values()):
         launch = args.launch or launch_for(dtype, head_dim)
-        found = compile_kernels(dtype, group, head_dim, capability, launch)
-        reason = misfit(dtype, group, head_dim, ARCHS[capability], launch)
+        found = compile_kernels(dtype, group, head_dim, capability, launch, names, args.page)
+        reason = misfit(dtype, group, head_dim, ARCHS[capability], launch, names, args.page)
         worst = max(worst, reason is not None)
         print(json.dumps({"triton": triton.__version__, "arch": capability, "dtype": DTYPES[dtype], "head_dim": head_dim, "group": group,
                           "launch": vars(launch),

@@ -9,6 +9,9 @@ keys; split 0's keys are the first and last S positions, so its partial, normali
 writes both outputs and the head's squared sums; the last head of a row to finish (a ticket per row) adds the heads'
 sums in head order and decides. No float atomics: which program merges depends on scheduling, what it computes
 does not, so d, n and both outputs are the same bits run to run. The tickets return to zero for the next call.
+
+The program is :func:`speculate`, shared with the paged kernel (:mod:`.triton_paged_source`): the two differ only in
+where a key lives, at its row and position of a contiguous cache or through a block table.
 """
 
 import triton
@@ -57,16 +60,17 @@ def _merge_head(o_ptr, lse_ptr, exact_ptr, spec_ptr, base, out, NUM_SPLITS, GROU
     return d2, n2
 
 
-# One binary per dtype, head_dim, block sizes and launch settings: the group, window, lengths and whether lambda is
-# per row are runtime values (no specialisation on the ones that change as the cache grows). head_dim compiled in
-# costs no binary (its block and EVEN_D already take one each) and buys 10-20% on an H100 (benchmarks/bench_kernels).
-@triton.jit(do_not_specialize=["cache_len", "WINDOW", "NUM_SPLITS", "GROUP", "LAM_PER_ROW"])
-def decode_kernel(
-    q_ptr, k_ptr, v_ptr, geom_ptr, o_ptr, ticket_ptr, exact_ptr, lam_ptr, lam, d_ptr, accept_ptr,
-    stride_kb, stride_kh, stride_kl, cache_len, scale, WINDOW, NUM_SPLITS, GROUP, LAM_PER_ROW, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_S: tl.constexpr, IEEE: tl.constexpr,
+@triton.jit
+def speculate(
+    q_ptr, k_ptr, v_ptr, table_ptr, geom_ptr, o_ptr, ticket_ptr, exact_ptr, lam_ptr, lam, d_ptr, accept_ptr,
+    stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl, stride_t, cache_len, scale, WINDOW,
+    GROUP, NUM_SPLITS, LAM_PER_ROW, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_S: tl.constexpr,
+    IEEE: tl.constexpr, PAGE: tl.constexpr,
 ):
+    """One program of either kernel, which differ only in where key p of row b lives. PAGE = 0: a contiguous cache,
+    at b * stride_kb + p * stride_kl; else a paged one of PAGE slots per block, in block table[b, p // PAGE] (rows
+    ``stride_t`` apart) at slot p % PAGE: block * stride_kb + slot * stride_kl (V: the stride_v*)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -96,8 +100,12 @@ def decode_kernel(
     mid_stop = tl.load(geom_ptr + batch + b)
     cur = tl.load(geom_ptr + 2 * batch + b)
     first = tl.load(geom_ptr + 3 * batch + b)
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_kb + h * stride_kh
+    if PAGE == 0:
+        k_base = k_ptr + b * stride_kb + h * stride_kh
+        v_base = v_ptr + b * stride_vb + h * stride_vh
+    else:
+        k_base = k_ptr + h * stride_kh
+        v_base = v_ptr + h * stride_vh
 
     # Split 0 walks j in [0, 2S) mapped onto the two windows; split i > 0 walks its share of the middle [S, mid_stop).
     is_spec = split == 0
@@ -115,8 +123,15 @@ def decode_kernel(
         phys = pos + first
         valid = (j < hi) & (pos <= cur) & (phys < cache_len)
         kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_base + phys[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + phys[:, None] * stride_kl + offs_d[None, :], mask=kv_mask, other=0.0)
+        if PAGE == 0:
+            k_rows = phys[:, None] * stride_kl
+            v_rows = phys[:, None] * stride_vl
+        else:  # int64: a large cache's block offsets pass 2^31 elements
+            block = tl.load(table_ptr + b * stride_t + phys // PAGE, mask=valid, other=0).to(tl.int64)
+            k_rows = (block * stride_kb + (phys % PAGE) * stride_kl)[:, None]
+            v_rows = (block * stride_vb + (phys % PAGE) * stride_vl)[:, None]
+        k = tl.load(k_base + k_rows + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + v_rows + offs_d[None, :], mask=kv_mask, other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -168,3 +183,21 @@ def decode_kernel(
             tl.store(n_ptr + b, n)
             # semantics.accept in float32: d <= lambda n, lambda = inf accepting all; trivial rows accept
             tl.store(accept_ptr + b, (d <= lam * n) | (lam == float("inf")) | trivial)
+
+
+# One binary per dtype, head_dim, block sizes and launch settings: the group, window, lengths and whether lambda is
+# per row are runtime values (no specialisation on the ones that change as the cache grows). head_dim compiled in
+# costs no binary (its block and EVEN_D already take one each) and buys 10-20% on an H100 (benchmarks/bench_kernels).
+@triton.jit(do_not_specialize=["cache_len", "WINDOW", "NUM_SPLITS", "GROUP", "LAM_PER_ROW"])
+def decode_kernel(
+    q_ptr, k_ptr, v_ptr, geom_ptr, o_ptr, ticket_ptr, exact_ptr, lam_ptr, lam, d_ptr, accept_ptr,
+    stride_kb, stride_kh, stride_kl, cache_len, scale, WINDOW, NUM_SPLITS, GROUP, LAM_PER_ROW, HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_S: tl.constexpr, IEEE: tl.constexpr,
+):
+    """K and V (B, Hkv, L, D), one set of strides; no block table (``geom_ptr`` stands in, never read)."""
+    speculate(q_ptr, k_ptr, v_ptr, geom_ptr, geom_ptr, o_ptr, ticket_ptr, exact_ptr, lam_ptr, lam, d_ptr, accept_ptr,
+              stride_kb, stride_kh, stride_kl, stride_kb, stride_kh, stride_kl, 0, cache_len, scale, WINDOW,
+              GROUP=GROUP, NUM_SPLITS=NUM_SPLITS, LAM_PER_ROW=LAM_PER_ROW, HEAD_DIM=HEAD_DIM, BLOCK_G=BLOCK_G,
+              BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, CHUNK_S=CHUNK_S,
+              IEEE=IEEE, PAGE=0)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Approximation, Selected
+from .base import Approximation, Ranges, Selected
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,8 @@ class Local(Approximation):
         # a speculated (non-trivial) position has pos + 1 > 2S keys: the last 2S all exist
         return (pad[:, None] + pos[:, None] - 2 * window + 1 + torch.arange(2 * window, device=pos.device),)
 
-    def paged_positions(self, pos: torch.Tensor, window: int, window_align: int) -> Selected:
-        return (pos[:, None] - 2 * window + 1 + torch.arange(2 * window, device=pos.device))[:, None, :], None
+    def position_ranges(self, pos: torch.Tensor, window: int, window_align: int) -> Ranges:
+        return (pos - 2 * window + 1)[:, None], (pos + 1)[:, None]
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:

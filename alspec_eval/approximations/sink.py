@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..constants import WINDOW_ALIGNS
-from .base import Approximation, Selected
+from .base import Approximation, Ranges, Selected
 
 if TYPE_CHECKING:
     import torch
@@ -32,11 +32,10 @@ class Sink(Approximation):
         positions, valid = semantics.window_positions(pos, window, window_align)
         return (positions + pad[:, None]).clamp_max(key_len - 1), None if bool(valid.all()) else valid
 
-    def paged_positions(self, pos: torch.Tensor, window: int, window_align: int) -> Selected:
+    def position_ranges(self, pos: torch.Tensor, window: int, window_align: int) -> Ranges:
         from .. import semantics
 
-        positions, valid = semantics.window_positions(pos, window, window_align)
-        return positions[:, None, :], None if bool(valid.all()) else valid[:, None, :]
+        return semantics.window_ranges(pos, window, window_align)
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:

@@ -8,6 +8,7 @@ runner once per step. A step without tags (vLLM's warm-up and profiling passes) 
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import torch
 from .prefix_cache import TAG
 from .paged import (LayoutError, PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for,
                     observe_layer, verify_layer)
+from .tiled import reserve
 
 NEVER = 1 << 62  # a start past any context: the request does not speculate
 
@@ -68,48 +70,55 @@ class WorkerState:
         return torch.tensor(starts), torch.tensor(tags), torch.tensor(firsts)
 
     def take(self) -> Taken:
-        """The decisions since the last take, per request id: positions, and per position every layer's code and
-        d/n (code 0 where the layer did not speculate). A position decided in more than one pass (recomputed after
-        vLLM preempted its request, a step run again) keeps the decision of its first pass, whose output was read:
-        a recompute re-reads positions only to rebuild their KV entries. How many were decided again is counted."""
+        """The decisions since the last take, packed (:class:`Taken`): one row per (request id, position), sorted,
+        every layer's code and d/n (code 0 where the layer did not speculate); read from the device once. A position
+        decided in more than one pass (recomputed after vLLM preempted its request, a step run again) keeps the
+        decision of its first pass, whose output was read: a recompute re-reads positions only to rebuild their KV
+        entries. How many were decided again is counted."""
         records, self.records = self.records, []
+        layers = len(self.settings.thresholds) if self.settings else 0
         if not records:
-            return Taken({}, 0)
-        layers = len(self.settings.thresholds)
-        tags = torch.cat([r[0] for r in records])
-        pos = torch.cat([r[1] for r in records])
-        layer = torch.cat([torch.full_like(r[0], r[2]) for r in records])
-        codes = torch.cat([r[3] for r in records])
-        ratios = torch.cat([r[4] for r in records])
-        keep = first_of_each(torch.stack([tags, pos, layer]))
-        again = torch.stack([tags, pos])[:, ~keep].unique(dim=1).shape[1]
-        tags, pos, layer, codes, ratios = tags[keep], pos[keep], layer[keep], codes[keep], ratios[keep]
-        out = {}
-        for tag in tags.unique().tolist():
-            mine = tags == tag
-            positions, index = pos[mine].unique(return_inverse=True)
-            code_grid = torch.zeros(len(positions), layers, dtype=torch.long)
-            ratio_grid = torch.full((len(positions), layers), float("nan"))
-            code_grid[index, layer[mine]] = codes[mine].long()
-            ratio_grid[index, layer[mine]] = ratios[mine].float()
-            out[int(tag)] = (positions.tolist(), code_grid.tolist(), ratio_grid.tolist())
-        return Taken(out, int(again))
+            return Taken(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
+                         torch.empty(0, layers, dtype=torch.int8), torch.empty(0, layers), 0)
+        steps: list[list[tuple]] = []
+        for record in records:  # one pass's layers share its rows' tensors
+            if not steps or steps[-1][0][0] is not record[0]:
+                steps.append([])
+            steps[-1].append(record)
+        codes, ratios = [], []
+        for step in steps:
+            grid = torch.zeros(len(step[0][0]), layers, dtype=torch.int8, device=step[0][3].device)
+            values = torch.full(grid.shape, math.nan, device=grid.device)
+            for _, _, layer, code, ratio in step:
+                grid[:, layer], values[:, layer] = code, ratio
+            codes.append(grid)
+            ratios.append(values)
+        packed = torch.cat([torch.cat(codes).float(), torch.cat(ratios)], 1).cpu()  # the one read-back
+        codes, ratios = packed[:, :layers].to(torch.int8), packed[:, layers:]
+        tags = torch.cat([step[0][0] for step in steps]).long()
+        pos = torch.cat([step[0][1] for step in steps]).long()
+        keys, inverse = (tags << 32 | pos).unique(return_inverse=True)  # sorted by request id, then position
+        order = torch.arange(len(inverse))
+        first = torch.full((len(keys),), len(inverse)).scatter_reduce(0, inverse, order, "amin")
+        again = int((torch.bincount(inverse, minlength=len(keys)) > 1).sum())
+        return Taken(keys >> 32, keys & 0xFFFFFFFF, codes[first], ratios[first], again)
 
 
 class Taken(NamedTuple):
-    """What the driver takes from a worker: per request id its positions, codes and d/n; and how many (request,
-    position) pairs were decided in more than one pass since the last take."""
+    """What the driver takes from a worker: one row per (request id, position) decided since the last take, sorted
+    by request id then position, every layer's code and d/n; and how many (request, position) pairs were decided in
+    more than one pass. Packed tensors: no Python object per position."""
 
-    decisions: dict[int, tuple[list[int], list[list[int]], list[list[float]]]]
+    tags: torch.Tensor  # (N,)
+    pos: torch.Tensor  # (N,)
+    codes: torch.Tensor  # (N, layers) int8
+    ratios: torch.Tensor  # (N, layers) float32
     redecided: int
 
-
-def first_of_each(keys: torch.Tensor) -> torch.Tensor:
-    """Which columns of ``keys`` (K x N) are the first of their value (no two kept columns equal)."""
-    _, inverse = keys.unique(dim=1, return_inverse=True)
-    order = torch.arange(keys.shape[1])
-    first = torch.full((int(inverse.max()) + 1,), keys.shape[1]).scatter_reduce(0, inverse, order, "amin")
-    return first[inverse] == order
+    def by_request(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per request id its positions, codes and d/n: views of the packed rows, one slice a request."""
+        ids, counts = self.tags.unique_consecutive(return_counts=True)
+        return dict(zip(ids.tolist(), zip(*(t.split(counts.tolist()) for t in (self.pos, self.codes, self.ratios)))))
 
 
 def _extra_args(state: Any) -> dict[str, Any]:
@@ -143,8 +152,11 @@ class SpeculatingImpl:
     def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any, output: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         result = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        if attn_metadata is None:  # vLLM's profiling and warm-up passes: the verification's peak, for the profiler
+            reserve(query)
+            return result
         settings = STATE.settings
-        if attn_metadata is None or settings is None or STATE.runner is None:
+        if settings is None or STATE.runner is None:
             return result
         rows, prompt_rows = STATE.step_rows(attn_metadata)
         if not len(rows.token) and not len(prompt_rows.token):

@@ -36,6 +36,7 @@ from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 from ..stats import ACCEPTED, AcceptanceStats, run_statistics
 from .paged import observation_first
 from .prefix_cache import TAG
+from .worker import taken as taken_from
 from .checks import (check_cpu_cache, check_data_parallel, check_engine_args, check_model_config, check_speculation,
                      vllm_model_class)
 from .plugin import ENGINE_FLAG
@@ -250,9 +251,9 @@ class ALSpecVLLM(VLLM):
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",
                                       lora_request=self.lora_request)
         decisions: dict[int, tuple] = {}
-        for taken, redecided in self.model.collective_rpc("alspec_take")[::self.tensor_parallel_size]:
-            decisions.update(taken)  # each replica's first rank (the ranks of one replica decide alike)
-            self.redecided += int(redecided)
+        for taken in map(taken_from, self.model.collective_rpc("alspec_take")[::self.tensor_parallel_size]):
+            decisions.update(taken.by_request())  # each replica's first rank (the ranks of one replica decide alike)
+            self.redecided += taken.redecided
         if self.attention_backend is None:
             self.attention_backend = self.model.collective_rpc("alspec_backend")[0]
         for tokens, start, tag, out in zip(requests, starts, tags, outputs, strict=True):
@@ -275,15 +276,18 @@ class ALSpecVLLM(VLLM):
         """One request's decisions over the positions whose outputs are read: up to the last token fed back
         (a generation's last token and a loglikelihood input's last token feed nothing that is scored)."""
         end = prompt_len + new - 1
-        positions, codes, ratios = decided or ([], [], [])
-        pos = torch.tensor(positions, dtype=torch.long)
+        if decided is None:
+            decided = (torch.empty(0, dtype=torch.long), torch.empty(0, self.num_layers, dtype=torch.int8),
+                       torch.empty(0, self.num_layers))
+        pos, codes, ratios = decided
         keep = (pos >= start) & (pos < end)
-        codes_t = torch.tensor(codes, dtype=torch.long).view(-1, self.num_layers)[keep]
-        ratios_t = torch.tensor(ratios, dtype=torch.float32).view(-1, self.num_layers)[keep]
+        codes_t, ratios_t = codes[keep].long(), ratios[keep].float()
         stats = AcceptanceStats.from_trace(codes_t, ratios_t, pos[keep], self.spec_config.window)
-        accepted = dict(zip(pos[keep].tolist(), (codes_t == ACCEPTED).sum(-1).tolist()))
         first = prompt_len - 1 if generate else start
-        return RowRecord(stats, [accepted.get(p, 0) for p in range(first, end)])
+        accepted = torch.zeros(max(end - first, 0), dtype=torch.long)
+        inside = pos[keep] >= first
+        accepted[pos[keep][inside] - first] = (codes_t[inside] == ACCEPTED).sum(-1)
+        return RowRecord(stats, accepted.tolist())
 
     # ------------------------------------------------------------------ results
 

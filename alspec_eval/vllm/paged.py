@@ -19,6 +19,7 @@ import torch
 from .. import semantics
 from ..errors import ConfigError
 from ..stats import ACCEPTED, REJECTED, TRIVIAL
+from .tiled import VERIFY_BUDGET, Tiles, approximate
 
 # vLLM's caches arrive in the attention call as (num_blocks, Hkv, N, 2D): per block and KV head, N keys and their
 # values. How the 2D elements of a (block, head) are packed depends on the backend and, on the CPU, its ISA.
@@ -129,6 +130,14 @@ class StepRows:
     request: torch.Tensor
     pos: torch.Tensor
     tag: torch.Tensor
+    plans: dict[Any, "Verified"] = field(default_factory=dict, compare=False, repr=False)  # per settings and device
+
+    def verified(self, settings: Settings, device: torch.device, streamed: bool = True) -> "Verified":
+        """What every layer of this step verifies with (:class:`Verified`), built on its first layer."""
+        key = (settings.window, settings.window_align, settings.approx, str(device), streamed)
+        if key not in self.plans:
+            self.plans[key] = Verified.build(self, settings, device, streamed)
+        return self.plans[key]
 
     @classmethod
     def build(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, starts: torch.Tensor,
@@ -151,6 +160,34 @@ class StepRows:
         qsl = query_start_loc[:requests + 1].long().cpu()
         keep = qsl[1:] > qsl[:-1]
         return (qsl[1:] - 1)[keep], torch.arange(requests)[keep], (seq_lens.long().cpu() - 1)[keep]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One step's verification, the same at every layer, built on the host from the step's rows and copied to the
+    device once: which rows are measured (``live``: not trivial), their tokens, the codes and ratios every layer
+    starts from (TRIVIAL or REJECTED, NaN), and, for a draft whose keys are fixed by position, the step's tiles."""
+
+    live: torch.Tensor  # host: indices into the step's rows
+    live_device: torch.Tensor
+    token: torch.Tensor  # device: the measured rows' tokens
+    codes: torch.Tensor  # device (rows,) int8
+    ratios: torch.Tensor  # device (rows,) float32
+    tiles: Tiles | None
+
+    @classmethod
+    def build(cls, rows: StepRows, settings: Settings, device: torch.device, streamed: bool) -> "Verified":
+        trivial = semantics.is_trivial(rows.pos, settings.window)
+        live = (~trivial).nonzero().squeeze(1)
+        codes = torch.where(trivial, TRIVIAL, REJECTED).to(torch.int8)
+        ratios = torch.full(rows.pos.shape, math.nan)
+        tiles = None
+        ranges = settings.approx.position_ranges(rows.pos[live], settings.window, settings.window_align) \
+            if streamed and len(live) else None
+        if ranges is not None:
+            tiles = Tiles.build(rows.token[live], rows.request[live], rows.pos[live], ranges, settings.window)
+            tiles = tiles.to(device)
+        return cls(live, live.to(device), rows.token[live].to(device), codes.to(device), ratios.to(device), tiles)
 
 
 @dataclass(frozen=True)
@@ -202,20 +239,6 @@ def slots(block_table: torch.Tensor, request: torch.Tensor, pos: torch.Tensor,
     """The physical block and offset of logical position ``pos`` of batch row ``request`` (broadcast together)."""
     table = block_table.long()
     return table[request, pos // block_size], pos % block_size
-
-
-def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor | None,
-           scale: float) -> torch.Tensor:
-    """A~: softmax(q k^T scale) v over the gathered keys, grouped-query heads as HF's repeat_kv (head h reads KV head
-    h // g), invalid keys masked. query (M, Hq, D); keys, values (M, Hkv, n, D); valid (M, Hkv or 1, n)."""
-    m, heads, dim = query.shape
-    kv_heads = keys.shape[1]
-    q = query.float().view(m, kv_heads, heads // kv_heads, dim)
-    scores = (q @ keys.float().transpose(-1, -2)) * scale  # (M, Hkv, g, n)
-    if valid is not None:
-        scores = scores.masked_fill(~valid[:, :, None, :], -math.inf)
-    out = torch.softmax(scores, dim=-1) @ values.float()
-    return out.reshape(m, heads, dim).to(query.dtype)
 
 
 def check_newest(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
@@ -355,44 +378,65 @@ def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int |
     return groups + [torch.tensor(current)]
 
 
+def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
+             request: torch.Tensor, pos: torch.Tensor, settings: Settings, observed: dict[int, Any],
+             scale: float) -> torch.Tensor:
+    """A~ (M, Hq, D) of rows whose queries are ``query`` (M, Hq, D): each row's selected keys and values gathered
+    from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes. The path of
+    drafts that select by content, and the reference the streamed path (:mod:`.tiled`) is tested against."""
+    positions, valid = selected_positions(query, kv_cache, layout, block_table, block_size, request, pos, settings,
+                                          observed)
+    kv_heads, (rows, heads, dim) = kv_cache.shape[1], query.shape
+    positions = positions.expand(-1, kv_heads, -1)
+    if valid is not None:
+        positions = torch.where(valid, positions, 0)  # masked below; any slot of the row's own table is readable
+        valid = valid.to(kv_cache.device)[:, :, None, :]
+    n = positions.shape[-1]
+    element = kv_cache.element_size()
+    per_row = 2 * kv_heads * n * dim * (element + (4 if element != 4 else 0)) + 3 * heads * n * 4
+    step = max(1, VERIFY_BUDGET // per_row)
+    request_at = request.to(block_table.device)
+    parts = []
+    for lo in range(0, rows, step):
+        part = slice(lo, lo + step)
+        block, offset = slots(block_table, request_at[part, None, None], positions[part].to(block_table.device),
+                              block_size)
+        keys, values = layout.gather(kv_cache, block, offset)
+        parts.append(semantics.attend(query[part, None], keys, values, None if valid is None else valid[part],
+                                      scale)[:, 0])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
                  block_table: torch.Tensor, block_size: int, rows: StepRows, settings: Settings, layer: int,
-                 scale: float, reduce: Reduce | None = None,
-                 observed: dict[int, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 scale: float, reduce: Reduce | None = None, observed: dict[int, Any] | None = None,
+                 streamed: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Verify one layer's speculating tokens and commit the accepted A~ into ``output`` (A, (T, Hq, D)), in place.
-    ``observed``: per batch row, what a prompt-scoring draft kept of the row's prompt at this layer.
+    ``observed``: per batch row, what a prompt-scoring draft kept of the row's prompt at this layer. ``streamed``:
+    A~ of a draft whose keys are fixed by position by tiles (:mod:`.tiled`), else gathered per row (the reference).
 
-    Returns each row's decision code and d/n (NaN where not measured), or None where the layer does not speculate
-    (threshold OFF). Under tensor parallelism each rank holds some heads: ``reduce`` sums d^2 and n^2 over the ranks
-    before any decides, so every rank commits the same rows.
+    Returns each row's decision code and d/n (NaN where not measured) on the output's device, nothing read back,
+    or None where the layer does not speculate (threshold OFF). Under tensor parallelism each rank holds some heads:
+    ``reduce`` sums d^2 and n^2 over the ranks before any decides, so every rank commits the same rows.
     """
     lam = settings.thresholds[layer]
     if math.isnan(lam) or not len(rows.token):
         return None
-    trivial = semantics.is_trivial(rows.pos, settings.window)
-    codes = torch.where(trivial, TRIVIAL, REJECTED)
-    ratios = torch.full(rows.pos.shape, math.nan)
-    live = (~trivial).nonzero().squeeze(1)
-    if lam == -math.inf or not len(live):  # static's exact layers: decided, not measured
-        return codes, ratios
-    pos, request, token = rows.pos[live], rows.request[live], rows.token[live].to(output.device)
-    positions, valid = selected_positions(query[token], kv_cache, layout, block_table, block_size, request, pos,
-                                          settings, observed or {})
-    heads = kv_cache.shape[1]
-    positions = positions.expand(-1, heads, -1)
-    if valid is not None:
-        positions = torch.where(valid, positions, 0)  # masked below; any slot of the row's own table is readable
-    block, offset = slots(block_table, request[:, None, None].to(block_table.device),
-                          positions.to(block_table.device), block_size)
-    keys, values = layout.gather(kv_cache, block, offset)
+    plan = rows.verified(settings, output.device, streamed)
+    if lam == -math.inf or not len(plan.live):  # static's exact layers: decided, not measured
+        return plan.codes, plan.ratios
+    token = plan.token
+    if plan.tiles is not None:
+        approx = approximate(query, kv_cache, layout, block_table, block_size, plan.tiles, scale)
+    else:
+        approx = gathered(query[token], kv_cache, layout, block_table, block_size, rows.request[plan.live],
+                          rows.pos[plan.live], settings, observed or {}, scale)
     exact = output[token]
-    approx = attend(query[token], keys, values, None if valid is None else valid.to(keys.device), scale)
     d2, n2 = semantics.squared_distances(approx, exact)
     if reduce is not None:
         d2, n2 = reduce(torch.stack([d2, n2]))
     d, n = d2.sqrt(), n2.sqrt()
     accepted = semantics.accept(d, n, lam)
     output[token] = semantics.commit(exact, approx, accepted)
-    codes[live] = torch.where(accepted, ACCEPTED, REJECTED).cpu()
-    ratios[live] = (d / n).float().cpu()
-    return codes, ratios
+    codes = plan.codes.index_put((plan.live_device,), torch.where(accepted, ACCEPTED, REJECTED).to(torch.int8))
+    return codes, plan.ratios.index_put((plan.live_device,), d / n)

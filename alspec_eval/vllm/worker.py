@@ -28,10 +28,10 @@ class ALSpecWorker:
         STATE.dumps.clear()
         return STATE.backend
 
-    def alspec_take(self) -> Taken:
-        """The decisions since the last take, per request id, and how many positions were decided again
-        (:meth:`.backend.WorkerState.take`)."""
-        return STATE.take()
+    def alspec_take(self) -> list[Any]:
+        """The decisions since the last take, packed, and how many positions were decided again
+        (:meth:`.backend.WorkerState.take`), as the RPC carries them (:func:`taken` makes them again)."""
+        return [packed(t) if isinstance(t, torch.Tensor) else t for t in STATE.take()]
 
     def alspec_dumps(self) -> list[dict[str, Any]]:
         """With ``dump`` set: every verified layer call's rows since the last call (for an outside reference)."""
@@ -54,3 +54,8 @@ def unpacked(value: dict[str, Any]) -> torch.Tensor:
     if not value["data"]:
         return torch.zeros(value["shape"], dtype=dtype)
     return torch.frombuffer(bytearray(value["data"]), dtype=torch.uint8).view(dtype).view(value["shape"])
+
+
+def taken(carried: list[Any]) -> Taken:
+    """A worker's :meth:`~ALSpecWorker.alspec_take` as the driver reads it."""
+    return Taken(*(unpacked(t) if isinstance(t, dict) else t for t in carried))

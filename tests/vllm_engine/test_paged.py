@@ -10,15 +10,19 @@ magnitude more than the tolerance.
 from __future__ import annotations
 
 import math
+import weakref
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from alspec_eval.approximations import make_approximation
 from alspec_eval.errors import ConfigError
 from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
 from alspec_eval.vllm.paged import (CpuVecLayout, LayoutError, PlainLayout, Settings, StepRows, check_newest,
                                     layout_for, slots, verify_layer)
+from alspec_eval.vllm.tiled import tile_size
 
 HKV, HQ = 2, 6  # GQA group of 3: query head h reads KV head h // 3
 GEOMETRY = {"plain": (16, 8), "cpu-vec": (32, 16)}  # layout -> (block size N, head dim D)
@@ -324,3 +328,134 @@ def test_window_off_by_one_is_caught(layout, approx, S, align):
         torch.testing.assert_close(got, want[t][1], rtol=0, atol=1e-5)
         for w in wrong:
             assert (got - w[t][1]).abs().max() > 1e-3
+
+
+# ---- 6. the streamed A~ (tiles) against the gathered reference ----
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+@pytest.mark.parametrize("approx,S,align", CASES)
+def test_streamed_decides_as_gathered(layout, approx, S, align):
+    """Tiles of consecutive queries (a 40-token prefill in several tiles, a 3-token chunk, decode rows as tiles of
+    one) give the gathered path's decisions, its d/n to float32 rounding and its committed outputs."""
+    step = build_step(layout, S)
+    want = oracle(step, approx, align)
+    rows_tok = [t for t, (r, p) in enumerate(step["tok"]) if p >= step["starts"][r]]
+    lam = split_lambda([want[t][2] / want[t][3] for t in rows_tok if not want[t][0]])
+    got = {}
+    for streamed in (True, False):
+        out = step["output"].clone()
+        rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+        settings = Settings(thresholds=(lam,), window=S, window_align=align, approx=make_approximation(approx))
+        got[streamed] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
+                                     rows, settings, 0, step["scale"], streamed=streamed), out
+        tiles = rows.verified(settings, out.device, streamed).tiles
+        assert (tiles is not None) == streamed
+    assert [g.token.shape[1] for g in rows.verified(settings, out.device).tiles.groups] == [1, tile_size(S)]
+    (codes, ratios), out = got[True]
+    (codes_ref, ratios_ref), out_ref = got[False]
+    assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
+    torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
+    torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-6)
+
+
+def _rolling(S: int, tokens: int = 1024, heads: tuple[int, int] = (9, 3), dim: int = 64, block: int = 16):
+    """One request prefilling ``tokens`` positions, every one speculating (rolling loglikelihood), in a shuffled
+    plain cache: what scoring a long document through vLLM verifies in one step."""
+    g = torch.Generator().manual_seed(3)
+    blocks = -(-tokens // block)
+    cache = torch.randn(blocks + 1, heads[1], block, 2 * dim, generator=g)
+    table = torch.randperm(blocks + 1, generator=g)[None, :blocks + 1]
+    qsl, lens = torch.tensor([0, tokens]), torch.tensor([tokens])
+    rows = StepRows.build(qsl, lens, torch.tensor([0]), torch.tensor([7]))
+    query = torch.randn(tokens, heads[0], dim, generator=g)
+    settings = Settings(thresholds=(0.3,) * 4, window=S, window_align=1, approx=make_approximation("sink"))
+    return dict(query=query, out=torch.randn(tokens, heads[0], dim, generator=g), cache=cache, table=table,
+                block=block, rows=rows, settings=settings, scale=dim ** -0.5)
+
+
+class PeakBytes(TorchDispatchMode):
+    """The most bytes that tensors made inside the mode held at once (storages counted once, freed ones dropped)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live, self.peak, self.seen = 0, 0, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.seen:
+                storage = t.untyped_storage()
+                key, size = storage.data_ptr(), storage.nbytes()
+                self.seen.add(key)
+                self.live += size
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(storage, self._free, key, size)
+        return out
+
+    def _free(self, key: int, size: int) -> None:
+        self.live -= size
+        self.seen.discard(key)
+
+
+def test_verification_memory_is_bounded_by_the_budget(monkeypatch):
+    """Rolling scoring at S = 64 over 1,024 positions: the streamed path's transient stays within the budget plus
+    a few (Hq, D) rows per token, where the gathered path's M x Hkv x 2S x D copies are 4x the budget's bound."""
+    import alspec_eval.vllm.paged as paged
+    import alspec_eval.vllm.tiled as tiled
+
+    monkeypatch.setattr(tiled, "VERIFY_BUDGET", 4 * 2**20)
+    monkeypatch.setattr(paged, "VERIFY_BUDGET", 4 * 2**20)
+    case = _rolling(S=64)
+    per_token = 5 * 4 * case["query"][0].numel()  # A~, A, their float32 difference: what reserve() counts
+    bound = tiled.VERIFY_BUDGET + per_token * len(case["query"])
+    peaks = {}
+    for streamed in (True, False):
+        case["rows"].plans.clear()
+        case["rows"].verified(case["settings"], torch.device("cpu"), streamed)  # the step's plan, built once
+        with PeakBytes() as peak:
+            verify_layer(case["query"], case["out"].clone(), case["cache"], PlainLayout(), case["table"],
+                         case["block"], case["rows"], case["settings"], 1, case["scale"], streamed=streamed)
+        peaks[streamed] = peak.peak
+    unchunked = 2 * len(case["query"]) * 3 * 128 * 64 * 4  # the keys and values a row-by-row gather copies
+    assert peaks[True] <= bound < unchunked / 4, (peaks, bound)
+    assert peaks[False] <= bound  # the gathered path goes in chunks too
+
+
+class ReadBacks(TorchFunctionMode):
+    """Calls that read a tensor's values on the host (a stream stall on a GPU)."""
+
+    NAMES = {"item", "__bool__", "__int__", "__float__", "__index__", "cpu", "tolist", "nonzero", "numpy"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES or (name == "__getitem__" and any(
+                isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in torch.utils._pytree.tree_leaves(args[1:]))):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("approx", ["sink", "local"])
+@pytest.mark.parametrize("tokens", [1, 300])
+def test_no_read_back_per_layer(approx, tokens):
+    """After the step's first layer has built its plan on the host, a layer's verification reads nothing back:
+    decode rows and a prefill chunk alike; the worker reads the decisions once per engine call (WorkerState.take)."""
+    from alspec_eval.vllm.backend import WorkerState
+
+    case = _rolling(S=16, tokens=64 + tokens)
+    rows = StepRows.build(torch.tensor([0, tokens]), torch.tensor([64 + tokens]), torch.tensor([0]), torch.tensor([7]))
+    settings = Settings(thresholds=(0.3,) * 4, window=16, window_align=1, approx=make_approximation(approx))
+    state = WorkerState(settings=settings)
+    query, out = case["query"][:tokens], case["out"][:tokens].clone()
+    for layer in range(4):
+        with ReadBacks() as reads:
+            decided = verify_layer(query, out, case["cache"], PlainLayout(), case["table"], case["block"], rows,
+                                   settings, layer, case["scale"])
+        if layer:
+            assert reads.calls == [], (layer, reads.calls)
+        state.records.append((rows.tag, rows.pos, layer, *decided))
+    with ReadBacks() as reads:
+        taken = state.take()
+    assert reads.calls.count("cpu") == 1 and taken.codes.shape == (tokens, 4)

@@ -25,9 +25,12 @@ def test_take_puts_each_code_at_its_layer_and_position():
             state.records.append((tag, pos, layer, codes, ratios))
             for t, p, c, r in zip(tag.tolist(), pos.tolist(), codes.tolist(), ratios.tolist()):
                 truth[t, p, layer] = (c, r)
-    got, again = state.take()
+    taken = state.take()
+    got, again = taken.by_request(), taken.redecided
     assert sorted(got) == [7, 9] and state.records == [] and again == 0
+    assert taken.codes.dtype == torch.int8 and taken.tags.tolist() == sorted(taken.tags.tolist())
     for t, (positions, codes, ratios) in got.items():
+        positions, codes, ratios = positions.tolist(), codes.tolist(), ratios.tolist()
         assert positions == sorted({p for (tt, p, _) in truth if tt == t})
         for i, p in enumerate(positions):
             for layer in range(3):
@@ -48,10 +51,11 @@ def test_a_position_decided_again_keeps_its_first_decision():
     for layer in (1, 0):
         state.records.append((recompute_tag, recompute_pos, layer, torch.tensor([2, 3, 3]),
                               torch.tensor([0.9, 0.02, 0.03]) + 10 * layer))
-    got, again = state.take()
+    taken = state.take()
+    got, again = taken.by_request(), taken.redecided
     assert again == 2  # (5, 30) and (5, 31), not per layer
     positions, codes, ratios = got[5]
-    assert positions == [30, 31, 32]
-    assert codes == [[3, 3], [2, 2], [3, 3]]
-    assert [[round(r, 4) for r in row] for row in ratios] == [[0.05, 1.05], [0.5, 1.5], [0.03, 10.03]]
-    assert got[6][1] == [[3, 3]]
+    assert positions.tolist() == [30, 31, 32]
+    assert codes.tolist() == [[3, 3], [2, 2], [3, 3]]
+    assert [[round(r, 4) for r in row] for row in ratios.tolist()] == [[0.05, 1.05], [0.5, 1.5], [0.03, 10.03]]
+    assert got[6][1].tolist() == [[3, 3]]

@@ -1,0 +1,139 @@
+"""A~ of a draft whose keys are fixed by position (``Approximation.position_ranges``: the sink, local) over a paged
+cache, with no copy of 2S keys per query: consecutive queries of a request form a tile, which reads the union of
+their ranges once, through the block table, and each query attends to its own keys in it by mask
+(:func:`alspec_eval.semantics.attend`). A prefill of T speculating tokens reads about T / Q (2S + Q) keys in place of
+T 2S; a decode step's rows are tiles of one.
+
+Everything that depends on the step's positions alone (the tiles, their key positions, the masks) is built on the
+host once per step (:meth:`Tiles.build`) and copied to the device once; per layer the work is device ops only: the
+block-table lookup, one gather of the tiles' keys and values per chunk of :data:`VERIFY_BUDGET` bytes, the attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import semantics
+
+VERIFY_BUDGET = 64 * 2**20  # bytes of one chunk's transient (keys, values, scores) in a layer's verification
+TILE = 64  # the most consecutive queries of a request that share one read of their keys
+
+
+def tile_size(window: int) -> int:
+    """Queries per tile where a request has several in a step: enough that a tile's keys (2S + Q) are read once for
+    many queries, few enough that the masked scores (Q (2S + Q)) stay near the needed Q 2S."""
+    return max(16, min(TILE, 2 * window))
+
+
+@dataclass(frozen=True)
+class TileGroup:
+    """Tiles of the same size Q: per tile its batch row and its n key positions (logical), per (tile, slot) the
+    step token whose query it holds and which keys that query reads; per query of the group its flat slot."""
+
+    request: torch.Tensor  # (T,)
+    keys: torch.Tensor  # (T, n)
+    token: torch.Tensor  # (T, Q)
+    valid: torch.Tensor  # (T, 1, Q, n)
+    rows: torch.Tensor  # (m,) indices into the verified rows, tile by tile
+    slot: torch.Tensor  # (m,) index into the T Q flattened slots
+    offsets: list[int]  # (T + 1) where each tile's rows begin in ``rows``, on the host: chunks slice without a read
+
+    def to(self, device: torch.device) -> "TileGroup":
+        moved = (t.to(device, non_blocking=True) for t in (self.request, self.keys, self.token, self.valid, self.rows,
+                                                            self.slot))
+        return TileGroup(*moved, self.offsets)
+
+    def tile_bytes(self, kv_heads: int, heads: int, dim: int, element: int) -> int:
+        """The transient of one tile in :func:`approximate`: its keys and values (and their float32 copies), the
+        scores, weights and outputs in float32."""
+        q_len, n = self.token.shape[1], self.keys.shape[1]
+        copies = 2 * kv_heads * n * dim * (element + (4 if element != 4 else 0))
+        return copies + 3 * heads * q_len * n * 4 + 2 * heads * q_len * dim * 4
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One step's tiles for the verified rows (token, batch row, position each), by tile size."""
+
+    groups: tuple[TileGroup, ...]
+    count: int  # verified rows
+
+    @classmethod
+    def build(cls, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor, ranges: tuple[torch.Tensor, ...],
+              window: int) -> "Tiles":
+        """Runs of consecutive positions of one request (a prefill chunk) go in tiles of :func:`tile_size`; a run of
+        one (a decode step) is a tile of one. ``ranges``: each row's [starts, ends) (M, K)."""
+        starts, ends = ranges
+        run_break = torch.ones(len(pos), dtype=torch.bool)
+        run_break[1:] = (request[1:] != request[:-1]) | (pos[1:] != pos[:-1] + 1)
+        run = run_break.cumsum(0) - 1
+        run_first = run_break.nonzero().squeeze(1)
+        index = torch.arange(len(pos)) - run_first[run]
+        run_len = torch.bincount(run, minlength=len(run_first))[run]
+        groups = []
+        for alone, size in ((True, 1), (False, tile_size(window))):
+            rows = ((run_len == 1) == alone).nonzero().squeeze(1)
+            if len(rows):
+                groups.append(_group(rows, run[rows], index[rows], size, token, request, pos, starts, ends))
+        return cls(tuple(groups), len(pos))
+
+    def to(self, device: torch.device) -> "Tiles":
+        return Tiles(tuple(g.to(device) for g in self.groups), self.count)
+
+
+def _group(rows: torch.Tensor, run: torch.Tensor, index: torch.Tensor, size: int, token: torch.Tensor,
+           request: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> TileGroup:
+    """The tiles of ``rows`` (each at ``index`` in its ``run``), ``size`` queries each."""
+    _, tile = torch.stack([run, index // size]).unique(dim=1, return_inverse=True)
+    count = int(tile.max()) + 1
+    slot_in = index % size
+    lo = torch.full((count, starts.shape[1]), 1 << 62).scatter_reduce(0, tile[:, None].expand_as(starts[rows]),
+                                                                      starts[rows], "amin")
+    hi = torch.zeros_like(lo).scatter_reduce(0, tile[:, None].expand_as(ends[rows]), ends[rows], "amax")
+    widths = (hi - lo).clamp(min=0).amax(0).tolist()
+    keys = torch.cat([lo[:, k, None] + torch.arange(w) for k, w in enumerate(widths)], 1)  # (T, n)
+    part = torch.cat([torch.full((w,), k) for k, w in enumerate(widths)])  # which range each key belongs to
+    last = torch.zeros(count, dtype=torch.long).scatter_reduce(0, tile, pos[rows], "amax")
+    keys = keys.clamp(min=0).minimum(last[:, None])  # a readable slot of the tile's own table; masked unless valid
+    queries = torch.zeros(count, size, dtype=torch.long)
+    queries[tile, slot_in] = token[rows]
+    valid = torch.zeros(count, size, keys.shape[1], dtype=torch.bool)
+    key_pos = torch.cat([lo[:, k, None] + torch.arange(w) for k, w in enumerate(widths)], 1)[tile]  # unclamped
+    mine = (key_pos >= starts[rows][:, part]) & (key_pos < ends[rows][:, part])
+    valid[tile, slot_in] = mine
+    table_row = torch.zeros(count, dtype=torch.long).scatter_reduce(0, tile, request[rows], "amax")
+    offsets = [0] + torch.bincount(tile, minlength=count).cumsum(0).tolist()
+    return TileGroup(table_row, keys, queries, valid[:, None], rows, tile * size + slot_in, offsets)
+
+
+def approximate(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
+                block_size: int, tiles: Tiles, scale: float) -> torch.Tensor:
+    """A~ (M, Hq, D) of the verified rows, in their order: every tile's keys and values read through the block
+    table, chunks of tiles up to :data:`VERIFY_BUDGET` bytes at a time."""
+    heads, dim = query.shape[1], query.shape[2]
+    kv_heads = kv_cache.shape[1]
+    out = query.new_empty(tiles.count, heads, dim)
+    for group in tiles.groups:
+        step = max(1, VERIFY_BUDGET // group.tile_bytes(kv_heads, heads, dim, kv_cache.element_size()))
+        size = group.token.shape[1]
+        for lo in range(0, len(group.request), step):
+            part = slice(lo, lo + step)
+            keys_at = group.keys[part]
+            block = block_table.long()[group.request[part, None], keys_at // block_size]
+            keys, values = layout.gather(kv_cache, block[:, None, :].expand(-1, kv_heads, -1),
+                                         (keys_at % block_size)[:, None, :].expand(-1, kv_heads, -1))
+            approx = semantics.attend(query[group.token[part]], keys, values, group.valid[part], scale)
+            chosen = slice(group.offsets[lo], group.offsets[min(lo + step, len(group.request))])
+            out[group.rows[chosen]] = approx.flatten(0, 1)[group.slot[chosen] - lo * size]
+    return out
+
+
+def reserve(query: torch.Tensor) -> None:
+    """Hold a layer's verification peak for a moment: one chunk's transient (:data:`VERIFY_BUDGET`) and, per token
+    of the pass, A~, A and their float32 difference (five (Hq, D) float32 rows at most). In vLLM's profiling pass,
+    which sizes the KV cache from the peak it measures at ``max_num_batched_tokens``, this makes the verification's
+    peak part of it, so ``gpu_memory_utilization`` holds. Nothing is written (on the CPU no page is touched)."""
+    torch.empty(VERIFY_BUDGET + 5 * 4 * query.numel(), dtype=torch.uint8, device=query.device)
