@@ -10,9 +10,16 @@
    against plain vLLM on the same requests at 2K and 4K tokens of context (prompt and new tokens), one alspec-vllm
    engine reconfigured per draft, rounds interleaved over plain vLLM and every draft, medians compared.
 
+4. `--windows`: the cost of verification at each window, generation and rolling loglikelihood (every position
+   speculates), alspec-vllm (the sink, lambda 0.1) over plain vLLM, rounds interleaved, medians compared; with each
+   engine process's peak RSS during the calls (its high-water mark reset before each) and A~'s share of A's key
+   reads (2S over the context: where it nears 1, A~ costs another A).
+
 Run it in .venv-vllm (scripts/vllm_env.sh); `--model alspec` runs in the same environment.
 
     python benchmarks/bench_vllm.py [--prompts 8] [--tokens 1024] [--new 64] [--rounds 5] [--task alspec_recall]
+    python benchmarks/bench_vllm.py --windows 16,64,256,1024 [--prompts 8] [--tokens 1024] [--new 64] \
+        [--documents 4] [--document-tokens 3500] [--rounds 3]
     python benchmarks/bench_vllm.py --drafts [--contexts 2048,4096] [--prompts 4] [--new 32] [--rounds 3] [--approx quest,topk]
     ALSPEC_VLLM_CHECK_LAYOUT=1 python benchmarks/bench_vllm.py --skip engines --dtype bfloat16 --graphs \
         --attention-backend FLASH_ATTN      # on CUDA (scripts/gpu_check.sh): the layout read back at every step
@@ -146,6 +153,93 @@ def drafts(args: argparse.Namespace) -> None:
             print(f"    {name:24s} {wall:7.2f} s  {wall / plain_wall:6.2f}x plain  hit rate {hits[name]:.3f}")
 
 
+def engine_pids(before: set[int]) -> set[int]:
+    """The processes started since ``before`` was taken (an engine's core and workers)."""
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)} - before
+
+
+def reset_peak(pids: set[int]) -> None:
+    for pid in pids:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+
+def peak_rss(pids: set[int]) -> int:
+    """The sum of the processes' RSS high-water marks, in bytes."""
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def windows(args: argparse.Namespace) -> None:
+    """Per window, alspec-vllm's wall and peak RSS over plain vLLM's on generation and on rolling loglikelihood."""
+    import psutil
+    from lm_eval.api.instance import Instance
+
+    from alspec_eval.compat import lm_eval_vllm
+    from alspec_eval.smollm2 import smollm2_path
+    from alspec_eval.vllm.model import ALSpecVLLM
+
+    path = str(smollm2_path())
+    longest = max(args.tokens + args.new, args.document_tokens + 64)
+    room = max(args.prompts * (args.tokens + args.new), args.documents * longest) * 46080  # SmolLM2 float32, a token
+    engine = {**engine_args(args), "max_model_len": longest,
+              "kv_cache_memory_bytes": max(ENGINE["kv_cache_memory_bytes"], 2 * room)}
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    plain = lm_eval_vllm().VLLM(pretrained=path, batch_size="auto", **engine)
+    plain_pids = engine_pids(before)
+    ours = ALSpecVLLM(path, window=64, batch_size="auto", **{"lambda": 0.1}, **engine)
+    our_pids = engine_pids(before | plain_pids)
+    texts = prompts(plain.tokenizer, args.prompts, args.tokens)
+    documents = prompts(plain.tokenizer, args.documents, args.document_tokens)
+    gen_kwargs = {"until": [], "max_gen_toks": args.new, "do_sample": False, "ignore_eos": True}
+
+    def call(lm, kind: str, pids: set[int]) -> tuple[float, int]:
+        if kind == "generation":
+            requests = [Instance("generate_until", {}, (t, dict(gen_kwargs)), i, ("bench", i, 1))
+                        for i, t in enumerate(texts)]
+        else:
+            requests = [Instance("loglikelihood_rolling", {}, (t,), i, ("bench", i, 1)) for i, t in enumerate(documents)]
+        reset_peak(pids)
+        start = time.perf_counter()
+        getattr(lm, "generate_until" if kind == "generation" else "loglikelihood_rolling")(requests, disable_tqdm=True)
+        return time.perf_counter() - start, peak_rss(pids)
+
+    print(f"windows: sink, lambda 0.1, SmolLM2 {args.dtype}; generation: {args.prompts} prompts of {args.tokens} "
+          f"tokens, {args.new} new; rolling: {args.documents} documents of {args.document_tokens} tokens; "
+          f"medians of {args.rounds} interleaved rounds; peak RSS of each engine's processes, reset before each call")
+    for kind in ("generation", "rolling"):
+        context = args.tokens + args.new if kind == "generation" else args.document_tokens
+        walls: dict[object, list[float]] = {"vllm": []}
+        peaks: dict[object, list[int]] = {"vllm": []}
+        hits: dict[int, float] = {}
+        call(plain, kind, plain_pids)  # warm-up
+        for round_ in range(args.rounds + 1):  # the first round of each window warms it
+            if round_:
+                wall, peak = call(plain, kind, plain_pids)
+                walls["vllm"].append(wall)
+                peaks["vllm"].append(peak)
+            for window in args.windows:
+                ours.reconfigure(window=window)
+                ours.reset_statistics()
+                wall, peak = call(ours, kind, our_pids)
+                if round_:
+                    walls.setdefault(window, []).append(wall)
+                    peaks.setdefault(window, []).append(peak)
+                    hits[window] = ours.statistics()["tasks"]["bench"]["total"]["hit_rate"] or 0.0
+        plain_wall, plain_peak = statistics.median(walls["vllm"]), max(peaks["vllm"])
+        print(f"  {kind}: plain vLLM {plain_wall:.2f} s, peak RSS {plain_peak / 2**30:.2f} GiB")
+        for window in args.windows:
+            wall, peak = statistics.median(walls[window]), max(peaks[window])
+            print(f"    window {window:5d}  {wall:7.2f} s  {wall / plain_wall:5.2f}x wall  {peak / plain_peak:5.2f}x "
+                  f"peak RSS  A~ reads {min(1.0, 2 * window / context):.2f} of A's keys at the longest context  "
+                  f"hit rate {hits[window]:.3f}")
+
+
 def whole_run(model: str, task: str, limit: int, out: Path) -> tuple[float, dict, dict]:
     extra = ",".join(f"{k}={v}" for k, v in ENGINE.items()) if model == "alspec-vllm" else "dtype=float32"
     args = f"pretrained=smollm2,lambda=0.1,window=64,{extra}"
@@ -193,12 +287,19 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--attention-backend", help="CUDA: FLASH_ATTN or TRITON_ATTN (the CPU always takes CPU_ATTN)")
     parser.add_argument("--graphs", action="store_true", help="let vLLM capture its (piecewise) CUDA graphs")
+    parser.add_argument("--windows", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="only the cost per window (part 4), at these windows")
+    parser.add_argument("--documents", type=int, default=4, help="rolling loglikelihood documents (part 4)")
+    parser.add_argument("--document-tokens", type=int, default=3500, help="tokens of each document (part 4)")
     parser.add_argument("--drafts", action="store_true", help="only the per-draft comparison (part 3)")
     parser.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 4096],
                         help="tokens of context (prompt and new tokens) of the per-draft comparison")
     parser.add_argument("--approx", type=lambda s: s.split(","), default=None,
                         help="the drafts of the per-draft comparison (default: every one of DRAFTS)")
     args = parser.parse_args()
+    if args.windows:
+        windows(args)
+        return
     if args.drafts:
         drafts(args)
         return

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first thing to run on a CUDA machine (no network: the project and lm-eval come as wheels, docs/gpu.md):
-# the GPU tests, the compile matrix for this GPU, and the kernel, adapter, shared-prefill sweep and rolling-scoring
-# memory benchmarks on the Llama-3-8B shape. Writes results/gpu_check/<device>.md: the device, the versions, every figure and
+# the GPU tests, the compile matrix for this GPU, and the kernel (contiguous and paged cache), adapter, shared-prefill
+# sweep and rolling-scoring memory benchmarks on the Llama-3-8B shape. Writes results/gpu_check/<device>.md: the device, the versions, every figure and
 # pass/fail per part. Exits 1 if a part failed.
 #
 #   bash scripts/gpu_check.sh [--out DIR] [--part-timeout SECONDS] [--quick]
@@ -65,16 +65,20 @@ part() {  # part NAME TARGET COMMAND...: runs it, appends its output and pass/fa
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ $quick = 1 ]; then
     kernel_args=(--rounds 5) adapter_args=(--prompts 4 --new-tokens 32 --repeats 3) sweep_args=(--prompts 1 --tokens 2048)
+    paged_args=(--rounds 3 --contexts 2048,32768)
     test_args=(--ignore tests/kernels/test_triton_compile.py)  # every architecture's compile: proven on the CPU
 else
-    kernel_args=(--rounds 11) adapter_args=() sweep_args=() test_args=()
+    kernel_args=(--rounds 11) adapter_args=() sweep_args=() test_args=() paged_args=()
 fi
 workers=()
 "$PY" -c "import xdist" 2>/dev/null && workers=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))" --dist loadfile)
-# The kernel's figures first, so that a run cut short still returns them, then its correctness; --quick leaves out the compile
-# matrix (the CPU proves it for every architecture) and the memory benchmark.
+# The kernels' figures first (the contiguous call's, then the paged one's), so that a run cut short still returns them,
+# then their correctness; --quick leaves out the compile matrix (the CPU proves it for every architecture) and the
+# memory benchmark.
 part "kernels" "the Triton call, GPU only, <= 1.10x flash SDPA at B 1 and 8, L 2K to 128K; host time per call <= 40 us" \
     "$PY" benchmarks/bench_kernels.py --device cuda "${kernel_args[@]}"
+part "paged-kernel" "first measure: the paged Triton call (block table, vLLM FlashAttention layout) beside flash decoding and the contiguous call over the same keys, GPU and host time; its A equal to the baseline's within bf16 rounding" \
+    "$PY" benchmarks/bench_paged_kernel.py "${paged_args[@]}"
 part "tests" "tests/gpu and tests/kernels pass on CUDA (bf16 checked against the reference here only)" \
     "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" "${test_args[@]}" tests/gpu tests/kernels
 part "adapter" "alspec/hf wall <= 1.10 with kernel=auto and <= 1.25 with kernel=model at batch 1 and 8 (8B shape, bf16)" \

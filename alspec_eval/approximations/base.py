@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 # What ``select`` returns: per speculated position and KV head (or one row for every head), physical key indices
 # into the layer's (B, Hkv, L, D) cache, (r, Hkv or 1, at most 2S), and which of them count (None: all of them).
 Selected = tuple["torch.Tensor", "torch.Tensor | None"]
-# What ``position_ranges`` returns: per query K ranges of logical key positions, [starts, ends), (R, K) each.
-Ranges = tuple["torch.Tensor", "torch.Tensor"]
+# What ``position_ranges`` returns: per query K ranges of logical key positions, [starts, ends), (R, K) each, and the
+# most keys each range holds (fixed by the window: a paged read of them has the same shape whatever the batch).
+Ranges = tuple["torch.Tensor", "torch.Tensor", tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,8 @@ class Approximation:
 
     def position_ranges(self, pos: torch.Tensor, window: int, window_align: int) -> Ranges | None:
         """Where A~'s keys are when they depend on the query's logical position alone: [starts, ends) (R, K) each,
-        K disjoint ranges of logical positions per query, none past it, so that a paged cache (vLLM) is read at
-        those keys only, shared by a tile of consecutive queries. None (the default) where A~ needs more than the
+        K disjoint ranges of logical positions per query, none past it, and the most keys each can hold (ints), so
+        that a paged cache (vLLM) is read at those keys only, shared by a tile of consecutive queries. None (the default) where A~ needs more than the
         position: vLLM then reads each row's context from its paged cache and selects through :meth:`per_pass`,
         :meth:`prepare` and :meth:`select`, as the HF engine does."""
         return None
@@ -127,8 +128,7 @@ class Approximation:
             return None
         import torch
 
-        starts, ends = ranges
-        widths = (ends - starts).clamp(min=0).amax(0).tolist()
+        starts, ends, widths = ranges
         positions = torch.cat([starts[:, k, None] + torch.arange(w, device=pos.device) for k, w in enumerate(widths)], 1)
         valid = torch.cat([torch.arange(w, device=pos.device) < (ends - starts)[:, k, None] for k, w in enumerate(widths)], 1)
         return positions[:, None, :], None if bool(valid.all()) else valid[:, None, :]

@@ -24,7 +24,7 @@ class Local(Approximation):
         return (pad[:, None] + pos[:, None] - 2 * window + 1 + torch.arange(2 * window, device=pos.device),)
 
     def position_ranges(self, pos: torch.Tensor, window: int, window_align: int) -> Ranges:
-        return (pos - 2 * window + 1)[:, None], (pos + 1)[:, None]
+        return (pos - 2 * window + 1)[:, None], (pos + 1)[:, None], (2 * window,)
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:

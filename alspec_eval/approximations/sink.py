@@ -35,7 +35,7 @@ class Sink(Approximation):
     def position_ranges(self, pos: torch.Tensor, window: int, window_align: int) -> Ranges:
         from .. import semantics
 
-        return semantics.window_ranges(pos, window, window_align)
+        return (*semantics.window_ranges(pos, window, window_align), (window, window))
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:

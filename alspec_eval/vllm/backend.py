@@ -47,27 +47,29 @@ class WorkerState:
 
         context = get_forward_context()
         if context is not self.step:
-            starts, tags, firsts = self._tags(len(metadata.seq_lens))
+            starts, tags, firsts, prompt_lens = self._tags(len(metadata.seq_lens))
             self.step = context
-            self.rows = StepRows.build(metadata.query_start_loc, metadata.seq_lens, starts, tags)
+            self.rows = StepRows.build(metadata.query_start_loc, metadata.seq_lens, starts, tags, prompt_lens)
             self.prompt_rows = PromptRows.build(metadata.query_start_loc, metadata.seq_lens, firsts, starts, tags)
             if self.prompts.queries or self.prompts.observed:
                 self.prompts.prune({args[TAG][1] for args in map(_extra_args, self.runner.requests.values())
                                     if TAG in args})
         return self.rows, self.prompt_rows
 
-    def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per batch row: where its speculation starts, its tag, and where its observation window begins (NEVER
-        where it has none)."""
+    def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per batch row: where its speculation starts, its tag, where its observation window begins (NEVER where
+        it has none) and its prompt's length."""
         batch = self.runner.input_batch.req_ids
-        starts, tags, firsts = [NEVER] * requests, [-1] * requests, [NEVER] * requests
+        starts, tags, firsts, prompts = [NEVER] * requests, [-1] * requests, [NEVER] * requests, [0] * requests
         for row, req_id in enumerate(batch[:requests]):
-            args = _extra_args(self.runner.requests.get(req_id))
+            state = self.runner.requests.get(req_id)
+            args = _extra_args(state)
             if TAG in args:
                 starts[row], tags[row] = args[TAG][:2]
+                prompts[row] = state.num_prompt_tokens
                 if len(args[TAG]) > 3 and args[TAG][3] is not None:
                     firsts[row] = args[TAG][3]
-        return torch.tensor(starts), torch.tensor(tags), torch.tensor(firsts)
+        return torch.tensor(starts), torch.tensor(tags), torch.tensor(firsts), torch.tensor(prompts)
 
     def take(self) -> Taken:
         """The decisions since the last take, packed (:class:`Taken`): one row per (request id, position), sorted,

@@ -130,6 +130,7 @@ class StepRows:
     request: torch.Tensor
     pos: torch.Tensor
     tag: torch.Tensor
+    prompt: torch.Tensor  # which are prompt positions (teacher-forced; the rest were generated)
     plans: dict[Any, "Verified"] = field(default_factory=dict, compare=False, repr=False)  # per settings and device
 
     def verified(self, settings: Settings, device: torch.device, streamed: bool = True) -> "Verified":
@@ -141,9 +142,10 @@ class StepRows:
 
     @classmethod
     def build(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, starts: torch.Tensor,
-              tags: torch.Tensor) -> "StepRows":
+              tags: torch.Tensor, prompt_lens: torch.Tensor | None = None) -> "StepRows":
         """From the step's metadata (``query_start_loc`` (R + 1,), ``seq_lens`` (R,)) and, per request, where its
-        speculation starts (``starts``; a position past any context where it does not speculate) and its tag."""
+        speculation starts (``starts``; a position past any context where it does not speculate), its tag and
+        its prompt's length (None: a request's tokens are its prompt's where the step holds more than one)."""
         requests = len(seq_lens)
         qsl = query_start_loc[:requests + 1].long().cpu()
         lengths = qsl[1:] - qsl[:-1]
@@ -151,7 +153,8 @@ class StepRows:
         token = torch.arange(int(qsl[-1]))
         pos = token - qsl[:-1][request] + (seq_lens.long().cpu() - lengths)[request]
         keep = pos >= starts.long()[request]
-        return cls(token[keep], request[keep], pos[keep], tags.long()[request][keep])
+        prompt = pos < prompt_lens.long()[request] if prompt_lens is not None else lengths[request] > 1
+        return cls(token[keep], request[keep], pos[keep], tags.long()[request][keep], prompt[keep])
 
     def newest(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                      torch.Tensor]:
@@ -182,11 +185,10 @@ class Verified:
         codes = torch.where(trivial, TRIVIAL, REJECTED).to(torch.int8)
         ratios = torch.full(rows.pos.shape, math.nan)
         tiles = None
-        ranges = settings.approx.position_ranges(rows.pos[live], settings.window, settings.window_align) \
-            if streamed and len(live) else None
-        if ranges is not None:
-            tiles = Tiles.build(rows.token[live], rows.request[live], rows.pos[live], ranges, settings.window)
-            tiles = tiles.to(device)
+        approx, window, align = settings.approx, settings.window, settings.window_align
+        if streamed and len(live) and approx.position_ranges(rows.pos[live[:1]], window, align) is not None:
+            tiles = Tiles.build(rows.token[live], rows.request[live], rows.pos[live], rows.prompt[live],
+                                lambda at: approx.position_ranges(at, window, align), window, align).to(device)
         return cls(live, live.to(device), rows.token[live].to(device), codes.to(device), ratios.to(device), tiles)
 
 

@@ -11,12 +11,14 @@ block-table lookup, one gather of the tiles' keys and values per chunk of :data:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .. import semantics
+from ..approximations.base import Ranges
 
 VERIFY_BUDGET = 64 * 2**20  # bytes of one chunk's transient (keys, values, scores) in a layer's verification
 TILE = 64  # the most consecutive queries of a request that share one read of their keys
@@ -36,14 +38,14 @@ class TileGroup:
     request: torch.Tensor  # (T,)
     keys: torch.Tensor  # (T, n)
     token: torch.Tensor  # (T, Q)
-    valid: torch.Tensor  # (T, 1, Q, n)
+    valid: torch.Tensor | None  # (T, 1, Q, n); None where every query reads every key of its tile
     rows: torch.Tensor  # (m,) indices into the verified rows, tile by tile
     slot: torch.Tensor  # (m,) index into the T Q flattened slots
     offsets: list[int]  # (T + 1) where each tile's rows begin in ``rows``, on the host: chunks slice without a read
 
     def to(self, device: torch.device) -> "TileGroup":
-        moved = (t.to(device, non_blocking=True) for t in (self.request, self.keys, self.token, self.valid, self.rows,
-                                                            self.slot))
+        moved = (None if t is None else t.to(device, non_blocking=True)
+                 for t in (self.request, self.keys, self.token, self.valid, self.rows, self.slot))
         return TileGroup(*moved, self.offsets)
 
     def tile_bytes(self, kv_heads: int, heads: int, dim: int, element: int) -> int:
@@ -62,51 +64,65 @@ class Tiles:
     count: int  # verified rows
 
     @classmethod
-    def build(cls, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor, ranges: tuple[torch.Tensor, ...],
-              window: int) -> "Tiles":
-        """Runs of consecutive positions of one request (a prefill chunk) go in tiles of :func:`tile_size`; a run of
-        one (a decode step) is a tile of one. ``ranges``: each row's [starts, ends) (M, K)."""
-        starts, ends = ranges
-        run_break = torch.ones(len(pos), dtype=torch.bool)
-        run_break[1:] = (request[1:] != request[:-1]) | (pos[1:] != pos[:-1] + 1)
-        run = run_break.cumsum(0) - 1
-        run_first = run_break.nonzero().squeeze(1)
-        index = torch.arange(len(pos)) - run_first[run]
-        run_len = torch.bincount(run, minlength=len(run_first))[run]
+    def build(cls, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor, prompt: torch.Tensor,
+              ranges: Callable[[torch.Tensor], Ranges], window: int, window_align: int) -> "Tiles":
+        """Prompt positions (``prompt``: a prefill's, teacher-forced) go in tiles of :func:`tile_size` positions
+        fixed by position (tile pos // Q of its request); a generated position (a decode step) is a tile of one.
+        Which tile a query is in, where its keys lie in the tile's read and how many keys the tile reads depend on
+        its position alone, so its A~ is the same bits whatever else the step holds (how vLLM chunked the prompt,
+        the other requests, what the prefix cache held). ``ranges``: the draft's ``position_ranges`` at positions."""
         groups = []
-        for alone, size in ((True, 1), (False, tile_size(window))):
-            rows = ((run_len == 1) == alone).nonzero().squeeze(1)
+        for size, rows in ((1, (~prompt).nonzero().squeeze(1)), (tile_size(window), prompt.nonzero().squeeze(1))):
             if len(rows):
-                groups.append(_group(rows, run[rows], index[rows], size, token, request, pos, starts, ends))
+                groups.append(_group(rows, size, token, request, pos, ranges, window, window_align))
         return cls(tuple(groups), len(pos))
 
     def to(self, device: torch.device) -> "Tiles":
         return Tiles(tuple(g.to(device) for g in self.groups), self.count)
 
 
-def _group(rows: torch.Tensor, run: torch.Tensor, index: torch.Tensor, size: int, token: torch.Tensor,
-           request: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> TileGroup:
-    """The tiles of ``rows`` (each at ``index`` in its ``run``), ``size`` queries each."""
-    _, tile = torch.stack([run, index // size]).unique(dim=1, return_inverse=True)
-    count = int(tile.max()) + 1
-    slot_in = index % size
-    lo = torch.full((count, starts.shape[1]), 1 << 62).scatter_reduce(0, tile[:, None].expand_as(starts[rows]),
-                                                                      starts[rows], "amin")
-    hi = torch.zeros_like(lo).scatter_reduce(0, tile[:, None].expand_as(ends[rows]), ends[rows], "amax")
-    widths = (hi - lo).clamp(min=0).amax(0).tolist()
-    keys = torch.cat([lo[:, k, None] + torch.arange(w) for k, w in enumerate(widths)], 1)  # (T, n)
-    part = torch.cat([torch.full((w,), k) for k, w in enumerate(widths)])  # which range each key belongs to
-    last = torch.zeros(count, dtype=torch.long).scatter_reduce(0, tile, pos[rows], "amax")
-    keys = keys.clamp(min=0).minimum(last[:, None])  # a readable slot of the tile's own table; masked unless valid
+def _spans(ranges: Callable[[torch.Tensor], Ranges], widths: tuple[int, ...], size: int, window: int,
+           window_align: int) -> list[int]:
+    """How many keys each range of a tile of ``size`` positions reads, from its first position's start: the range's
+    width and how far its start moves over the tile, found once on probe positions past the trivial edge (so the
+    same for every tile, every step)."""
+    if size == 1:
+        return list(widths)
+    base = 4 * (2 * window + size) * window_align
+    starts = ranges(base + torch.arange(size + window_align))[0]
+    spread = torch.stack([starts[o:o + size].amax(0) - starts[o] for o in range(window_align)]).amax(0)
+    return [w + int(m) for w, m in zip(widths, spread)]
+
+
+def _group(rows: torch.Tensor, size: int, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor,
+           ranges: Callable[[torch.Tensor], Ranges], window: int, window_align: int) -> TileGroup:
+    """The tiles of ``rows``, ``size`` positions each: the tile of position p is p // size of its request, and reads
+    each range from its first position past the trivial edge on (a fixed number of keys, :func:`_spans`)."""
+    row_pos, row_request = pos[rows], request[rows]
+    (tile_request, tile_index), tile = torch.stack([row_request, row_pos // size]).unique(dim=1, return_inverse=True)
+    count = len(tile_request)
+    starts, ends, widths = ranges(row_pos)
+    lo = ranges((tile_index * size).clamp(min=2 * window))[0] if size > 1 else starts  # (T, K)
+    spans = _spans(ranges, widths, size, window, window_align)
+    nonempty = ends > starts
+    inside = ((starts >= lo[tile]) & (ends - lo[tile] <= torch.tensor(spans))) | ~nonempty
+    if not bool(inside.all()):  # a draft whose ranges move faster than its probe showed: read what this step needs
+        lo = torch.full_like(lo, 1 << 62).scatter_reduce(0, tile[:, None].expand_as(starts), starts, "amin")
+        spans = (ends - lo[tile]).amax(0).clamp(min=1).tolist()
+    key_pos = torch.cat([lo[:, k, None] + torch.arange(w) for k, w in enumerate(spans)], 1)  # (T, n)
+    part = torch.cat([torch.full((w,), k) for k, w in enumerate(spans)])  # which range each key is in
+    last = torch.zeros(count, dtype=torch.long).scatter_reduce(0, tile, row_pos, "amax")
+    keys = key_pos.clamp(min=0).minimum(last[:, None])  # a readable slot of the tile's own table; masked unless valid
+    slot_in = row_pos % size
     queries = torch.zeros(count, size, dtype=torch.long)
     queries[tile, slot_in] = token[rows]
     valid = torch.zeros(count, size, keys.shape[1], dtype=torch.bool)
-    key_pos = torch.cat([lo[:, k, None] + torch.arange(w) for k, w in enumerate(widths)], 1)[tile]  # unclamped
-    mine = (key_pos >= starts[rows][:, part]) & (key_pos < ends[rows][:, part])
-    valid[tile, slot_in] = mine
-    table_row = torch.zeros(count, dtype=torch.long).scatter_reduce(0, tile, request[rows], "amax")
+    valid[tile, slot_in] = (key_pos[tile] >= starts[:, part]) & (key_pos[tile] < ends[:, part])
+    valid = None if bool(valid.all()) else valid[:, None]  # (decode rows of the sink: every key counts, no mask)
     offsets = [0] + torch.bincount(tile, minlength=count).cumsum(0).tolist()
-    return TileGroup(table_row, keys, queries, valid[:, None], rows, tile * size + slot_in, offsets)
+    order = tile.argsort(stable=True)  # rows tile by tile, so that a chunk of tiles is a slice of them
+    return TileGroup(tile_request, keys, queries, valid, rows[order], (tile * size + slot_in)[order],
+                     offsets)
 
 
 def approximate(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
@@ -122,10 +138,11 @@ def approximate(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_
         for lo in range(0, len(group.request), step):
             part = slice(lo, lo + step)
             keys_at = group.keys[part]
-            block = block_table.long()[group.request[part, None], keys_at // block_size]
+            block = block_table[group.request[part, None], keys_at // block_size].long()
             keys, values = layout.gather(kv_cache, block[:, None, :].expand(-1, kv_heads, -1),
                                          (keys_at % block_size)[:, None, :].expand(-1, kv_heads, -1))
-            approx = semantics.attend(query[group.token[part]], keys, values, group.valid[part], scale)
+            valid = None if group.valid is None else group.valid[part]
+            approx = semantics.attend(query[group.token[part]], keys, values, valid, scale)
             chosen = slice(group.offsets[lo], group.offsets[min(lo + step, len(group.request))])
             out[group.rows[chosen]] = approx.flatten(0, 1)[group.slot[chosen] - lo * size]
     return out

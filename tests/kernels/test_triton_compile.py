@@ -1,5 +1,6 @@
 """Both Triton kernels compiled for real GPUs on the CPU (Triton's ptxas, no GPU): every shape ``kernel=auto`` can
-pick fits every architecture users evaluate on, with the launch settings the launcher uses.
+pick fits every architecture users evaluate on, with the launch settings the launcher uses; the paged kernel
+(kernels/triton_paged.py) fits sm_89 at every shape.
 
 The compiler runs in a process of its own (``python -m alspec_eval.kernels.triton_launch``): a process whose Triton
 was imported with the interpreter on (these tests, on the CPU) cannot compile for a GPU. Left padding is a runtime
@@ -53,6 +54,19 @@ def test_every_shape_compiles_and_fits_every_architecture(matrix) -> None:
         assert r["launch"] == vars(launch_for(dtype, r["head_dim"]))
         for kernel in r["kernels"].values():
             assert 0 < kernel["registers"] <= 255 and kernel["shared"] <= ARCHS[r["arch"]].shared_per_block
+
+
+def test_the_paged_kernel_compiles_for_sm_89_and_fits() -> None:
+    """The paged kernel (kernels/triton_paged.py, block table reads, vLLM's block size 16) at every shape of the
+    matrix on sm_89, with the decode kernel's launch settings; spills are reported, not refused, as for the decode
+    kernel."""
+    code, rows = compile_matrix("--arch", "89", "--kernel", "paged", "--page", "16")
+    assert os.environ.get("ALSPEC_TRITON_VERSION") in (None, rows[0]["triton"])
+    assert code == 0 and len(rows) == 3 * 5 * 4
+    for r in rows:
+        assert list(r["kernels"]) == ["paged"] and r["misfit"] is None, r
+        assert 0 < r["kernels"]["paged"]["registers"] <= 255
+        assert r["kernels"]["paged"]["shared"] <= ARCHS[89].shared_per_block
 
 
 def test_settings_over_a_limit_are_refused_with_their_bytes() -> None:

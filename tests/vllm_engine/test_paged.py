@@ -459,3 +459,29 @@ def test_no_read_back_per_layer(approx, tokens):
     with ReadBacks() as reads:
         taken = state.take()
     assert reads.calls.count("cpu") == 1 and taken.codes.shape == (tokens, 4)
+
+
+@pytest.mark.parametrize("approx,align", [("sink", 1), ("sink", 32), ("local", 1)])
+def test_a_position_decides_the_same_bits_however_the_step_is_cut(approx, align):
+    """A prompt of 300 positions verified in one step, or in chunks cut elsewhere beside another request's decode
+    row (chunked prefill, a prefix-cache hit): every position's d/n is the same bits, so a sweep's cell or a
+    data-parallel replica scores as the engine alone does."""
+    case = _rolling(S=16, tokens=300)
+    settings = Settings(thresholds=(0.3,), window=16, window_align=align, approx=make_approximation(approx))
+    table = torch.cat([case["table"], case["table"].flip(1)])  # a second request: the same blocks, read backwards
+
+    def ratios(cuts: list[int]) -> torch.Tensor:
+        out = []
+        for lo, hi in zip(cuts, cuts[1:]):
+            qsl, lens = torch.tensor([0, 1, 1 + hi - lo]), torch.tensor([250, hi])  # the decode row comes first
+            rows = StepRows.build(qsl, lens, torch.tensor([0, 0]), torch.tensor([1, 7]), torch.tensor([100, 300]))
+            query = torch.cat([case["query"][:1], case["query"][lo:hi]])
+            codes, ratio = verify_layer(query, torch.cat([case["out"][:1], case["out"][lo:hi]]), case["cache"],
+                                        PlainLayout(), table, case["block"], rows, settings, 0, case["scale"])
+            out.append(ratio[rows.tag == 7])
+        return torch.cat(out)
+
+    whole = ratios([0, 300])
+    assert whole[32:].isfinite().all()  # past the trivial edge every position is measured
+    for cuts in ([0, 137, 300], [0, 40, 41, 299, 300], [0, 64, 200, 300]):
+        assert torch.equal(ratios(cuts).nan_to_num(-1), whole.nan_to_num(-1)), cuts
