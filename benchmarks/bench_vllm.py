@@ -15,11 +15,16 @@
    engine process's peak RSS during the calls (its high-water mark reset before each) and A~'s share of A's key
    reads (2S over the context: where it nears 1, A~ costs another A).
 
+5. `--records`: what reading the decisions back costs at scale: 2,000 requests of 64 generated tokens on a tiny
+   random Llama of 30 layers (SmolLM2's depth), the engine call's wall against the time inside vLLM's generate (the
+   rest: the workers' packed decisions taken and every request's record built).
+
 Run it in .venv-vllm (scripts/vllm_env.sh); `--model alspec` runs in the same environment.
 
     python benchmarks/bench_vllm.py [--prompts 8] [--tokens 1024] [--new 64] [--rounds 5] [--task alspec_recall]
     python benchmarks/bench_vllm.py --windows 16,64,256,1024 [--prompts 8] [--tokens 1024] [--new 64] \
         [--documents 4] [--document-tokens 3500] [--rounds 3]
+    python benchmarks/bench_vllm.py --records [--requests 2000] [--new 64]
     python benchmarks/bench_vllm.py --drafts [--contexts 2048,4096] [--prompts 4] [--new 32] [--rounds 3] [--approx quest,topk]
     ALSPEC_VLLM_CHECK_LAYOUT=1 python benchmarks/bench_vllm.py --skip engines --dtype bfloat16 --graphs \
         --attention-backend FLASH_ATTN      # on CUDA (scripts/gpu_check.sh): the layout read back at every step
@@ -165,6 +170,12 @@ def reset_peak(pids: set[int]) -> None:
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
 
 
+def rss(pids: set[int]) -> int:
+    """The sum of the processes' resident sets now, in bytes."""
+    return sum(int(line.split()[1]) * 1024 for pid in pids
+               for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS:"))
+
+
 def peak_rss(pids: set[int]) -> int:
     """The sum of the processes' RSS high-water marks, in bytes."""
     total = 0
@@ -194,6 +205,7 @@ def windows(args: argparse.Namespace) -> None:
     plain_pids = engine_pids(before)
     ours = ALSpecVLLM(path, window=64, batch_size="auto", **{"lambda": 0.1}, **engine)
     our_pids = engine_pids(before | plain_pids)
+    print(f"engines started: RSS plain {rss(plain_pids) / 2**30:.2f} GiB, alspec-vllm {rss(our_pids) / 2**30:.2f} GiB")
     texts = prompts(plain.tokenizer, args.prompts, args.tokens)
     documents = prompts(plain.tokenizer, args.documents, args.document_tokens)
     gen_kwargs = {"until": [], "max_gen_toks": args.new, "do_sample": False, "ignore_eos": True}
@@ -205,9 +217,10 @@ def windows(args: argparse.Namespace) -> None:
         else:
             requests = [Instance("loglikelihood_rolling", {}, (t,), i, ("bench", i, 1)) for i, t in enumerate(documents)]
         reset_peak(pids)
+        before = rss(pids)
         start = time.perf_counter()
         getattr(lm, "generate_until" if kind == "generation" else "loglikelihood_rolling")(requests, disable_tqdm=True)
-        return time.perf_counter() - start, peak_rss(pids)
+        return time.perf_counter() - start, peak_rss(pids), before
 
     print(f"windows: sink, lambda 0.1, SmolLM2 {args.dtype}; generation: {args.prompts} prompts of {args.tokens} "
           f"tokens, {args.new} new; rolling: {args.documents} documents of {args.document_tokens} tokens; "
@@ -216,28 +229,67 @@ def windows(args: argparse.Namespace) -> None:
         context = args.tokens + args.new if kind == "generation" else args.document_tokens
         walls: dict[object, list[float]] = {"vllm": []}
         peaks: dict[object, list[int]] = {"vllm": []}
+        rises: dict[object, list[int]] = {"vllm": []}
         hits: dict[int, float] = {}
         call(plain, kind, plain_pids)  # warm-up
         for round_ in range(args.rounds + 1):  # the first round of each window warms it
             if round_:
-                wall, peak = call(plain, kind, plain_pids)
+                wall, peak, before = call(plain, kind, plain_pids)
                 walls["vllm"].append(wall)
                 peaks["vllm"].append(peak)
+                rises["vllm"].append(peak - before)
             for window in args.windows:
                 ours.reconfigure(window=window)
                 ours.reset_statistics()
-                wall, peak = call(ours, kind, our_pids)
+                wall, peak, before = call(ours, kind, our_pids)
                 if round_:
                     walls.setdefault(window, []).append(wall)
                     peaks.setdefault(window, []).append(peak)
+                    rises.setdefault(window, []).append(peak - before)
                     hits[window] = ours.statistics()["tasks"]["bench"]["total"]["hit_rate"] or 0.0
-        plain_wall, plain_peak = statistics.median(walls["vllm"]), max(peaks["vllm"])
-        print(f"  {kind}: plain vLLM {plain_wall:.2f} s, peak RSS {plain_peak / 2**30:.2f} GiB")
+        plain_wall, plain_peak, plain_rise = statistics.median(walls["vllm"]), max(peaks["vllm"]), max(rises["vllm"])
+        print(f"  {kind}: plain vLLM {plain_wall:.2f} s, peak RSS {plain_peak / 2**30:.2f} GiB "
+              f"({plain_rise / 2**20:.0f} MiB over its RSS before the call)")
         for window in args.windows:
-            wall, peak = statistics.median(walls[window]), max(peaks[window])
+            wall, peak, rise = statistics.median(walls[window]), max(peaks[window]), max(rises[window])
             print(f"    window {window:5d}  {wall:7.2f} s  {wall / plain_wall:5.2f}x wall  {peak / plain_peak:5.2f}x "
-                  f"peak RSS  A~ reads {min(1.0, 2 * window / context):.2f} of A's keys at the longest context  "
+                  f"peak RSS (+{rise / 2**20:.0f} MiB in the call)  A~ reads {min(1.0, 2 * window / context):.2f} of A's keys at the longest context  "
                   f"hit rate {hits[window]:.3f}")
+
+
+def records(args: argparse.Namespace) -> None:
+    """The engine call's wall and the part of it outside vLLM's generate: taking the packed decisions from the
+    worker and building every request's record."""
+    from lm_eval.api.instance import Instance
+
+    from alspec_eval.approx_check.models import save_tiny
+    from alspec_eval.vllm.model import ALSpecVLLM
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_tiny(Path(tmp) / "tiny", layers=30, max_positions=256)
+        ours = ALSpecVLLM(path, window=4, **{"lambda": 0.1}, **{**ENGINE, "max_model_len": 256},
+                          max_num_seqs=256)
+        generate, inside = ours.model.generate, []
+
+        def timed_generate(*a, **k):
+            start = time.perf_counter()
+            out = generate(*a, **k)
+            inside.append(time.perf_counter() - start)
+            return out
+
+        ours.model.generate = timed_generate
+        kwargs = {"until": [], "max_gen_toks": args.new, "do_sample": False, "ignore_eos": True}
+        texts = [f"{i:05d} abc" for i in range(args.requests)]
+        requests = [Instance("generate_until", {}, (t, dict(kwargs)), i, ("bench", i, 1)) for i, t in enumerate(texts)]
+        start = time.perf_counter()
+        ours.generate_until(requests, disable_tqdm=True)
+        wall = time.perf_counter() - start
+    speculated = ours.statistics()["tasks"]["bench"]["total"]["speculated"]
+    outside = wall - sum(inside)
+    print(f"records: {args.requests} requests x {args.new} new tokens, tiny Llama of 30 layers, window 4: "
+          f"{speculated} decisions")
+    print(f"  engine call {wall:.2f} s, inside vLLM's generate {sum(inside):.2f} s, decisions taken and records "
+          f"built {outside:.2f} s = {outside / wall:.1%} of the call")
 
 
 def whole_run(model: str, task: str, limit: int, out: Path) -> tuple[float, dict, dict]:
@@ -291,6 +343,8 @@ def main() -> None:
                         help="only the cost per window (part 4), at these windows")
     parser.add_argument("--documents", type=int, default=4, help="rolling loglikelihood documents (part 4)")
     parser.add_argument("--document-tokens", type=int, default=3500, help="tokens of each document (part 4)")
+    parser.add_argument("--records", action="store_true", help="only the decisions' read-back at scale (part 5)")
+    parser.add_argument("--requests", type=int, default=2000, help="requests of part 5")
     parser.add_argument("--drafts", action="store_true", help="only the per-draft comparison (part 3)")
     parser.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 4096],
                         help="tokens of context (prompt and new tokens) of the per-draft comparison")
@@ -299,6 +353,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.windows:
         windows(args)
+        return
+    if args.records:
+        records(args)
         return
     if args.drafts:
         drafts(args)

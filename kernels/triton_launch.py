@@ -137,8 +137,9 @@ _MODEL = ("q_ptr", "k_ptr", "v_ptr", "exact_ptr")
 
 
 def _signature(arg_names: list[str], dtype: torch.dtype, constants: dict) -> dict[str, str]:
-    """Triton's argument types as the launcher passes them: the model's tensors in its dtype, the geometry and the
-    tickets and the block table int32, decisions int1, the kernel's own buffers float32; sizes i32, the scale and lambda fp32."""
+    """Triton's argument types as the launcher passes them: the model's tensors in its dtype, the geometry, the
+    tickets and the block table int32, decisions int1, the kernel's own buffers float32; sizes i32, the scale and
+    lambda fp32."""
     model = "*" + DTYPES[dtype]
     types = {**dict.fromkeys(_MODEL, model), "geom_ptr": "*i32", "table_ptr": "*i32", "ticket_ptr": "*i32",
              "accept_ptr": "*i1", "scale": "fp32", "lam": "fp32"}

@@ -57,6 +57,18 @@ class PlainLayout:
 
         return read(kv_cache[..., :dim]), read(kv_cache[..., dim:]) if values else None
 
+    def chunks(self, kv_cache: torch.Tensor, block: torch.Tensor, start: torch.Tensor,
+               width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``width`` consecutive slots from ``start`` (a multiple of ``width``) of blocks
+        ``block``, both (T, c): two (T, Hkv, c width, D), each read a slice of slots at a time."""
+        blocks, heads, size, twice = kv_cache.shape
+        rows, count = block.shape
+        index = (block[..., None] * heads + torch.arange(heads, device=block.device)) * (size // width) \
+            + (start // width)[..., None]  # (T, c, H): which slice of ``width`` slots, as rows of a flat view
+        slices = kv_cache.view(-1, width * twice).index_select(0, index.flatten()).view(rows, count, heads, width, twice)
+        both = slices.transpose(1, 2).reshape(rows, heads, count * width, twice)
+        return both[..., :twice // 2], both[..., twice // 2:]
+
 
 @dataclass(frozen=True)
 class CpuVecLayout:
@@ -86,6 +98,21 @@ class CpuVecLayout:
             return keys, None
         picked = flat[..., size * dim:][ids].view(rows, count, heads, size, dim).transpose(1, 2)
         return keys, picked.reshape(rows, heads, count * size, dim)
+
+    def chunks(self, kv_cache: torch.Tensor, block: torch.Tensor, start: torch.Tensor,
+               width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks, heads, size, twice = kv_cache.shape
+        dim, (rows, count), parts = twice // 2, block.shape, size // width
+        head = (block[..., None] * heads + torch.arange(heads, device=block.device)) * (size * twice)  # (T, c, H)
+        start = start[..., None]
+        # a key slice is D runs of ``width`` (the keys are stored transposed, D x N); a value slice is one run
+        key_rows = (head[..., None] + torch.arange(dim, device=block.device) * size + start[..., None]) // width
+        keys = kv_cache.view(-1, width).index_select(0, key_rows.flatten()).view(rows, count, heads, dim, width)
+        keys = keys.permute(0, 2, 1, 4, 3).reshape(rows, heads, count * width, dim)
+        value_rows = (head + size * dim + start * dim) // (width * dim)
+        values = kv_cache.view(-1, width * dim).index_select(0, value_rows.flatten())
+        return keys, values.view(rows, count, heads, width, dim).transpose(1, 2).reshape(rows, heads, count * width,
+                                                                                          dim)
 
 
 # (the platform's attention backend, its ISA where it has one) -> how its cache is read
@@ -133,11 +160,12 @@ class StepRows:
     prompt: torch.Tensor  # which are prompt positions (teacher-forced; the rest were generated)
     plans: dict[Any, "Verified"] = field(default_factory=dict, compare=False, repr=False)  # per settings and device
 
-    def verified(self, settings: Settings, device: torch.device, streamed: bool = True) -> "Verified":
+    def verified(self, settings: Settings, device: torch.device, block_size: int,
+                 streamed: bool = True) -> "Verified":
         """What every layer of this step verifies with (:class:`Verified`), built on its first layer."""
-        key = (settings.window, settings.window_align, settings.approx, str(device), streamed)
+        key = (settings.window, settings.window_align, settings.approx, str(device), block_size, streamed)
         if key not in self.plans:
-            self.plans[key] = Verified.build(self, settings, device, streamed)
+            self.plans[key] = Verified.build(self, settings, device, block_size, streamed)
         return self.plans[key]
 
     @classmethod
@@ -179,7 +207,8 @@ class Verified:
     tiles: Tiles | None
 
     @classmethod
-    def build(cls, rows: StepRows, settings: Settings, device: torch.device, streamed: bool) -> "Verified":
+    def build(cls, rows: StepRows, settings: Settings, device: torch.device, block_size: int,
+              streamed: bool) -> "Verified":
         trivial = semantics.is_trivial(rows.pos, settings.window)
         live = (~trivial).nonzero().squeeze(1)
         codes = torch.where(trivial, TRIVIAL, REJECTED).to(torch.int8)
@@ -188,7 +217,8 @@ class Verified:
         approx, window, align = settings.approx, settings.window, settings.window_align
         if streamed and len(live) and approx.position_ranges(rows.pos[live[:1]], window, align) is not None:
             tiles = Tiles.build(rows.token[live], rows.request[live], rows.pos[live], rows.prompt[live],
-                                lambda at: approx.position_ranges(at, window, align), window, align).to(device)
+                                lambda at: approx.position_ranges(at, window, align), window, align,
+                                block_size).to(device)
         return cls(live, live.to(device), rows.token[live].to(device), codes.to(device), ratios.to(device), tiles)
 
 
@@ -424,7 +454,7 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
     lam = settings.thresholds[layer]
     if math.isnan(lam) or not len(rows.token):
         return None
-    plan = rows.verified(settings, output.device, streamed)
+    plan = rows.verified(settings, output.device, block_size, streamed)
     if lam == -math.inf or not len(plan.live):  # static's exact layers: decided, not measured
         return plan.codes, plan.ratios
     token = plan.token

@@ -11,6 +11,7 @@ block-table lookup, one gather of the tiles' keys and values per chunk of :data:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from ..approximations.base import Ranges
 
 VERIFY_BUDGET = 64 * 2**20  # bytes of one chunk's transient (keys, values, scores) in a layer's verification
 TILE = 64  # the most consecutive queries of a request that share one read of their keys
+READ = 16  # keys read together from a block (a slice of its keys' memory, not key by key), where the block allows
 
 
 def tile_size(window: int) -> int:
@@ -36,22 +38,23 @@ class TileGroup:
     step token whose query it holds and which keys that query reads; per query of the group its flat slot."""
 
     request: torch.Tensor  # (T,)
-    keys: torch.Tensor  # (T, n)
+    chunks: torch.Tensor  # (T, c): where each read of ``width`` consecutive positions begins (logical), n = c width
     token: torch.Tensor  # (T, Q)
     valid: torch.Tensor | None  # (T, 1, Q, n); None where every query reads every key of its tile
     rows: torch.Tensor  # (m,) indices into the verified rows, tile by tile
     slot: torch.Tensor  # (m,) index into the T Q flattened slots
     offsets: list[int]  # (T + 1) where each tile's rows begin in ``rows``, on the host: chunks slice without a read
+    width: int
 
     def to(self, device: torch.device) -> "TileGroup":
         moved = (None if t is None else t.to(device, non_blocking=True)
-                 for t in (self.request, self.keys, self.token, self.valid, self.rows, self.slot))
-        return TileGroup(*moved, self.offsets)
+                 for t in (self.request, self.chunks, self.token, self.valid, self.rows, self.slot))
+        return TileGroup(*moved, self.offsets, self.width)
 
     def tile_bytes(self, kv_heads: int, heads: int, dim: int, element: int) -> int:
         """The transient of one tile in :func:`approximate`: its keys and values (and their float32 copies), the
         scores, weights and outputs in float32."""
-        q_len, n = self.token.shape[1], self.keys.shape[1]
+        q_len, n = self.token.shape[1], self.chunks.shape[1] * self.width
         copies = 2 * kv_heads * n * dim * (element + (4 if element != 4 else 0))
         return copies + 3 * heads * q_len * n * 4 + 2 * heads * q_len * dim * 4
 
@@ -65,16 +68,18 @@ class Tiles:
 
     @classmethod
     def build(cls, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor, prompt: torch.Tensor,
-              ranges: Callable[[torch.Tensor], Ranges], window: int, window_align: int) -> "Tiles":
+              ranges: Callable[[torch.Tensor], Ranges], window: int, window_align: int, block_size: int) -> "Tiles":
         """Prompt positions (``prompt``: a prefill's, teacher-forced) go in tiles of :func:`tile_size` positions
         fixed by position (tile pos // Q of its request); a generated position (a decode step) is a tile of one.
         Which tile a query is in, where its keys lie in the tile's read and how many keys the tile reads depend on
         its position alone, so its A~ is the same bits whatever else the step holds (how vLLM chunked the prompt,
-        the other requests, what the prefix cache held). ``ranges``: the draft's ``position_ranges`` at positions."""
+        the other requests, what the prefix cache held). ``ranges``: the draft's ``position_ranges`` at positions.
+        Each range is read :data:`READ` keys at a time (aligned, within a block)."""
+        width = math.gcd(READ, block_size)
         groups = []
         for size, rows in ((1, (~prompt).nonzero().squeeze(1)), (tile_size(window), prompt.nonzero().squeeze(1))):
             if len(rows):
-                groups.append(_group(rows, size, token, request, pos, ranges, window, window_align))
+                groups.append(_group(rows, size, token, request, pos, ranges, window, window_align, width))
         return cls(tuple(groups), len(pos))
 
     def to(self, device: torch.device) -> "Tiles":
@@ -95,9 +100,10 @@ def _spans(ranges: Callable[[torch.Tensor], Ranges], widths: tuple[int, ...], si
 
 
 def _group(rows: torch.Tensor, size: int, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor,
-           ranges: Callable[[torch.Tensor], Ranges], window: int, window_align: int) -> TileGroup:
+           ranges: Callable[[torch.Tensor], Ranges], window: int, window_align: int, width: int) -> TileGroup:
     """The tiles of ``rows``, ``size`` positions each: the tile of position p is p // size of its request, and reads
-    each range from its first position past the trivial edge on (a fixed number of keys, :func:`_spans`)."""
+    each range from its first position past the trivial edge on (a fixed number of keys, :func:`_spans`), in reads
+    of ``width`` aligned positions."""
     row_pos, row_request = pos[rows], request[rows]
     (tile_request, tile_index), tile = torch.stack([row_request, row_pos // size]).unique(dim=1, return_inverse=True)
     count = len(tile_request)
@@ -109,20 +115,23 @@ def _group(rows: torch.Tensor, size: int, token: torch.Tensor, request: torch.Te
     if not bool(inside.all()):  # a draft whose ranges move faster than its probe showed: read what this step needs
         lo = torch.full_like(lo, 1 << 62).scatter_reduce(0, tile[:, None].expand_as(starts), starts, "amin")
         spans = (ends - lo[tile]).amax(0).clamp(min=1).tolist()
-    key_pos = torch.cat([lo[:, k, None] + torch.arange(w) for k, w in enumerate(spans)], 1)  # (T, n)
-    part = torch.cat([torch.full((w,), k) for k, w in enumerate(spans)])  # which range each key is in
+    reads = [(w + 2 * width - 2) // width for w in spans]  # aligned reads that cover w keys from any start
+    base = lo // width * width
+    chunks = torch.cat([base[:, k, None] + width * torch.arange(c) for k, c in enumerate(reads)], 1)  # (T, c)
+    key_pos = (chunks[:, :, None] + torch.arange(width)).flatten(1)  # (T, n)
+    part = torch.cat([torch.full((c * width,), k) for k, c in enumerate(reads)])  # which range each key is in
     last = torch.zeros(count, dtype=torch.long).scatter_reduce(0, tile, row_pos, "amax")
-    keys = key_pos.clamp(min=0).minimum(last[:, None])  # a readable slot of the tile's own table; masked unless valid
+    chunks = chunks.clamp(min=0).minimum(last[:, None] // width * width)  # readable blocks; masked unless valid
     slot_in = row_pos % size
     queries = torch.zeros(count, size, dtype=torch.long)
     queries[tile, slot_in] = token[rows]
-    valid = torch.zeros(count, size, keys.shape[1], dtype=torch.bool)
+    valid = torch.zeros(count, size, key_pos.shape[1], dtype=torch.bool)
     valid[tile, slot_in] = (key_pos[tile] >= starts[:, part]) & (key_pos[tile] < ends[:, part])
     valid = None if bool(valid.all()) else valid[:, None]  # (decode rows of the sink: every key counts, no mask)
     offsets = [0] + torch.bincount(tile, minlength=count).cumsum(0).tolist()
     order = tile.argsort(stable=True)  # rows tile by tile, so that a chunk of tiles is a slice of them
-    return TileGroup(tile_request, keys, queries, valid, rows[order], (tile * size + slot_in)[order],
-                     offsets)
+    return TileGroup(tile_request, chunks, queries, valid, rows[order], (tile * size + slot_in)[order], offsets,
+                     width)
 
 
 def approximate(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
@@ -137,10 +146,9 @@ def approximate(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_
         size = group.token.shape[1]
         for lo in range(0, len(group.request), step):
             part = slice(lo, lo + step)
-            keys_at = group.keys[part]
-            block = block_table[group.request[part, None], keys_at // block_size].long()
-            keys, values = layout.gather(kv_cache, block[:, None, :].expand(-1, kv_heads, -1),
-                                         (keys_at % block_size)[:, None, :].expand(-1, kv_heads, -1))
+            starts = group.chunks[part]
+            block = block_table[group.request[part, None], starts // block_size].long()
+            keys, values = layout.chunks(kv_cache, block, starts % block_size, group.width)
             valid = None if group.valid is None else group.valid[part]
             approx = semantics.attend(query[group.token[part]], keys, values, valid, scale)
             chosen = slice(group.offsets[lo], group.offsets[min(lo + step, len(group.request))])

@@ -347,9 +347,9 @@ def test_streamed_decides_as_gathered(layout, approx, S, align):
         settings = Settings(thresholds=(lam,), window=S, window_align=align, approx=make_approximation(approx))
         got[streamed] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
                                      rows, settings, 0, step["scale"], streamed=streamed), out
-        tiles = rows.verified(settings, out.device, streamed).tiles
+        tiles = rows.verified(settings, out.device, step["N"], streamed).tiles
         assert (tiles is not None) == streamed
-    assert [g.token.shape[1] for g in rows.verified(settings, out.device).tiles.groups] == [1, tile_size(S)]
+    assert [g.token.shape[1] for g in rows.verified(settings, out.device, step["N"]).tiles.groups] == [1, tile_size(S)]
     (codes, ratios), out = got[True]
     (codes_ref, ratios_ref), out_ref = got[False]
     assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
@@ -410,7 +410,7 @@ def test_verification_memory_is_bounded_by_the_budget(monkeypatch):
     peaks = {}
     for streamed in (True, False):
         case["rows"].plans.clear()
-        case["rows"].verified(case["settings"], torch.device("cpu"), streamed)  # the step's plan, built once
+        case["rows"].verified(case["settings"], torch.device("cpu"), case["block"], streamed)  # the step's plan, built once
         with PeakBytes() as peak:
             verify_layer(case["query"], case["out"].clone(), case["cache"], PlainLayout(), case["table"],
                          case["block"], case["rows"], case["settings"], 1, case["scale"], streamed=streamed)
