@@ -49,12 +49,23 @@ class WorkerState:
         if context is not self.step:
             starts, tags, firsts, prompt_lens = self._tags(len(metadata.seq_lens))
             self.step = context
-            self.rows = StepRows.build(metadata.query_start_loc, metadata.seq_lens, starts, tags, prompt_lens)
-            self.prompt_rows = PromptRows.build(metadata.query_start_loc, metadata.seq_lens, firsts, starts, tags)
+            query_start_loc, seq_lens = self.host_metadata(metadata)
+            self.rows = StepRows.build(query_start_loc, seq_lens, starts, tags, prompt_lens)
+            self.prompt_rows = PromptRows.build(query_start_loc, seq_lens, firsts, starts, tags)
             if self.prompts.queries or self.prompts.observed:
                 self.prompts.prune({args[TAG][1] for args in map(_extra_args, self.runner.requests.values())
                                     if TAG in args})
         return self.rows, self.prompt_rows
+
+    def host_metadata(self, metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's ``query_start_loc`` and ``seq_lens`` from the host copies the model runner built them from
+        (nothing read back from the device), where it keeps them; else the attention metadata's."""
+        requests = len(metadata.seq_lens)
+        starts = getattr(getattr(self.runner, "query_start_loc", None), "cpu", None)
+        lens = getattr(self.runner, "optimistic_seq_lens_cpu", None)
+        if isinstance(starts, torch.Tensor) and isinstance(lens, torch.Tensor):
+            return starts[:requests + 1], lens[:requests]
+        return metadata.query_start_loc, metadata.seq_lens
 
     def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per batch row: where its speculation starts, its tag, where its observation window begins (NEVER where
@@ -167,7 +178,7 @@ class SpeculatingImpl:
         block_size = kv_cache.shape[2]
         if settings.check_layout or layer.layer_name not in STATE.checked:
             check_newest(kv_cache, layout, attn_metadata.block_table, block_size, key,
-                         *rows.newest(attn_metadata.query_start_loc, attn_metadata.seq_lens))
+                         *rows.newest(*STATE.host_metadata(attn_metadata)))
             STATE.checked.add(layer.layer_name)
         from vllm.distributed import get_tensor_model_parallel_world_size
 

@@ -102,7 +102,7 @@ class CpuVecLayout:
     def chunks(self, kv_cache: torch.Tensor, block: torch.Tensor, start: torch.Tensor,
                width: int) -> tuple[torch.Tensor, torch.Tensor]:
         blocks, heads, size, twice = kv_cache.shape
-        dim, (rows, count), parts = twice // 2, block.shape, size // width
+        dim, (rows, count) = twice // 2, block.shape
         head = (block[..., None] * heads + torch.arange(heads, device=block.device)) * (size * twice)  # (T, c, H)
         start = start[..., None]
         # a key slice is D runs of ``width`` (the keys are stored transposed, D x N); a value slice is one run
