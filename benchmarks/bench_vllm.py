@@ -262,11 +262,13 @@ def records(args: argparse.Namespace) -> None:
     worker and building every request's record."""
     from lm_eval.api.instance import Instance
 
-    from alspec_eval.approx_check.models import save_tiny
+    from alspec_eval.approx_check.models import ARCHS, build, char_tokenizer
     from alspec_eval.vllm.model import ALSpecVLLM
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_tiny(Path(tmp) / "tiny", layers=30, max_positions=256)
+        path = str(Path(tmp) / "tiny")  # head_dim 32: CPU_ATTN's vec layout, as SmolLM2's
+        build(ARCHS["llama"], 0, hidden_size=128, intermediate_size=256, num_hidden_layers=30).save_pretrained(path)
+        char_tokenizer().save_pretrained(path)
         ours = ALSpecVLLM(path, window=4, **{"lambda": 0.1}, **{**ENGINE, "max_model_len": 256},
                           max_num_seqs=256)
         generate, inside = ours.model.generate, []

@@ -40,13 +40,16 @@ def main() -> None:
     vllm_lm = ALSpecVLLM(path, dtype="bfloat16", max_model_len=args.tokens + 64, enforce_eager=True, seed=0,
                          kv_cache_memory_bytes=2**30, **spec)
     documents = prompts(vllm_lm.tokenizer, args.documents, args.tokens)
-    requests = [Instance("loglikelihood_rolling", {}, (t,), i, ("bench", i, 1)) for i, t in enumerate(documents)]
-    vllm_lm.loglikelihood_rolling(requests, disable_tqdm=True)
+
+    def requests() -> list[Instance]:  # fresh each time: an engine's call may annotate the instances
+        return [Instance("loglikelihood_rolling", {}, (t,), i, ("bench", i, 1)) for i, t in enumerate(documents)]
+
+    vllm_lm.loglikelihood_rolling(requests(), disable_tqdm=True)
     ours = per_layer(vllm_lm.statistics())
     del vllm_lm
     hf_lm = ALSpecLM(pretrained=path, dtype="bfloat16", device="cpu", batch_size=1, max_length=args.tokens + 64,
                      **spec)
-    hf_lm.loglikelihood_rolling(requests, disable_tqdm=True)
+    hf_lm.loglikelihood_rolling(requests(), disable_tqdm=True)
     theirs = per_layer(hf_lm.statistics())
     (a, s), (b, t) = ours[1], theirs[1]
     print(f"rolling loglikelihood, {args.documents} documents of {args.tokens} tokens, SmolLM2 bfloat16, sink, "
