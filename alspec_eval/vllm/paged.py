@@ -57,16 +57,24 @@ class PlainLayout:
 
         return read(kv_cache[..., :dim]), read(kv_cache[..., dim:]) if values else None
 
-    def chunks(self, kv_cache: torch.Tensor, block: torch.Tensor, start: torch.Tensor,
-               width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``width`` consecutive slots from ``start`` (a multiple of ``width``) of blocks
-        ``block``, both (T, c): two (T, Hkv, c width, D), each read a slice of slots at a time."""
-        blocks, heads, size, twice = kv_cache.shape
-        rows, count = block.shape
+    def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
+                   width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the ``width`` consecutive slots from ``start`` (a multiple of ``width``) of blocks ``block`` (both
+        (T, c)) are, for :meth:`read_chunks`: per (T, c, Hkv) one row of a flat view holding their keys and values
+        (the second tensor, the values', is the same rows here)."""
+        _, heads, size, _ = shape
         index = (block[..., None] * heads + torch.arange(heads, device=block.device)) * (size // width) \
-            + (start // width)[..., None]  # (T, c, H): which slice of ``width`` slots, as rows of a flat view
-        slices = kv_cache.view(-1, width * twice).index_select(0, index.flatten()).view(rows, count, heads, width, twice)
-        both = slices.transpose(1, 2).reshape(rows, heads, count * width, twice)
+            + (start // width)[..., None]
+        return index, index
+
+    def read_chunks(self, kv_cache: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor],
+                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values :meth:`chunk_rows` located: two (T, Hkv, c width, D), a slice of slots a row."""
+        index = rows[0]
+        (tiles, count, heads), twice = index.shape, kv_cache.shape[-1]
+        slices = kv_cache.view(-1, width * twice).index_select(0, index.flatten()).view(tiles, count, heads, width,
+                                                                                        twice)
+        both = slices.transpose(1, 2).reshape(tiles, heads, count * width, twice)
         return both[..., :twice // 2], both[..., twice // 2:]
 
 
@@ -99,20 +107,26 @@ class CpuVecLayout:
         picked = flat[..., size * dim:][ids].view(rows, count, heads, size, dim).transpose(1, 2)
         return keys, picked.reshape(rows, heads, count * size, dim)
 
-    def chunks(self, kv_cache: torch.Tensor, block: torch.Tensor, start: torch.Tensor,
-               width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks, heads, size, twice = kv_cache.shape
-        dim, (rows, count) = twice // 2, block.shape
+    def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
+                   width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A key slice is D runs of ``width`` (the keys are stored transposed, D x N): (T, c, Hkv, D) rows of
+        ``width``; a value slice is one run: (T, c, Hkv) rows of ``width`` D."""
+        _, heads, size, twice = shape
+        dim = twice // 2
         head = (block[..., None] * heads + torch.arange(heads, device=block.device)) * (size * twice)  # (T, c, H)
         start = start[..., None]
-        # a key slice is D runs of ``width`` (the keys are stored transposed, D x N); a value slice is one run
         key_rows = (head[..., None] + torch.arange(dim, device=block.device) * size + start[..., None]) // width
-        keys = kv_cache.view(-1, width).index_select(0, key_rows.flatten()).view(rows, count, heads, dim, width)
-        keys = keys.permute(0, 2, 1, 4, 3).reshape(rows, heads, count * width, dim)
-        value_rows = (head + size * dim + start * dim) // (width * dim)
+        return key_rows, (head + size * dim + start * dim) // (width * dim)
+
+    def read_chunks(self, kv_cache: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor],
+                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key_rows, value_rows = rows
+        tiles, count, heads, dim = key_rows.shape
+        keys = kv_cache.view(-1, width).index_select(0, key_rows.flatten()).view(tiles, count, heads, dim, width)
+        keys = keys.permute(0, 2, 1, 4, 3).reshape(tiles, heads, count * width, dim)
         values = kv_cache.view(-1, width * dim).index_select(0, value_rows.flatten())
-        return keys, values.view(rows, count, heads, width, dim).transpose(1, 2).reshape(rows, heads, count * width,
-                                                                                          dim)
+        return keys, values.view(tiles, count, heads, width, dim).transpose(1, 2).reshape(tiles, heads, count * width,
+                                                                                           dim)
 
 
 # (the platform's attention backend, its ISA where it has one) -> how its cache is read

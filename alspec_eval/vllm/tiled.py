@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,6 +65,7 @@ class Tiles:
 
     groups: tuple[TileGroup, ...]
     count: int  # verified rows
+    found: dict[Any, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor, prompt: torch.Tensor,
@@ -84,6 +85,16 @@ class Tiles:
 
     def to(self, device: torch.device) -> "Tiles":
         return Tiles(tuple(g.to(device) for g in self.groups), self.count)
+
+    def rows(self, layout: Any, shape: torch.Size, block_table: torch.Tensor,
+             block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group, where its reads are in a cache of ``shape`` (``layout.chunk_rows``), found through the block
+        table once per step and table (every layer of a KV-cache group shares both)."""
+        key = (layout.name, tuple(shape), block_table.data_ptr(), block_size)
+        if key not in self.found:
+            self.found[key] = [layout.chunk_rows(shape, block_table[g.request[:, None], g.chunks // block_size].long(),
+                                                 g.chunks % block_size, g.width) for g in self.groups]
+        return self.found[key]
 
 
 def _spans(ranges: Callable[[torch.Tensor], Ranges], widths: tuple[int, ...], size: int, window: int,
@@ -137,18 +148,18 @@ def _group(rows: torch.Tensor, size: int, token: torch.Tensor, request: torch.Te
 def approximate(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                 block_size: int, tiles: Tiles, scale: float) -> torch.Tensor:
     """A~ (M, Hq, D) of the verified rows, in their order: every tile's keys and values read through the block
-    table, chunks of tiles up to :data:`VERIFY_BUDGET` bytes at a time."""
+    table (where, found on the step's first layer: :meth:`Tiles.rows`), chunks of tiles up to :data:`VERIFY_BUDGET`
+    bytes at a time."""
     heads, dim = query.shape[1], query.shape[2]
     kv_heads = kv_cache.shape[1]
     out = query.new_empty(tiles.count, heads, dim)
-    for group in tiles.groups:
+    for group, (key_rows, value_rows) in zip(tiles.groups, tiles.rows(layout, kv_cache.shape, block_table,
+                                                                      block_size)):
         step = max(1, VERIFY_BUDGET // group.tile_bytes(kv_heads, heads, dim, kv_cache.element_size()))
         size = group.token.shape[1]
         for lo in range(0, len(group.request), step):
             part = slice(lo, lo + step)
-            starts = group.chunks[part]
-            block = block_table[group.request[part, None], starts // block_size].long()
-            keys, values = layout.chunks(kv_cache, block, starts % block_size, group.width)
+            keys, values = layout.read_chunks(kv_cache, (key_rows[part], value_rows[part]), group.width)
             valid = None if group.valid is None else group.valid[part]
             approx = semantics.attend(query[group.token[part]], keys, values, valid, scale)
             chosen = slice(group.offsets[lo], group.offsets[min(lo + step, len(group.request))])

@@ -485,3 +485,18 @@ def test_a_position_decides_the_same_bits_however_the_step_is_cut(approx, align)
     assert whole[32:].isfinite().all()  # past the trivial edge every position is measured
     for cuts in ([0, 137, 300], [0, 40, 41, 299, 300], [0, 64, 200, 300]):
         assert torch.equal(ratios(cuts).nan_to_num(-1), whole.nan_to_num(-1)), cuts
+
+
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+def test_layers_with_their_own_block_tables_read_their_own_blocks(layout):
+    """Where a step's layers hold their caches in blocks of their own (KV-cache groups of a hybrid model), each
+    layer reads its own table: the tiles' reads found for one table are not reused for another."""
+    step = build_step(layout, S=8)
+    perm = torch.randperm(step["cache"].shape[0], generator=torch.Generator().manual_seed(4))
+    cache2, table2 = step["cache"][perm].contiguous(), perm.argsort()[step["table"]]  # the same keys, elsewhere
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+    settings = Settings(thresholds=(0.5, 0.5), window=8, window_align=1, approx=make_approximation("sink"))
+    got = [verify_layer(step["query"], step["output"].clone(), cache, step["layout"], table, step["N"], rows,
+                        settings, layer, step["scale"])[1]
+           for layer, (cache, table) in enumerate([(step["cache"], step["table"]), (cache2, table2)])]
+    assert got[0].isfinite().any() and torch.equal(got[0].nan_to_num(-1), got[1].nan_to_num(-1))
