@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from alspec_eval.approximations import make_approximation
+from alspec_eval.approximations.base import Approximation
 from alspec_eval.errors import ConfigError
 from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
 from alspec_eval.vllm.paged import (CpuVecLayout, LayoutError, PlainLayout, Settings, StepRows, check_newest,
@@ -500,3 +502,32 @@ def test_layers_with_their_own_block_tables_read_their_own_blocks(layout):
                         settings, layer, step["scale"])[1]
            for layer, (cache, table) in enumerate([(step["cache"], step["table"]), (cache2, table2)])]
     assert got[0].isfinite().any() and torch.equal(got[0].nan_to_num(-1), got[1].nan_to_num(-1))
+
+
+@dataclass(frozen=True)
+class Jumpy(Approximation):
+    """A user's draft fixed by position whose one range jumps back S keys at every 50th position: its tiles' reads
+    cannot be sized from probe positions, so they are sized from the step (the fallback)."""
+
+    def position_ranges(self, pos, window, window_align):
+        start = pos - 2 * window + 1 - window * (pos % 50 == 0).long()
+        return start[:, None], (pos + 1)[:, None], (3 * window,)
+
+
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+def test_a_draft_whose_ranges_outrun_the_probe_reads_what_the_step_needs(layout):
+    import alspec_eval.vllm.tiled as tiled
+
+    step = build_step(layout, S=8)
+    settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=Jumpy())
+    got = {}
+    for streamed in (True, False):
+        rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+        got[streamed] = verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"],
+                                     step["table"], step["N"], rows, settings, 0, step["scale"], streamed=streamed)
+    prompt_group = rows.verified(settings, torch.device("cpu"), step["N"]).tiles.groups[1]
+    probed = tiled._spans(lambda at: Jumpy().position_ranges(at, 8, 1), (24,), tiled.tile_size(8), 8, 1)
+    width = prompt_group.width
+    assert prompt_group.chunks.shape[1] != (probed[0] + 2 * width - 2) // width  # sized from the step, not the probe
+    assert torch.equal(got[True][0], got[False][0])
+    torch.testing.assert_close(got[True][1], got[False][1], rtol=1e-5, atol=0, equal_nan=True)
