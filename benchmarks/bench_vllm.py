@@ -225,7 +225,7 @@ def windows(args: argparse.Namespace) -> None:
     print(f"windows: sink, lambda 0.1, SmolLM2 {args.dtype}; generation: {args.prompts} prompts of {args.tokens} "
           f"tokens, {args.new} new; rolling: {args.documents} documents of {args.document_tokens} tokens; "
           f"medians of {args.rounds} interleaved rounds; peak RSS of each engine's processes, reset before each call")
-    for kind in ("generation", "rolling"):
+    for kind in args.kinds:
         context = args.tokens + args.new if kind == "generation" else args.document_tokens
         walls: dict[object, list[float]] = {"vllm": []}
         peaks: dict[object, list[int]] = {"vllm": []}
@@ -344,6 +344,8 @@ def main() -> None:
     parser.add_argument("--windows", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="only the cost per window (part 4), at these windows")
     parser.add_argument("--documents", type=int, default=4, help="rolling loglikelihood documents (part 4)")
+    parser.add_argument("--kinds", type=lambda s: s.split(","), default=["generation", "rolling"],
+                        help="which of generation,rolling part 4 measures")
     parser.add_argument("--document-tokens", type=int, default=3500, help="tokens of each document (part 4)")
     parser.add_argument("--records", action="store_true", help="only the decisions' read-back at scale (part 5)")
     parser.add_argument("--requests", type=int, default=2000, help="requests of part 5")
