@@ -34,10 +34,12 @@ cat "$floor_log" >&2
 if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then
     part tt .venv-tt/bin/python -m pytest -n auto --dist loadfile tests/tt
 fi
-# tests/vllm_engine once more in .venv-vllm, where vLLM is (the main venv runs its fast part): the engines, each
-# started once (about 20 s each on this CPU), every test of one engine on the worker that holds it (loadgroup).
+# tests/vllm_engine once more in .venv-vllm, where vLLM is (the main venv runs its fast part): a module's tests on
+# one worker (loadscope), so a module's engine (tensor-parallel ranks, data-parallel replicas, a small cache) starts
+# once; the session engines (about 20 s each on this CPU) start on each worker that uses them. (loadgroup would put
+# a session engine's tests on one worker, but pytest-xdist 3.8 under pytest 9 ignores the groups.)
 if [ "${ALSPEC_SKIP_VLLM:-0}" != 1 ]; then
     wait "$vllm_env" || { cat "$vllm_log" >&2; exit 1; }
     cat "$vllm_log" >&2
-    part vllm .venv-vllm/bin/python -m pytest -n 2 --dist loadgroup tests/vllm_engine
+    part vllm .venv-vllm/bin/python -m pytest -n 2 --dist loadscope tests/vllm_engine
 fi

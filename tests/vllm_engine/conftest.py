@@ -18,20 +18,6 @@ ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 25
 TINY = {**ENGINE, "block_size": 32, "max_num_batched_tokens": 96, "max_model_len": 1024}
 
 
-ENGINE_GROUPS = {"alspec_smol": "smollm2", "alspec_tiny": "tiny"}  # a session engine -> the worker that holds it
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` (scripts/test.sh) every test of one session engine runs on one worker, so each
-    engine starts once per suite, not once per worker that a file of it lands on."""
-    for item in items:
-        for fixture, group in ENGINE_GROUPS.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
-
-
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
     from alspec_eval.smollm2 import smollm2_path
