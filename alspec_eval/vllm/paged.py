@@ -3,8 +3,9 @@ table, the decision and the commit, per layer.
 
 Torch only, no vLLM: the attention backend (:mod:`.backend`) calls :func:`verify_layer` after the platform's own
 attention has written A into ``output``; the tests call it on synthetic caches in every layout :data:`LAYOUTS` reads.
-The rules (windows, trivial positions, d and n, acceptance) are :mod:`alspec_eval.semantics`'; the keys A~ attends to
-are the approximation's (``Approximation.paged_positions``).
+The rules (windows, trivial positions, d and n, acceptance, A~'s arithmetic) are :mod:`alspec_eval.semantics`'; the
+keys A~ attends to are the approximation's: read by tiles where fixed by position (``Approximation.position_ranges``,
+:mod:`.tiled`), else selected from each request's context and gathered (:func:`gathered`).
 """
 
 from __future__ import annotations
