@@ -119,13 +119,26 @@ def _triton_process(args: Any) -> bool:
     return False
 
 
+NATIVE = os.path.join("alspec_eval", "vllm", "native.py")  # builds the CPU verification kernel, once per machine
+
+
+def _native_build() -> bool:
+    """Whether alspec_eval.vllm.native is building its C kernel (the C compiler, well under a second, once)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(NATIVE):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _processes_refused(nodeid: str, popen: Callable[..., None], compiles: bool, lints: bool) -> Callable[..., None]:
-    """Popen.__init__ for a fast test: Triton's compiler processes, a compiles test's python -m COMPILER, a lints
-    test's ruff, and nothing else."""
+    """Popen.__init__ for a fast test: Triton's compiler processes, the CPU verification kernel's build, a compiles
+    test's python -m COMPILER, a lints test's ruff, and nothing else."""
     def start(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
         if lints and os.path.basename(str(list(args)[0])).startswith("ruff"):
             pass
-        elif not _triton_process(args):
+        elif not _triton_process(args) and not _native_build():
             if not compiles:
                 _refusal(nodeid, "starts a process")()
             elif COMPILER not in list(args):

@@ -10,6 +10,7 @@ keys A~ attends to are the approximation's: read by tiles where fixed by positio
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import torch
 from .. import semantics
 from ..errors import ConfigError
 from ..stats import ACCEPTED, REJECTED, TRIVIAL
+from . import native
+from .native import NativeRows
 from .tiled import VERIFY_BUDGET, Tiles, approximate
 
 # vLLM's caches arrive in the attention call as (num_blocks, Hkv, N, 2D): per block and KV head, N keys and their
@@ -37,6 +40,7 @@ class PlainLayout:
     dimension and its value in the last D (their ``kv_cache.transpose(1, 2).split(D, -1)``)."""
 
     name: str = "plain"
+    native: bool = False  # read by verify_cpu.c (:mod:`.native`)
 
     def gather(self, kv_cache: torch.Tensor, block: torch.Tensor,
                offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,6 +89,7 @@ class CpuVecLayout:
     matrix, then its N values as an (N, D) one."""
 
     name: str = "cpu-vec"
+    native: bool = True
 
     def gather(self, kv_cache: torch.Tensor, block: torch.Tensor,
                offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,12 +180,12 @@ class StepRows:
     prompt: torch.Tensor  # which are prompt positions (teacher-forced; the rest were generated)
     plans: dict[Any, "Verified"] = field(default_factory=dict, compare=False, repr=False)  # per settings and device
 
-    def verified(self, settings: Settings, device: torch.device, block_size: int,
-                 streamed: bool = True) -> "Verified":
-        """What every layer of this step verifies with (:class:`Verified`), built on its first layer."""
-        key = (settings.window, settings.window_align, settings.approx, str(device), block_size, streamed)
+    def verified(self, settings: Settings, device: torch.device, block_size: int, path: str = "tiles") -> "Verified":
+        """What every layer of this step verifies with (:class:`Verified`) on ``path`` (:data:`PATHS`), built on its
+        first layer."""
+        key = (settings.window, settings.window_align, settings.approx, str(device), block_size, path)
         if key not in self.plans:
-            self.plans[key] = Verified.build(self, settings, device, block_size, streamed)
+            self.plans[key] = Verified.build(self, settings, device, block_size, path)
         return self.plans[key]
 
     @classmethod
@@ -212,7 +217,8 @@ class StepRows:
 class Verified:
     """One step's verification, the same at every layer, built on the host from the step's rows and copied to the
     device once: which rows are measured (``live``: not trivial), their tokens, the codes and ratios every layer
-    starts from (TRIVIAL or REJECTED, NaN), and, for a draft whose keys are fixed by position, the step's tiles."""
+    starts from (TRIVIAL or REJECTED, NaN), and, for a draft whose keys are fixed by position, the step's tiles
+    (path "tiles") or its rows' key ranges (path "native")."""
 
     live: torch.Tensor  # host: indices into the step's rows
     live_device: torch.Tensor
@@ -220,21 +226,26 @@ class Verified:
     codes: torch.Tensor  # device (rows,) int8
     ratios: torch.Tensor  # device (rows,) float32
     tiles: Tiles | None
+    native: NativeRows | None
 
     @classmethod
     def build(cls, rows: StepRows, settings: Settings, device: torch.device, block_size: int,
-              streamed: bool) -> "Verified":
+              path: str) -> "Verified":
         trivial = semantics.is_trivial(rows.pos, settings.window)
         live = (~trivial).nonzero().squeeze(1)
         codes = torch.where(trivial, TRIVIAL, REJECTED).to(torch.int8)
         ratios = torch.full(rows.pos.shape, math.nan)
-        tiles = None
+        tiles = ranges = None
         approx, window, align = settings.approx, settings.window, settings.window_align
-        if streamed and len(live) and approx.position_ranges(rows.pos[live[:1]], window, align) is not None:
+        if path == "native" and len(live):
+            ranges = NativeRows.build(rows.token[live], rows.request[live],
+                                      *approx.position_ranges(rows.pos[live], window, align)[:2], live)
+        elif path == "tiles" and len(live):
             tiles = Tiles.build(rows.token[live], rows.request[live], rows.pos[live], rows.prompt[live],
                                 lambda at: approx.position_ranges(at, window, align), window, align,
                                 block_size).to(device)
-        return cls(live, live.to(device), rows.token[live].to(device), codes.to(device), ratios.to(device), tiles)
+        return cls(live, live.to(device), rows.token[live].to(device), codes.to(device), ratios.to(device), tiles,
+                   ranges)
 
 
 @dataclass(frozen=True)
@@ -454,13 +465,31 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+PATHS = ("native", "tiles", "gathered")  # one pass in C over the CPU cache; torch ops by tiles; rows gathered
+
+
+def fastest_path(settings: Settings, layout: Any, kv_cache: torch.Tensor) -> str:
+    """How A~ is computed where nothing asks otherwise: a draft whose keys are fixed by position in one pass over
+    the cache where the kernel reads it (:mod:`.native`), else by tiles; every other draft gathered (it selects by
+    content). All three decide alike (tests/vllm_engine/test_paged.py)."""
+    if not _by_position(settings.approx, settings.window, settings.window_align):
+        return "gathered"
+    return "native" if native.usable(layout, kv_cache) else "tiles"
+
+
+@functools.lru_cache(maxsize=64)
+def _by_position(approx: Any, window: int, window_align: int) -> bool:
+    """Whether the draft's keys are fixed by position (asked once per draft and window, not every layer)."""
+    return approx.position_ranges(torch.zeros(1, dtype=torch.long), window, window_align) is not None
+
+
 def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
                  block_table: torch.Tensor, block_size: int, rows: StepRows, settings: Settings, layer: int,
                  scale: float, reduce: Reduce | None = None, observed: dict[int, Any] | None = None,
-                 streamed: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 path: str | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Verify one layer's speculating tokens and commit the accepted A~ into ``output`` (A, (T, Hq, D)), in place.
-    ``observed``: per batch row, what a prompt-scoring draft kept of the row's prompt at this layer. ``streamed``:
-    A~ of a draft whose keys are fixed by position by tiles (:mod:`.tiled`), else gathered per row (the reference).
+    ``observed``: per batch row, what a prompt-scoring draft kept of the row's prompt at this layer. ``path``: how
+    A~ is computed (:data:`PATHS`; None: :func:`fastest_path`).
 
     Returns each row's decision code and d/n (NaN where not measured) on the output's device, nothing read back,
     or None where the layer does not speculate (threshold OFF). Under tensor parallelism each rank holds some heads:
@@ -469,17 +498,23 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
     lam = settings.thresholds[layer]
     if math.isnan(lam) or not len(rows.token):
         return None
-    plan = rows.verified(settings, output.device, block_size, streamed)
+    plan = rows.verified(settings, output.device, block_size, path or fastest_path(settings, layout, kv_cache))
     if lam == -math.inf or not len(plan.live):  # static's exact layers: decided, not measured
         return plan.codes, plan.ratios
+    if plan.native is not None:
+        approx, d2, n2 = native.verify(query, output, kv_cache, block_table, plan.native, scale)
+        if reduce is None:  # every head is here: decide and commit in the same C library
+            return native.decide(output, approx, d2, n2, plan.native, lam, plan.codes, plan.ratios)
     token = plan.token
-    if plan.tiles is not None:
-        approx = approximate(query, kv_cache, layout, block_table, block_size, plan.tiles, scale)
-    else:
-        approx = gathered(query[token], kv_cache, layout, block_table, block_size, rows.request[plan.live],
-                          rows.pos[plan.live], settings, observed or {}, scale)
+    if plan.native is None:
+        if plan.tiles is not None:
+            approx = approximate(query, kv_cache, layout, block_table, block_size, plan.tiles, scale)
+        else:
+            approx = gathered(query[token], kv_cache, layout, block_table, block_size, rows.request[plan.live],
+                              rows.pos[plan.live], settings, observed or {}, scale)
     exact = output[token]
-    d2, n2 = semantics.squared_distances(approx, exact)
+    if plan.native is None:
+        d2, n2 = semantics.squared_distances(approx, exact)
     if reduce is not None:
         d2, n2 = reduce(torch.stack([d2, n2]))
     d, n = d2.sqrt(), n2.sqrt()

@@ -22,8 +22,9 @@ from alspec_eval.approximations import make_approximation
 from alspec_eval.approximations.base import Approximation
 from alspec_eval.errors import ConfigError
 from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
-from alspec_eval.vllm.paged import (CpuVecLayout, LayoutError, PlainLayout, Settings, StepRows, check_newest,
-                                    layout_for, slots, verify_layer)
+from alspec_eval.vllm import native
+from alspec_eval.vllm.paged import (PATHS, CpuVecLayout, LayoutError, PlainLayout, Settings, StepRows, check_newest,
+                                    fastest_path, layout_for, slots, verify_layer)
 from alspec_eval.vllm.tiled import tile_size
 
 HKV, HQ = 2, 6  # GQA group of 3: query head h reads KV head h // 3
@@ -332,31 +333,123 @@ def test_window_off_by_one_is_caught(layout, approx, S, align):
             assert (got - w[t][1]).abs().max() > 1e-3
 
 
-# ---- 6. the streamed A~ (tiles) against the gathered reference ----
+# ---- 6. the streamed A~ (the CPU kernel, tiles) against the gathered reference ----
+def paths(layout: str) -> list[str]:
+    """The paths a layout's cache is verified on: the CPU kernel reads the CPU layout only."""
+    return [p for p in PATHS if p != "native" or layout == "cpu-vec"]
+
+
 @pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
 @pytest.mark.parametrize("approx,S,align", CASES)
 def test_streamed_decides_as_gathered(layout, approx, S, align):
-    """Tiles of consecutive queries (a 40-token prefill in several tiles, a 3-token chunk, decode rows as tiles of
-    one) give the gathered path's decisions, its d/n to float32 rounding and its committed outputs."""
+    """The CPU kernel (one pass over the cache) and tiles of consecutive queries (a 40-token prefill in several
+    tiles, a 3-token chunk, decode rows as tiles of one) give the gathered path's decisions, its d/n to float32
+    rounding and its committed outputs."""
     step = build_step(layout, S)
     want = oracle(step, approx, align)
     rows_tok = [t for t, (r, p) in enumerate(step["tok"]) if p >= step["starts"][r]]
     lam = split_lambda([want[t][2] / want[t][3] for t in rows_tok if not want[t][0]])
+    settings = Settings(thresholds=(lam,), window=S, window_align=align, approx=make_approximation(approx))
+    assert fastest_path(settings, step["layout"], step["cache"]) == ("native" if layout == "cpu-vec" else "tiles")
     got = {}
-    for streamed in (True, False):
+    for path in paths(layout):
         out = step["output"].clone()
         rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
-        settings = Settings(thresholds=(lam,), window=S, window_align=align, approx=make_approximation(approx))
-        got[streamed] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
-                                     rows, settings, 0, step["scale"], streamed=streamed), out
-        tiles = rows.verified(settings, out.device, step["N"], streamed).tiles
-        assert (tiles is not None) == streamed
+        got[path] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
+                                 rows, settings, 0, step["scale"], path=path), out
+        plan = rows.verified(settings, out.device, step["N"], path)
+        assert ((plan.tiles is not None), (plan.native is not None)) == (path == "tiles", path == "native")
     assert [g.token.shape[1] for g in rows.verified(settings, out.device, step["N"]).tiles.groups] == [1, tile_size(S)]
-    (codes, ratios), out = got[True]
-    (codes_ref, ratios_ref), out_ref = got[False]
+    (codes_ref, ratios_ref), out_ref = got.pop("gathered")
+    for path, ((codes, ratios), out) in got.items():
+        assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}, path
+        torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
+        torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-6)
+
+
+def test_cpu_kernel_in_bfloat16_decides_as_gathered():
+    """bfloat16 on the CPU layout: the kernel rounds the probabilities and the output as semantics.attend does, so
+    the decisions are the gathered path's and every committed value is within one bfloat16 step of it."""
+    step = build_step("cpu-vec", 32)
+    bf16 = {k: step[k].to(torch.bfloat16) for k in ("query", "output", "cache")}
+    got = {}
+    for path in ("native", "gathered"):
+        rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+        settings = Settings(thresholds=(0.45,), window=32, window_align=1, approx=make_approximation("sink"))
+        out = bf16["output"].clone()
+        got[path] = verify_layer(bf16["query"], out, bf16["cache"], step["layout"], step["table"], step["N"], rows,
+                                 settings, 0, step["scale"], path=path), out
+    ((codes, ratios), out), ((codes_ref, ratios_ref), out_ref) = got["native"], got["gathered"]
     assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
-    torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
-    torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ratios, ratios_ref, rtol=1e-3, atol=0, equal_nan=True)
+    changed = (out != bf16["output"]).flatten(1).any(1)
+    assert changed.any() and torch.equal(changed, (out_ref != bf16["output"]).flatten(1).any(1))
+    step_size = out_ref.float().abs().clamp(min=1e-3) * 2 ** -7  # one bfloat16 step of each value
+    assert ((out.float() - out_ref.float()).abs() <= step_size).all()
+
+
+def test_cpu_kernel_accepts_as_semantics_at_the_limit():
+    """The kernel's accept at lambda exactly a row's d/n, and one float32 step below: row for row what
+    semantics.accept decides from the same d and n (the square roots of its d^2 and n^2, correctly rounded as C's
+    sqrtf; torch's vectorised sqrt may be one step off), its d/n, and semantics.commit's outputs."""
+    from alspec_eval import semantics
+
+    step = build_step("cpu-vec", 8)
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+    settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=make_approximation("sink"))
+    plan = rows.verified(settings, torch.device("cpu"), step["N"], "native")
+    approx, d2, n2 = native.verify(step["query"], step["output"], step["cache"], step["table"], plan.native,
+                                   step["scale"])
+    d, n = d2.double().sqrt().float(), n2.double().sqrt().float()
+    accepted = 0
+    for ratio in (d / n).tolist():
+        for lam in (ratio, float(torch.nextafter(torch.tensor(ratio), torch.tensor(0.0)))):
+            out = step["output"].clone()
+            codes, ratios = native.decide(out, approx, d2, n2, plan.native, lam, plan.codes, plan.ratios)
+            want = semantics.accept(d, n, lam)
+            assert torch.equal(codes[plan.live] == ACCEPTED, want), lam
+            assert torch.equal(codes[plan.live] == REJECTED, ~want)
+            assert torch.equal(ratios[plan.live], d / n)
+            assert torch.equal(out[plan.native.token], semantics.commit(step["output"][plan.native.token], approx, want))
+            accepted += int(want.sum())
+    assert 0 < accepted < 2 * len(d2) ** 2  # both sides of the limit occur
+
+
+def test_cpu_kernel_does_not_depend_on_the_thread_count():
+    """A row's A~ is one thread's work: the same bits with one thread or two."""
+    step = build_step("cpu-vec", 32)
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+    settings = Settings(thresholds=(0.5,), window=32, window_align=32, approx=make_approximation("sink"))
+    plan = rows.verified(settings, torch.device("cpu"), step["N"], "native")
+    threads = torch.get_num_threads()
+    got = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            got.append(native.verify(step["query"], step["output"], step["cache"], step["table"], plan.native,
+                                     step["scale"]))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*got))
+
+
+def test_without_a_compiler_the_cpu_layout_verifies_by_tiles(monkeypatch, tmp_path, caplog):
+    """No C compiler: one warning naming the fix, and the CPU layout's rows go by tiles, with the same decisions."""
+    step = build_step("cpu-vec", 8)
+    settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=make_approximation("sink"))
+    built = native.library()
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("ALSPEC_EVAL_CACHE", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert native.library() is None and not native.usable(step["layout"], step["cache"])
+        assert "did not build" in caplog.text and str(tmp_path / "no-such-cc") in caplog.text
+        assert fastest_path(settings, step["layout"], step["cache"]) == "tiles"
+    finally:
+        native.library.cache_clear()
+        monkeypatch.undo()
+    assert built is not None and native.library() is not None
 
 
 def _rolling(S: int, tokens: int = 1024, heads: tuple[int, int] = (9, 3), dim: int = 64, block: int = 16):
@@ -410,16 +503,16 @@ def test_verification_memory_is_bounded_by_the_budget(monkeypatch):
     per_token = 5 * 4 * case["query"][0].numel()  # A~, A, their float32 difference: what reserve() counts
     bound = tiled.VERIFY_BUDGET + per_token * len(case["query"])
     peaks = {}
-    for streamed in (True, False):
+    for path in ("tiles", "gathered"):
         case["rows"].plans.clear()
-        case["rows"].verified(case["settings"], torch.device("cpu"), case["block"], streamed)  # the step's plan, built once
+        case["rows"].verified(case["settings"], torch.device("cpu"), case["block"], path)  # the step's plan, built once
         with PeakBytes() as peak:
             verify_layer(case["query"], case["out"].clone(), case["cache"], PlainLayout(), case["table"],
-                         case["block"], case["rows"], case["settings"], 1, case["scale"], streamed=streamed)
-        peaks[streamed] = peak.peak
+                         case["block"], case["rows"], case["settings"], 1, case["scale"], path=path)
+        peaks[path] = peak.peak
     unchunked = 2 * len(case["query"]) * 3 * 128 * 64 * 4  # the keys and values a row-by-row gather copies
-    assert peaks[True] <= bound < unchunked / 4, (peaks, bound)
-    assert peaks[False] <= bound  # the gathered path goes in chunks too
+    assert peaks["tiles"] <= bound < unchunked / 4, (peaks, bound)
+    assert peaks["gathered"] <= bound  # the gathered path goes in chunks too
 
 
 class ReadBacks(TorchFunctionMode):
@@ -439,9 +532,10 @@ class ReadBacks(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
 @pytest.mark.parametrize("approx", ["sink", "local"])
 @pytest.mark.parametrize("tokens", [1, 300])
-def test_no_read_back_per_layer(approx, tokens):
+def test_no_read_back_per_layer(layout, approx, tokens):
     """After the step's first layer has built its plan on the host, a layer's verification reads nothing back:
     decode rows and a prefill chunk alike; the worker reads the decisions once per engine call (WorkerState.take)."""
     from alspec_eval.vllm.backend import WorkerState
@@ -453,7 +547,7 @@ def test_no_read_back_per_layer(approx, tokens):
     query, out = case["query"][:tokens], case["out"][:tokens].clone()
     for layer in range(4):
         with ReadBacks() as reads:
-            decided = verify_layer(query, out, case["cache"], PlainLayout(), case["table"], case["block"], rows,
+            decided = verify_layer(query, out, case["cache"], LAYOUTS[layout], case["table"], case["block"], rows,
                                    settings, layer, case["scale"])
         if layer:
             assert reads.calls == [], (layer, reads.calls)
@@ -463,8 +557,9 @@ def test_no_read_back_per_layer(approx, tokens):
     assert reads.calls.count("cpu") == 1 and taken.codes.shape == (tokens, 4)
 
 
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
 @pytest.mark.parametrize("approx,align", [("sink", 1), ("sink", 32), ("local", 1)])
-def test_a_position_decides_the_same_bits_however_the_step_is_cut(approx, align):
+def test_a_position_decides_the_same_bits_however_the_step_is_cut(layout, approx, align):
     """A prompt of 300 positions verified in one step, or in chunks cut elsewhere beside another request's decode
     row (chunked prefill, a prefix-cache hit): every position's d/n is the same bits, so a sweep's cell or a
     data-parallel replica scores as the engine alone does."""
@@ -479,7 +574,7 @@ def test_a_position_decides_the_same_bits_however_the_step_is_cut(approx, align)
             rows = StepRows.build(qsl, lens, torch.tensor([0, 0]), torch.tensor([1, 7]), torch.tensor([100, 300]))
             query = torch.cat([case["query"][:1], case["query"][lo:hi]])
             codes, ratio = verify_layer(query, torch.cat([case["out"][:1], case["out"][lo:hi]]), case["cache"],
-                                        PlainLayout(), table, case["block"], rows, settings, 0, case["scale"])
+                                        LAYOUTS[layout], table, case["block"], rows, settings, 0, case["scale"])
             out.append(ratio[rows.tag == 7])
         return torch.cat(out)
 
@@ -521,13 +616,14 @@ def test_a_draft_whose_ranges_outrun_the_probe_reads_what_the_step_needs(layout)
     step = build_step(layout, S=8)
     settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=Jumpy())
     got = {}
-    for streamed in (True, False):
+    for path in paths(layout):
         rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
-        got[streamed] = verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"],
-                                     step["table"], step["N"], rows, settings, 0, step["scale"], streamed=streamed)
+        got[path] = verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"],
+                                 step["table"], step["N"], rows, settings, 0, step["scale"], path=path)
     prompt_group = rows.verified(settings, torch.device("cpu"), step["N"]).tiles.groups[1]
     probed = tiled._spans(lambda at: Jumpy().position_ranges(at, 8, 1), (24,), tiled.tile_size(8), 8, 1)
     width = prompt_group.width
     assert prompt_group.chunks.shape[1] != (probed[0] + 2 * width - 2) // width  # sized from the step, not the probe
-    assert torch.equal(got[True][0], got[False][0])
-    torch.testing.assert_close(got[True][1], got[False][1], rtol=1e-5, atol=0, equal_nan=True)
+    for path in paths(layout)[:-1]:
+        assert torch.equal(got[path][0], got["gathered"][0])
+        torch.testing.assert_close(got[path][1], got["gathered"][1], rtol=1e-5, atol=0, equal_nan=True)
