@@ -8,6 +8,7 @@ runner once per step. A step without tags (vLLM's warm-up and profiling passes) 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -143,6 +144,7 @@ def _extra_args(state: Any) -> dict[str, Any]:
 STATE = WorkerState()
 
 
+@functools.lru_cache(maxsize=None)
 def layer_index(name: str) -> int:
     """The decoder layer of an attention layer's name ("model.layers.7.self_attn.attn" -> 7)."""
     match = re.search(r"\.(\d+)\.", name)
@@ -185,8 +187,9 @@ class SpeculatingImpl:
         index = layer_index(layer.layer_name)
         out = output.view(output.shape[0], self.num_heads, -1)
         queries = query.view(query.shape[0], self.num_heads, -1)
-        observe_layer(queries, kv_cache, layout, attn_metadata.block_table, block_size, prompt_rows, settings, index,
-                      self.scale, STATE.prompts)
+        if len(prompt_rows.token):
+            observe_layer(queries, kv_cache, layout, attn_metadata.block_table, block_size, prompt_rows, settings,
+                          index, self.scale, STATE.prompts)
         exact = out[rows.token.to(out.device)].clone() if settings.dump else None
         observed = {row: STATE.prompts.observed.get((tag, index)) for row, tag in
                     zip(rows.request.tolist(), rows.tag.tolist())} if STATE.prompts.observed else None

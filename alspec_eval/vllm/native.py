@@ -28,7 +28,7 @@ from ..stats import ACCEPTED, REJECTED
 
 log = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 

@@ -3,7 +3,9 @@
  * The arithmetic is alspec_eval.semantics.attend's: scores q.k accumulated in float32 and scaled, a float32 softmax
  * (max, exponentials, sum), the unnormalised probabilities rounded to the values' dtype, P @ V accumulated in float32,
  * divided by the sum, the output rounded to the query's dtype; then squared_distances' d^2 = sum (A~ - A)^2 and
- * n^2 = sum A^2 in float32 over every head and channel. Only the order of float32 sums differs from the torch ops.
+ * n^2 = sum A^2 in float32 over every head and channel. What differs from the torch ops is float32 rounding only:
+ * the order of sums (fixed here: a row's bits never depend on the rest of the step) and an exponential within about
+ * one ulp of expf. Every row goes through the same code, so a row's bits depend on its own inputs alone.
  *
  * The cache: per (block, KV head) its N keys transposed (a D x N matrix), then its N values (N x D). Each row reads
  * its key ranges [starts, ends) (logical positions) through its request's block table, a run of a block at a time.
@@ -67,6 +69,103 @@ static void prefetch(const void *cache, const int32_t *table, int64_t table_stri
     }
 }
 
+enum { LANES = 16 }; /* keys (or channels) a vector register holds; sums go in LANES partial sums, fixed order */
+
+/* e^x for x <= 0 (a softmax's s - max), within about 1 ulp of expf; 0 below float32's smallest normal. Written
+ * without branches or calls so that its loop vectorises (libm's expf does not without -ffast-math). */
+static inline float exp_nonpositive(float x) {
+    const float low = -87.33654f, xc = x < low ? low : x;
+    const float n = floorf(fmaf(xc, 1.44269504088896341f, 0.5f));
+    float r = fmaf(n, -0.693359375f, xc);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float y = fmaf(p * r, r, r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return x < low ? 0.0f : y * two_n;
+}
+
+/* The sum of x[0..n) as LANES partial sums (lane j % LANES) added in lane order: vectorised, and the same bits
+ * for the same values whatever else the call holds. */
+static inline float lane_sum(const float *x, int64_t n) {
+    float part[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; ++l) part[l] += x[j + l];
+    for (int l = 0; j + l < n; ++l) part[l] += x[j + l];
+    float total = 0.0f;
+    for (int l = 0; l < LANES; ++l) total += part[l];
+    return total;
+}
+
+static inline float lane_max(const float *x, int64_t n) {
+    float part[LANES];
+    for (int l = 0; l < LANES; ++l) part[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; ++l) part[l] = x[j + l] > part[l] ? x[j + l] : part[l];
+    for (int l = 0; j + l < n; ++l) part[l] = x[j + l] > part[l] ? x[j + l] : part[l];
+    float best = -INFINITY;
+    for (int l = 0; l < LANES; ++l) best = part[l] > best ? part[l] : best;
+    return best;
+}
+
+typedef float lanes_f32 __attribute__((vector_size(LANES * 4)));  /* GCC and Clang vectors: one register where */
+typedef uint16_t lanes_u16 __attribute__((vector_size(LANES * 2))); /* the CPU has 16 float lanes, else split */
+typedef uint32_t lanes_u32 __attribute__((vector_size(LANES * 4)));
+
+static inline lanes_f32 lanes_at(const void *base, int64_t i, int dtype) { /* LANES consecutive values as float32 */
+    lanes_f32 v;
+    if (dtype == FLOAT32) {
+        memcpy(&v, (const float *)base + i, sizeof v);
+    } else {
+        lanes_u16 h;
+        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+        const lanes_u32 u = __builtin_convertvector(h, lanes_u32) << 16;
+        memcpy(&v, &u, sizeof v);
+    }
+    return v;
+}
+
+enum { QUERIES = 4 }; /* queries scored together: each key's lanes read once for four independent fma chains */
+
+/* Scores of QUERIES queries (q: D floats each, consecutive) against LANES consecutive keys of a transposed block
+ * (key 0's channel 0 at ``keys``, channels N apart): each key's sum over the channels in order, in registers.
+ * Reading past the block's last key stays inside its (block, head) span (its values follow its keys); the first
+ * ``count`` of each query's are kept, ``stride`` apart. */
+static inline void score_block(const float *q, int64_t dim, const void *cache, int64_t keys, int64_t block_size,
+                               int dtype, float *out, int64_t stride, int64_t count) {
+    lanes_f32 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t d = 0; d < dim; ++d) {
+        const lanes_f32 k = lanes_at(cache, keys + d * block_size, dtype);
+        a0 += q[d] * k;
+        a1 += q[dim + d] * k;
+        a2 += q[2 * dim + d] * k;
+        a3 += q[3 * dim + d] * k;
+    }
+    memcpy(out, &a0, sizeof(float) * count);
+    memcpy(out + stride, &a1, sizeof(float) * count);
+    memcpy(out + 2 * stride, &a2, sizeof(float) * count);
+    memcpy(out + 3 * stride, &a3, sizeof(float) * count);
+}
+
+/* acc (CHUNKS x LANES channels) += w_j v_j over a run of keys (values ``dim`` apart from ``values``), keys in order:
+ * CHUNKS independent chains in registers (CHUNKS a constant where called). */
+static inline void weigh_values(lanes_f32 *acc, const int chunks, const float *w, const void *cache, int64_t values,
+                                int64_t dim, int64_t run, int dtype) {
+    lanes_f32 a[8];
+    for (int c = 0; c < chunks; ++c) a[c] = acc[c];
+    for (int64_t j = 0; j < run; ++j)
+        for (int c = 0; c < chunks; ++c) a[c] += w[j] * lanes_at(cache, values + j * dim + c * LANES, dtype);
+    for (int c = 0; c < chunks; ++c) acc[c] = a[c];
+}
+
 /* query (tokens, Hq, D) with ``q_stride`` elements a token; exact (tokens, Hq, D) with ``o_stride``; cache (blocks,
  * Hkv, N, 2D); table (requests, table_stride) int32; per row its token, request and ``ranges`` [starts, ends);
  * approx (rows, Hq, D) out, in the dtype; d2, n2 (rows,) out. Returns 0, or -1 where scratch memory ran out. */
@@ -76,15 +175,16 @@ int alspec_verify(const void *query, int64_t q_stride, const void *exact, int64_
                   int64_t most_keys, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
                   int dtype, void *approx, float *d2, float *n2) {
     const int64_t group = heads / kv_heads, block_elems = 2 * block_size * dim, element = dtype == FLOAT32 ? 4 : 2;
+    const int64_t stride = most_keys > 0 ? most_keys : 1;
     int failed = 0;
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * group * (most_keys > 0 ? most_keys : 1));
-        float *acc = malloc(sizeof(float) * group * dim);
-        float *q = malloc(sizeof(float) * group * dim);
+        float *scores = malloc(sizeof(float) * ((group + QUERIES - 1) / QUERIES * QUERIES) * stride);
+        const int64_t padded = (group + QUERIES - 1) / QUERIES * QUERIES; /* queries scored in fours; the rest 0 */
+        float *q = calloc(padded * dim, sizeof(float));
         float *sum = malloc(sizeof(float) * group);
         int primed = 0;
-        if (!scores || !acc || !q || !sum) {
+        if (!scores || !q || !sum) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -104,90 +204,83 @@ int alspec_verify(const void *query, int64_t q_stride, const void *exact, int64_
             for (int64_t g = 0; g < group; ++g)
                 for (int64_t d = 0; d < dim; ++d)
                     q[g * dim + d] = load(query, t * q_stride + (h * group + g) * dim + d, dtype);
-            int64_t n = 0; /* scores: q.k over the ranges' keys, run by run */
+            int64_t n = 0; /* scores: q.k over the ranges' keys in order, LANES keys of a block at a time */
             for (int64_t k = 0; k < ranges; ++k) {
                 for (int64_t p = starts[m * ranges + k], end = ends[m * ranges + k]; p < end;) {
                     const int64_t offset = p % block_size, run = end - p < block_size - offset ? end - p
                                                                                               : block_size - offset;
                     const int64_t keys = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems + offset;
-                    for (int64_t g = 0; g < group; ++g)
-                        for (int64_t j = 0; j < run; ++j) scores[g * most_keys + n + j] = 0.0f;
-                    for (int64_t d = 0; d < dim; ++d) { /* a row of the transposed keys, for every query of the group */
-                        const int64_t at = keys + d * block_size;
-                        for (int64_t g = 0; g < group; ++g) {
-                            const float qd = q[g * dim + d];
-                            float *restrict s = scores + g * most_keys + n;
-                            if (dtype == FLOAT32) {
-                                const float *restrict kd = (const float *)cache + at;
-                                for (int64_t j = 0; j < run; ++j) s[j] += qd * kd[j];
-                            } else {
-                                const uint16_t *restrict kd = (const uint16_t *)cache + at;
-                                for (int64_t j = 0; j < run; ++j) s[j] += qd * from_bf16(kd[j]);
-                            }
-                        }
-                    }
+                    for (int64_t j = 0; j < run; j += LANES)
+                        for (int64_t g = 0; g < padded; g += QUERIES)
+                            score_block(q + g * dim, dim, cache, keys + j, block_size, dtype,
+                                        scores + g * stride + n + j, stride, run - j < LANES ? run - j : LANES);
                     n += run;
                     p += run;
                 }
             }
             for (int64_t g = 0; g < group; ++g) { /* the softmax's max, exponentials and sum, in float32 */
-                float *s = scores + g * most_keys, best = -INFINITY, total = 0.0f;
-                for (int64_t j = 0; j < n; ++j) {
-                    s[j] *= scale;
-                    best = s[j] > best ? s[j] : best;
-                }
-                for (int64_t j = 0; j < n; ++j) {
-                    s[j] = expf(s[j] - best);
-                    total += s[j];
-                }
-                sum[g] = total;
+                float *s = scores + g * stride;
+                for (int64_t j = 0; j < n; ++j) s[j] *= scale;
+                const float best = lane_max(s, n);
+                for (int64_t j = 0; j < n; ++j) s[j] = exp_nonpositive(s[j] - best);
+                sum[g] = lane_sum(s, n);
+                if (dtype != FLOAT32) /* P @ V takes the probabilities rounded to the values' dtype */
+                    for (int64_t j = 0; j < n; ++j) s[j] = rounded(s[j], dtype);
             }
-            memset(acc, 0, sizeof(float) * group * dim);
-            n = 0; /* P @ V, the probabilities rounded to the values' dtype */
-            for (int64_t k = 0; k < ranges; ++k) {
-                for (int64_t p = starts[m * ranges + k], end = ends[m * ranges + k]; p < end;) {
-                    const int64_t offset = p % block_size, run = end - p < block_size - offset ? end - p
-                                                                                              : block_size - offset;
-                    const int64_t values = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems
-                                           + block_size * dim + offset * dim;
-                    for (int64_t j = 0; j < run; ++j) {
-                        for (int64_t g = 0; g < group; ++g) {
-                            const float w = rounded(scores[g * most_keys + n + j], dtype);
-                            float *restrict a = acc + g * dim;
-                            if (dtype == FLOAT32) {
-                                const float *restrict v = (const float *)cache + values + j * dim;
-                                for (int64_t d = 0; d < dim; ++d) a[d] += w * v[d];
-                            } else {
-                                const uint16_t *restrict v = (const uint16_t *)cache + values + j * dim;
-                                for (int64_t d = 0; d < dim; ++d) a[d] += w * from_bf16(v[d]);
-                            }
+            const int chunks = dim % LANES == 0 && dim / LANES <= 8 ? (int)(dim / LANES) : 0;
+            for (int64_t g = 0; g < group; ++g) { /* P @ V: each channel's sum over the keys in order */
+                const float *w = scores + g * stride;
+                lanes_f32 acc[8] = {{0}};
+                float tail[LANES * 8] = {0}; /* head_dim not a multiple of LANES (or past 8 LANES): channel by channel */
+                float *out = chunks ? (float *)acc : tail;
+                for (int64_t c0 = 0; c0 < (chunks ? LANES : dim); c0 += LANES * 8) {
+                    if (!chunks) memset(tail, 0, sizeof tail);
+                    n = 0;
+                    for (int64_t k = 0; k < ranges; ++k) {
+                        for (int64_t p = starts[m * ranges + k], end = ends[m * ranges + k]; p < end;) {
+                            const int64_t offset = p % block_size, run = end - p < block_size - offset
+                                                                             ? end - p : block_size - offset;
+                            const int64_t values = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems
+                                                   + block_size * dim + offset * dim;
+                            if (chunks == 4) weigh_values(acc, 4, w + n, cache, values, dim, run, dtype);
+                            else if (chunks == 8) weigh_values(acc, 8, w + n, cache, values, dim, run, dtype);
+                            else if (chunks) weigh_values(acc, chunks, w + n, cache, values, dim, run, dtype);
+                            else
+                                for (int64_t j = 0; j < run; ++j)
+                                    for (int64_t l = c0; l < dim && l < c0 + LANES * 8; ++l)
+                                        tail[l - c0] = fmaf(w[n + j], load(cache, values + j * dim + l, dtype),
+                                                            tail[l - c0]);
+                            n += run;
+                            p += run;
                         }
                     }
-                    n += run;
-                    p += run;
+                    const int64_t from = chunks ? 0 : c0, to = chunks ? dim : (c0 + LANES * 8 < dim ? c0 + LANES * 8 : dim);
+                    for (int64_t l = from; l < to; ++l)
+                        store(approx, (m * heads + h * group + g) * dim + l, out[l - from] / sum[g], dtype);
                 }
             }
-            for (int64_t g = 0; g < group; ++g)
-                for (int64_t d = 0; d < dim; ++d)
-                    store(approx, (m * heads + h * group + g) * dim + d, acc[g * dim + d] / sum[g], dtype);
         }
         free(scores);
-        free(acc);
         free(q);
         free(sum);
     }
     if (failed) return -1;
 #pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < rows; ++m) { /* d^2 and n^2 over every head and channel of the row */
-        float dd = 0.0f, nn = 0.0f;
+    for (int64_t m = 0; m < rows; ++m) { /* d^2 and n^2 over every head and channel of the row, in lanes */
+        float dd[LANES] = {0}, nn[LANES] = {0};
         for (int64_t i = 0; i < heads * dim; ++i) {
             const float a = load(exact, token[m] * o_stride + i, dtype);
             const float diff = load(approx, m * heads * dim + i, dtype) - a;
-            dd += diff * diff;
-            nn += a * a;
+            dd[i % LANES] = fmaf(diff, diff, dd[i % LANES]);
+            nn[i % LANES] = fmaf(a, a, nn[i % LANES]);
         }
-        d2[m] = dd;
-        n2[m] = nn;
+        float dsum = 0.0f, nsum = 0.0f;
+        for (int l = 0; l < LANES; ++l) {
+            dsum += dd[l];
+            nsum += nn[l];
+        }
+        d2[m] = dsum;
+        n2[m] = nsum;
     }
     return 0;
 }

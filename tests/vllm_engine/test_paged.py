@@ -50,14 +50,14 @@ def write_cpu_vec(cache, b, o, k, v):
 WRITERS = {"plain": write_plain, "cpu-vec": write_cpu_vec}
 
 
-def build_step(layout, S, seed=0):
+def build_step(layout, S, seed=0, geometry=None):
     """A mixed step of five requests, written into a shuffled paged cache.
 
     r0 prefills its whole prompt with start S (tokens below S are not rows; S..2S-1 trivial, pos 2S-1 the edge);
     r1 decodes at pos+1 == 2S+1 (first measured) and r2 at pos+1 == 2S (last trivial); r3 decodes a longer context;
     r4 prefills a chunk of 5 whose start excludes its first 2 tokens. r3 shares r0's first blocks, and r2 r1's
     where they fill a block. Every unwritten slot and the block-table padding hold large garbage."""
-    N, D = GEOMETRY[layout]
+    N, D = geometry or GEOMETRY[layout]
     g = torch.Generator().manual_seed(seed)
     specs = [(2 * S + 40, 2 * S + 40, S), (2 * S + 1, 1, 0), (2 * S, 1, 0), (3 * S + 40, 1, 0), (3 * S + 20, 5, 3 * S + 17)]
     K = [torch.randn(L, HKV, D, generator=g) for L, _, _ in specs]
@@ -365,6 +365,27 @@ def test_streamed_decides_as_gathered(layout, approx, S, align):
         assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}, path
         torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
         torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dim", [16, 24, 64, 128, 256])
+def test_cpu_kernel_at_every_head_dim_decides_as_gathered(dim):
+    """The kernel's channel loops: one register of channels, a head_dim not a multiple of one (channel by channel),
+    four and eight registers, and past eight (channel by channel again), each against the gathered reference."""
+    step = build_step("cpu-vec", 8, geometry=(16, dim))
+    rows_tok = [t for t, (r, p) in enumerate(step["tok"]) if p >= step["starts"][r]]
+    want = oracle(step, "sink", 1)
+    lam = split_lambda([want[t][2] / want[t][3] for t in rows_tok if not want[t][0]])
+    settings = Settings(thresholds=(lam,), window=8, window_align=1, approx=make_approximation("sink"))
+    got = {}
+    for path in ("native", "gathered"):
+        rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+        out = step["output"].clone()
+        got[path] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"], rows,
+                                 settings, 0, step["scale"], path=path), out
+    ((codes, ratios), out), ((codes_ref, ratios_ref), out_ref) = got["native"], got["gathered"]
+    assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
+    torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
+    torch.testing.assert_close(out, out_ref, rtol=1e-6, atol=4e-6)  # values of 8-sigma keys: a few float32 steps
 
 
 def test_cpu_kernel_in_bfloat16_decides_as_gathered():
