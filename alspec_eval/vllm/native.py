@@ -18,7 +18,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -45,6 +45,7 @@ class NativeRows:
     ends: torch.Tensor
     live: torch.Tensor
     most_keys: int
+    buffers: dict = field(default_factory=dict, compare=False, repr=False)  # A~, d^2, n^2: one set a step, every layer
 
     @classmethod
     def build(cls, token: torch.Tensor, request: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
@@ -112,7 +113,8 @@ def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, blo
            rows: NativeRows, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A~ (rows, Hq, D) in the cache's dtype and d^2, n^2 (rows,) float32 against ``exact`` (A, indexed by token like
     ``query``, both (tokens, Hq, D) with heads and channels dense): :func:`alspec_eval.semantics.attend` and
-    :func:`~alspec_eval.semantics.squared_distances`, for every row in one call."""
+    :func:`~alspec_eval.semantics.squared_distances`, for every row in one call. The three are the step's buffers,
+    overwritten by its next layer."""
     blocks, kv_heads, block_size, twice = kv_cache.shape
     tokens, heads, dim = query.shape
     for name, tensor in (("query", query), ("exact", exact)):
@@ -123,8 +125,11 @@ def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, blo
     table = block_table if block_table.dtype == torch.int32 and block_table.stride(1) == 1 else \
         block_table.to(torch.int32).contiguous()
     count = len(rows.token)
-    approx = torch.empty(count, heads, dim, dtype=kv_cache.dtype)
-    d2, n2 = torch.empty(count), torch.empty(count)
+    key = (kv_cache.dtype, heads, dim)
+    if key not in rows.buffers:  # a step's layers reuse them: no allocation, and nothing for the allocator to keep
+        rows.buffers[key] = (torch.empty(count, heads, dim, dtype=kv_cache.dtype), torch.empty(count),
+                             torch.empty(count))
+    approx, d2, n2 = rows.buffers[key]
     status = library().alspec_verify(
         query.data_ptr(), query.stride(0), exact.data_ptr(), exact.stride(0), kv_cache.data_ptr(), table.data_ptr(),
         table.stride(0), count, rows.token.data_ptr(), rows.request.data_ptr(), rows.starts.data_ptr(),

@@ -71,8 +71,10 @@ static void prefetch(const void *cache, const int32_t *table, int64_t table_stri
 
 enum { LANES = 16 }; /* keys (or channels) a vector register holds; sums go in LANES partial sums, fixed order */
 
-/* e^x for x <= 0 (a softmax's s - max), within about 1 ulp of expf; 0 below float32's smallest normal. Written
- * without branches or calls so that its loop vectorises (libm's expf does not without -ffast-math). */
+/* e^x for x <= 0 (a softmax's s - max), within about 1 ulp of expf; below -87.3 it gives float32's smallest
+ * normal (about 1.2e-38) where expf gives a denormal or 0, which no sum of probabilities (the max's alone is 1)
+ * can see. Written without branches or calls so that its loop vectorises (libm's expf does not without
+ * -ffast-math). */
 static inline float exp_nonpositive(float x) {
     const float low = -87.33654f, xc = x < low ? low : x;
     const float n = floorf(fmaf(xc, 1.44269504088896341f, 0.5f));
@@ -88,7 +90,7 @@ static inline float exp_nonpositive(float x) {
     const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
     float two_n;
     memcpy(&two_n, &bits, 4);
-    return x < low ? 0.0f : y * two_n;
+    return y * two_n;
 }
 
 /* The sum of x[0..n) as LANES partial sums (lane j % LANES) added in lane order: vectorised, and the same bits
