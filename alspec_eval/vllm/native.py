@@ -3,8 +3,9 @@ from the cache through the block table, with no copy of its keys, and its d^2, n
 cost a few microseconds each and copy every key they read; this is what keeps verification near free on the CPU.
 
 The C source ships with the package and is built once per machine and source with the system's C compiler, into
-``$ALSPEC_EVAL_CACHE`` (default ``~/.cache/alspec-eval``), and loaded with ctypes; it shares torch's OpenMP runtime.
-Where no compiler builds it, alspec-vllm says so once and verifies with the tiles (:mod:`.tiled`), same decisions.
+the project's cache (``$ALSPEC_CACHE``, default ``~/.cache/alspec_eval``, folder ``native``), and loaded with
+ctypes; it shares torch's OpenMP runtime. Where no compiler builds it, alspec-vllm says so once and verifies with
+the tiles (:mod:`.tiled`), same decisions.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..smollm2 import cache_dir
 from ..stats import ACCEPTED, REJECTED
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ def library() -> ctypes.CDLL | None:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
         key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), version.encode(),
                                          platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:16]
-        cache = Path(os.environ.get("ALSPEC_EVAL_CACHE") or Path.home() / ".cache" / "alspec-eval")
+        cache = cache_dir() / "native"
         built = cache / f"verify_cpu-{key}.so"
         if not built.exists():
             cache.mkdir(parents=True, exist_ok=True)

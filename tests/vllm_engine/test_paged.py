@@ -460,7 +460,7 @@ def test_without_a_compiler_the_cpu_layout_verifies_by_tiles(monkeypatch, tmp_pa
     settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=make_approximation("sink"))
     built = native.library()
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setenv("ALSPEC_EVAL_CACHE", str(tmp_path))
+    monkeypatch.setenv("ALSPEC_CACHE", str(tmp_path))
     native.library.cache_clear()
     try:
         with caplog.at_level("WARNING"):
