@@ -19,7 +19,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -47,7 +47,6 @@ class NativeRows:
     ends: torch.Tensor
     live: torch.Tensor
     most_keys: int
-    buffers: dict = field(default_factory=dict, compare=False, repr=False)  # A~, d^2, n^2: one set a step, every layer
 
     @classmethod
     def build(cls, token: torch.Tensor, request: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
@@ -55,6 +54,27 @@ class NativeRows:
         starts, ends = starts.long(), ends.long().maximum(starts.long())
         most = int((ends - starts).sum(1).max()) if len(starts) else 0
         return cls(*(t.long().contiguous() for t in (token, request, starts, ends, live)), most)
+
+
+class Scratch:
+    """Where :func:`verify` writes A~, d^2 and n^2: buffers that only grow, reused by every layer and step. Tensors of
+    tens of MB made per layer or step (a prefill's rows) land on glibc's heap among vLLM's own, which it then keeps:
+    per layer, about 300 MB after one rolling call."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[torch.dtype, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def take(self, dtype: torch.dtype, heads: int, dim: int,
+             count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        held = self.held.get((dtype, heads, dim))
+        if held is None or len(held[1]) < count:
+            size = max(count, 2 * len(held[1]) if held is not None else 0)
+            held = self.held[(dtype, heads, dim)] = (torch.empty(size, heads, dim, dtype=dtype), torch.empty(size),
+                                                     torch.empty(size))
+        return held[0][:count], held[1][:count], held[2][:count]
+
+
+SCRATCH = Scratch()  # one worker, one layer at a time
 
 
 def _cpu_flags() -> str:
@@ -115,8 +135,8 @@ def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, blo
            rows: NativeRows, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A~ (rows, Hq, D) in the cache's dtype and d^2, n^2 (rows,) float32 against ``exact`` (A, indexed by token like
     ``query``, both (tokens, Hq, D) with heads and channels dense): :func:`alspec_eval.semantics.attend` and
-    :func:`~alspec_eval.semantics.squared_distances`, for every row in one call. The three are the step's buffers,
-    overwritten by its next layer."""
+    :func:`~alspec_eval.semantics.squared_distances`, for every row in one call. The three are views of the worker's
+    :data:`SCRATCH`, overwritten by the next call."""
     blocks, kv_heads, block_size, twice = kv_cache.shape
     tokens, heads, dim = query.shape
     for name, tensor in (("query", query), ("exact", exact)):
@@ -127,11 +147,7 @@ def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, blo
     table = block_table if block_table.dtype == torch.int32 and block_table.stride(1) == 1 else \
         block_table.to(torch.int32).contiguous()
     count = len(rows.token)
-    key = (kv_cache.dtype, heads, dim)
-    if key not in rows.buffers:  # a step's layers reuse them: no allocation, and nothing for the allocator to keep
-        rows.buffers[key] = (torch.empty(count, heads, dim, dtype=kv_cache.dtype), torch.empty(count),
-                             torch.empty(count))
-    approx, d2, n2 = rows.buffers[key]
+    approx, d2, n2 = SCRATCH.take(kv_cache.dtype, heads, dim, count)
     status = library().alspec_verify(
         query.data_ptr(), query.stride(0), exact.data_ptr(), exact.stride(0), kv_cache.data_ptr(), table.data_ptr(),
         table.stride(0), count, rows.token.data_ptr(), rows.request.data_ptr(), rows.starts.data_ptr(),
