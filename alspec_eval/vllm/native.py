@@ -30,7 +30,7 @@ from ..stats import ACCEPTED, REJECTED
 
 log = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
@@ -118,6 +118,8 @@ def library() -> ctypes.CDLL | None:
     lib.alspec_verify.restype = ctypes.c_int
     lib.alspec_verify.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64,
                                   _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int, _PTR, _PTR, _PTR]
+    lib.alspec_exp.restype = None
+    lib.alspec_exp.argtypes = [_PTR, _PTR, _I64]
     lib.alspec_decide.restype = None
     lib.alspec_decide.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, ctypes.c_int, _PTR, _PTR,
                                   ctypes.c_double, ctypes.c_int8, ctypes.c_int8, _PTR, _PTR]

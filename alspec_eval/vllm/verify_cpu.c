@@ -9,7 +9,8 @@
  *
  * The cache: per (block, KV head) its N keys transposed (a D x N matrix), then its N values (N x D). Each row reads
  * its key ranges [starts, ends) (logical positions) through its request's block table, a run of a block at a time.
- * Work goes to OpenMP threads by (row, KV head); a row's result never depends on how many threads there are.
+ * Rows of a request whose ranges overlap go together as a tile (see cut_tiles); work goes to OpenMP threads by
+ * (tile, KV head). A row's result never depends on its tile or on how many threads there are.
  *
  * alspec_decide goes on where no other rank holds heads of the rows: semantics.accept (d <= lambda n, d and n the
  * square roots, lambda = inf accepting all) and semantics.commit (an accepted row's A~ replaces A in place), and
@@ -48,14 +49,13 @@ static inline void store(void *base, int64_t i, float x, int dtype) {
     else ((uint16_t *)base)[i] = to_bf16(x);
 }
 
-/* Ask for the cache lines of row m's keys and values at KV head h, so that they arrive while the work before them
- * runs (rows read scattered blocks: waiting on each line in turn leaves the memory bus idle). */
-static void prefetch(const void *cache, const int32_t *table, int64_t table_stride, const int64_t *request,
-                     const int64_t *starts, const int64_t *ends, int64_t ranges, int64_t m, int64_t h,
-                     int64_t kv_heads, int64_t dim, int64_t block_size, int64_t element) {
-    const int32_t *row_table = table + request[m] * table_stride;
+/* Ask for the cache lines of the keys and values in [lo, hi) of each range at KV head h, so that they arrive while
+ * the work before them runs (decode rows read scattered blocks: waiting on each line in turn leaves the memory bus
+ * idle). */
+static void prefetch(const void *cache, const int32_t *row_table, const int64_t *lo, const int64_t *hi,
+                     int64_t ranges, int64_t h, int64_t kv_heads, int64_t dim, int64_t block_size, int64_t element) {
     for (int64_t k = 0; k < ranges; ++k) {
-        for (int64_t p = starts[m * ranges + k], end = ends[m * ranges + k]; p < end;) {
+        for (int64_t p = lo[k], end = hi[k]; p < end;) {
             const int64_t offset = p % block_size, run = end - p < block_size - offset ? end - p : block_size - offset;
             const char *base = (const char *)cache
                                + (((int64_t)row_table[p / block_size] * kv_heads + h) * 2 * block_size * dim) * element;
@@ -71,7 +71,7 @@ static void prefetch(const void *cache, const int32_t *table, int64_t table_stri
 
 enum { LANES = 16 }; /* keys (or channels) a vector register holds; sums go in LANES partial sums, fixed order */
 
-/* e^x for x <= 0 (a softmax's s - max), within about 1 ulp of expf; below -87.3 it gives float32's smallest
+/* e^x for x <= 0 (a softmax's s - max), within about 1 ulp of expf; below -87.3 it gives about float32's smallest
  * normal (about 1.2e-38) where expf gives a denormal or 0, which no sum of probabilities (the max's alone is 1)
  * can see. Written without branches or calls so that its loop vectorises (libm's expf does not without
  * -ffast-math). */
@@ -93,31 +93,6 @@ static inline float exp_nonpositive(float x) {
     return y * two_n;
 }
 
-/* The sum of x[0..n) as LANES partial sums (lane j % LANES) added in lane order: vectorised, and the same bits
- * for the same values whatever else the call holds. */
-static inline float lane_sum(const float *x, int64_t n) {
-    float part[LANES] = {0};
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; ++l) part[l] += x[j + l];
-    for (int l = 0; j + l < n; ++l) part[l] += x[j + l];
-    float total = 0.0f;
-    for (int l = 0; l < LANES; ++l) total += part[l];
-    return total;
-}
-
-static inline float lane_max(const float *x, int64_t n) {
-    float part[LANES];
-    for (int l = 0; l < LANES; ++l) part[l] = -INFINITY;
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; ++l) part[l] = x[j + l] > part[l] ? x[j + l] : part[l];
-    for (int l = 0; j + l < n; ++l) part[l] = x[j + l] > part[l] ? x[j + l] : part[l];
-    float best = -INFINITY;
-    for (int l = 0; l < LANES; ++l) best = part[l] > best ? part[l] : best;
-    return best;
-}
-
 typedef float lanes_f32 __attribute__((vector_size(LANES * 4)));  /* GCC and Clang vectors: one register where */
 typedef uint16_t lanes_u16 __attribute__((vector_size(LANES * 2))); /* the CPU has 16 float lanes, else split */
 typedef uint32_t lanes_u32 __attribute__((vector_size(LANES * 4)));
@@ -135,37 +110,318 @@ static inline lanes_f32 lanes_at(const void *base, int64_t i, int dtype) { /* LA
     return v;
 }
 
-enum { QUERIES = 4 }; /* queries scored together: each key's lanes read once for four independent fma chains */
+typedef int32_t lanes_i32 __attribute__((vector_size(LANES * 4)));
 
-/* Scores of QUERIES queries (q: D floats each, consecutive) against LANES consecutive keys of a transposed block
- * (key 0's channel 0 at ``keys``, channels N apart): each key's sum over the channels in order, in registers.
- * Reading past the block's last key stays inside its (block, head) span (its values follow its keys); the first
- * ``count`` of each query's are kept, ``stride`` apart. */
-static inline void score_block(const float *q, int64_t dim, const void *cache, int64_t keys, int64_t block_size,
-                               int dtype, float *out, int64_t stride, int64_t count) {
-    lanes_f32 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (int64_t d = 0; d < dim; ++d) {
-        const lanes_f32 k = lanes_at(cache, keys + d * block_size, dtype);
-        a0 += q[d] * k;
-        a1 += q[dim + d] * k;
-        a2 += q[2 * dim + d] * k;
-        a3 += q[3 * dim + d] * k;
-    }
-    memcpy(out, &a0, sizeof(float) * count);
-    memcpy(out + stride, &a1, sizeof(float) * count);
-    memcpy(out + 2 * stride, &a2, sizeof(float) * count);
-    memcpy(out + 3 * stride, &a3, sizeof(float) * count);
+static inline lanes_f32 select_lanes(lanes_i32 mask, lanes_f32 yes, lanes_f32 no) {
+    return (lanes_f32)((mask & (lanes_i32)yes) | (~mask & (lanes_i32)no));
 }
 
-/* acc (CHUNKS x LANES channels) += w_j v_j over a run of keys (values ``dim`` apart from ``values``), keys in order:
- * CHUNKS independent chains in registers (CHUNKS a constant where called). */
-static inline void weigh_values(lanes_f32 *acc, const int chunks, const float *w, const void *cache, int64_t values,
-                                int64_t dim, int64_t run, int dtype) {
-    lanes_f32 a[8];
-    for (int c = 0; c < chunks; ++c) a[c] = acc[c];
+/* exp_nonpositive on LANES values at once, op for op (floorf as truncation less one where it rounded up, exact in
+ * the range used): the same bits. */
+static inline lanes_f32 exp_lanes(lanes_f32 x) {
+    const lanes_f32 zero = {0}, low = zero - 87.33654f;
+    const lanes_f32 xc = select_lanes(x < low, low, x), t = xc * 1.44269504088896341f + 0.5f;
+    const lanes_f32 whole = __builtin_convertvector(__builtin_convertvector(t, lanes_i32), lanes_f32);
+    const lanes_f32 n = whole + __builtin_convertvector(whole > t, lanes_f32); /* the mask is -1 where rounded up */
+    lanes_f32 r = n * -0.693359375f + xc;
+    r = n * 2.12194440e-4f + r;
+    lanes_f32 p = zero + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const lanes_f32 pr = p * r, y = (pr * r + r) + 1.0f;
+    return y * (lanes_f32)((__builtin_convertvector(n, lanes_i32) + 127) << 23);
+}
+
+/* A softmax's numerators in place: s[j] = e^(s[j] - max), returning their sum; rounded to the values' dtype after
+ * the sum where it is not float32 (P @ V takes them so). The max and the sum go in LANES partial results (lane
+ * j % LANES), then across the lanes in order: vectorised, and the same bits for the same scores whatever else the
+ * call holds. The exponential is exp_nonpositive, LANES at a time, the tail one by one. */
+static float softmax(float *s, int64_t n, int dtype) {
+    const int64_t whole = n / LANES * LANES;
+    lanes_f32 most = {0}, total = {0};
+    most -= INFINITY;
+    for (int64_t j = 0; j < whole; j += LANES) {
+        lanes_f32 v;
+        memcpy(&v, s + j, sizeof v);
+        most = select_lanes(v > most, v, most);
+    }
+    float best = -INFINITY, part[LANES];
+    memcpy(part, &most, sizeof part);
+    for (int64_t j = whole; j < n; ++j) part[j - whole] = s[j] > part[j - whole] ? s[j] : part[j - whole];
+    for (int l = 0; l < LANES; ++l) best = part[l] > best ? part[l] : best;
+    for (int64_t j = 0; j < whole; j += LANES) {
+        lanes_f32 v;
+        memcpy(&v, s + j, sizeof v);
+        v = exp_lanes(v - best);
+        total += v;
+        memcpy(s + j, &v, sizeof v);
+    }
+    memcpy(part, &total, sizeof part);
+    for (int64_t j = whole; j < n; ++j) {
+        s[j] = exp_nonpositive(s[j] - best);
+        part[j - whole] += s[j];
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < LANES; ++l) sum += part[l];
+    if (dtype != FLOAT32)
+        for (int64_t j = 0; j < n; ++j) s[j] = rounded(s[j], dtype);
+    return sum;
+}
+
+/* e^x of x[0..n) (every x <= 0) as the softmax takes it, LANES at a time and the tail one by one: for its test. */
+void alspec_exp(const float *x, float *y, int64_t n) {
+    const int64_t whole = n / LANES * LANES;
+    for (int64_t j = 0; j < whole; j += LANES) {
+        lanes_f32 v;
+        memcpy(&v, x + j, sizeof v);
+        v = exp_lanes(v);
+        memcpy(y + j, &v, sizeof v);
+    }
+    for (int64_t j = whole; j < n; ++j) y[j] = exp_nonpositive(x[j]);
+}
+
+/* Rows of one request whose key ranges overlap (a prefill's consecutive positions: the same first S keys, last S
+ * keys one apart) are verified together, as a tile: each key is read once for all of the tile's queries, so that
+ * the hot loops run from registers and L1 at the FMA units' rate rather than the loads'. A tile reads the union of
+ * its rows' ranges; rows join while that union is at most 5/4 of the longest row's keys. Every score and every
+ * channel of P @ V is still one chain of fmas over its own row's keys in their order, so tiling changes no bit. */
+enum { TILE_QUERIES = 48, MOST_TILE_ROWS = 16, KEY_VECTORS = 4, MOST_QUERIES = 6, CHANNEL_VECTORS = 8 };
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Scores of nq queries (q: D floats each, consecutive) against nk x LANES consecutive keys of a transposed block (key
+ * 0's channel 0 at ``keys``, channels N apart): each a sum over the channels in order. Reading past the block's last
+ * key stays inside its (block, head) span (its values follow its keys); the first ``count`` of each query's are kept,
+ * ``stride`` apart. */
+INLINE void score_tile(const int nq, const int nk, const float *q, int64_t dim, const void *cache, int64_t keys,
+                       int64_t block_size, int dtype, float *out, int64_t stride, int64_t count) {
+    lanes_f32 a[MOST_QUERIES][KEY_VECTORS];
+    for (int i = 0; i < nq; ++i)
+        for (int j = 0; j < nk; ++j) a[i][j] = (lanes_f32){0};
+    for (int64_t d = 0; d < dim; ++d) {
+        lanes_f32 k[KEY_VECTORS];
+        for (int j = 0; j < nk; ++j) k[j] = lanes_at(cache, keys + d * block_size + j * LANES, dtype);
+        for (int i = 0; i < nq; ++i) {
+            const float s = q[i * dim + d];
+            for (int j = 0; j < nk; ++j) a[i][j] += s * k[j];
+        }
+    }
+    for (int i = 0; i < nq; ++i)
+        for (int j = 0; j < nk; ++j) {
+            const int64_t left = count - j * LANES;
+            memcpy(out + i * stride + j * LANES, &a[i][j], sizeof(float) * (left < LANES ? left : LANES));
+        }
+}
+
+/* Scores of queries q[0..padded) (padded a multiple of qs, 4 or 6) against ``count`` keys of one block run: each
+ * KEY_VECTORS x LANES keys, read into L1 once, serve every block of qs queries. */
+static void score_run(const int qs, int64_t padded, const float *q, int64_t dim, const void *cache, int64_t keys,
+                      int64_t block_size, int dtype, float *out, int64_t stride, int64_t count) {
+    for (int64_t j = 0; j < count; j += KEY_VECTORS * LANES) {
+        const int64_t left = count - j < KEY_VECTORS * LANES ? count - j : KEY_VECTORS * LANES;
+        const int nk = (int)((left + LANES - 1) / LANES);
+        for (int64_t g = 0; g < padded; g += qs) {
+#define SCORE(NQ, NK)                                                                                                  \
+    case NQ * 8 + NK:                                                                                                  \
+        score_tile(NQ, NK, q + g * dim, dim, cache, keys + j, block_size, dtype, out + g * stride + j, stride, left); \
+        break;
+            switch (qs * 8 + nk) {
+                SCORE(4, 1) SCORE(4, 2) SCORE(4, 3) SCORE(4, 4) SCORE(6, 1) SCORE(6, 2) SCORE(6, 3) SCORE(6, 4)
+            }
+#undef SCORE
+        }
+    }
+}
+
+/* Queries of one P @ V pass at ``chunks`` x LANES channels: as many as keep their accumulators in registers. */
+static inline int pv_queries(int chunks) { return chunks <= 4 ? 6 : chunks <= 6 ? 4 : 3; }
+
+/* acc[i] (chunks x LANES channels) += w[i][j] v_j over a run of keys (values ``dim`` apart from ``values``), keys in
+ * order: nq x chunks independent chains in registers. */
+INLINE void weigh_tile(const int nq, const int chunks, float *const *acc, const float *const *w, const void *cache,
+                       int64_t values, int64_t dim, int64_t run, int dtype) {
+    lanes_f32 a[MOST_QUERIES][CHANNEL_VECTORS];
+    const float *wi[MOST_QUERIES];
+    for (int i = 0; i < nq; ++i) {
+        wi[i] = w[i];
+        for (int c = 0; c < chunks; ++c) memcpy(&a[i][c], acc[i] + c * LANES, sizeof a[i][c]);
+    }
     for (int64_t j = 0; j < run; ++j)
-        for (int c = 0; c < chunks; ++c) a[c] += w[j] * lanes_at(cache, values + j * dim + c * LANES, dtype);
-    for (int c = 0; c < chunks; ++c) acc[c] = a[c];
+        for (int c = 0; c < chunks; ++c) {
+            const lanes_f32 v = lanes_at(cache, values + j * dim + c * LANES, dtype);
+            for (int i = 0; i < nq; ++i) a[i][c] += wi[i][j] * v;
+        }
+    for (int i = 0; i < nq; ++i)
+        for (int c = 0; c < chunks; ++c) memcpy(acc[i] + c * LANES, &a[i][c], sizeof a[i][c]);
+}
+
+static void weigh_run(int chunks, float *const *acc, const float *const *w, const void *cache, int64_t values,
+                      int64_t dim, int64_t run, int dtype) {
+#define WEIGH(C) \
+    case C: weigh_tile(pv_queries(C), C, acc, w, cache, values, dim, run, dtype); break;
+    switch (chunks) { WEIGH(1) WEIGH(2) WEIGH(3) WEIGH(4) WEIGH(5) WEIGH(6) WEIGH(7) WEIGH(8) }
+#undef WEIGH
+}
+
+/* A tile: rows [first, first + count) and per range k the union [lo, hi) of their keys. */
+typedef struct {
+    int64_t first, count;
+} tile_t;
+
+static inline int64_t row_keys(const int64_t *starts, const int64_t *ends, int64_t ranges, int64_t m) {
+    int64_t n = 0;
+    for (int64_t k = 0; k < ranges; ++k) n += ends[m * ranges + k] - starts[m * ranges + k];
+    return n;
+}
+
+/* Cuts the rows into tiles (each row's tile depends on the rows before it only through where tiles start, and no
+ * result depends on its tile); fills lo, hi (tiles x ranges) and returns the count of tiles, and the most keys a
+ * tile's union holds in *most_union. */
+static int64_t cut_tiles(int64_t rows, const int64_t *request, const int64_t *starts, const int64_t *ends,
+                         int64_t ranges, int64_t tile_rows, tile_t *tiles, int64_t *lo, int64_t *hi,
+                         int64_t *most_union) {
+    int64_t count = 0;
+    *most_union = 0;
+    for (int64_t m = 0; m < rows; ++count) {
+        int64_t *l = lo + count * ranges, *h = hi + count * ranges, longest = row_keys(starts, ends, ranges, m);
+        for (int64_t k = 0; k < ranges; ++k) {
+            l[k] = starts[m * ranges + k];
+            h[k] = ends[m * ranges + k];
+        }
+        tiles[count].first = m++;
+        for (; m < rows && m - tiles[count].first < tile_rows && request[m] == request[tiles[count].first]; ++m) {
+            const int64_t mine = row_keys(starts, ends, ranges, m), most = mine > longest ? mine : longest;
+            int64_t total = 0;
+            for (int64_t k = 0; k < ranges; ++k) {
+                const int64_t s = starts[m * ranges + k], e = ends[m * ranges + k];
+                const int64_t a = s == e ? l[k] : l[k] == h[k] ? s : s < l[k] ? s : l[k];
+                const int64_t b = s == e ? h[k] : l[k] == h[k] ? e : e > h[k] ? e : h[k];
+                total += b - a;
+            }
+            if (4 * total > 5 * most + 4) break;
+            for (int64_t k = 0; k < ranges; ++k) {
+                const int64_t s = starts[m * ranges + k], e = ends[m * ranges + k];
+                if (s == e) continue;
+                if (l[k] == h[k]) l[k] = s, h[k] = e;
+                else l[k] = s < l[k] ? s : l[k], h[k] = e > h[k] ? e : h[k];
+            }
+            longest = most;
+        }
+        tiles[count].count = m - tiles[count].first;
+        int64_t total = 0;
+        for (int64_t k = 0; k < ranges; ++k) total += h[k] - l[k];
+        *most_union = total > *most_union ? total : *most_union;
+    }
+    return count;
+}
+
+/* One tile at KV head h: every query's scores over the tile's union, its row's keys copied out in its own order, the
+ * softmax, then P @ V in passes of pv_queries() queries, each pass over the union cut where its rows' ranges start
+ * or end (a query whose row has no key in a piece keeps its slot busy with a copy of another's, written to a
+ * scratch accumulator). */
+static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi, int64_t h, const void *query,
+                        int64_t q_stride, const void *cache, const int32_t *row_table, const int64_t *token,
+                        const int64_t *starts, const int64_t *ends, int64_t ranges, int64_t w_stride, int64_t heads,
+                        int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int dtype, void *approx,
+                        float *q, float *scores, float *w, float *sum, float *acc, float *spare) {
+    const int64_t group = heads / kv_heads, block_elems = 2 * block_size * dim, queries = tile.count * group;
+    const int64_t pad6 = (queries + 5) / 6 * 6 - queries, pad4 = (queries + 3) / 4 * 4 - queries;
+    const int qs = pad4 < pad6 ? 4 : 6; /* scored in blocks of 4 or 6 queries, the padding computed and dropped */
+    const int64_t padded = (queries + qs - 1) / qs * qs;
+    int64_t width = 0;
+    for (int64_t k = 0; k < ranges; ++k) width += hi[k] - lo[k];
+    for (int64_t i = 0; i < padded; ++i) {
+        const int64_t m = tile.first + i / group, g = i % group;
+        for (int64_t d = 0; d < dim; ++d)
+            q[i * dim + d] = i < queries ? load(query, token[m] * q_stride + (h * group + g) * dim + d, dtype) : 0.0f;
+    }
+    for (int64_t k = 0, u = 0; k < ranges; u += hi[k] - lo[k], ++k) /* scores: q.k over the union, a run at a time */
+        for (int64_t p = lo[k], end = hi[k]; p < end;) {
+            const int64_t offset = p % block_size, run = end - p < block_size - offset ? end - p : block_size - offset;
+            const int64_t keys = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems + offset;
+            score_run(qs, padded, q, dim, cache, keys, block_size, dtype, scores + u + (p - lo[k]), width, run);
+            p += run;
+        }
+    for (int64_t i = 0; i < queries; ++i) { /* each query's own keys in order; the softmax in float32 */
+        const int64_t m = tile.first + i / group;
+        float *s = w + i * w_stride;
+        int64_t n = 0;
+        for (int64_t k = 0, u = 0; k < ranges; u += hi[k] - lo[k], ++k) {
+            const int64_t len = ends[m * ranges + k] - starts[m * ranges + k];
+            const float *from = scores + i * width + u + (starts[m * ranges + k] - lo[k]);
+            for (int64_t j = 0; j < len; ++j) s[n + j] = from[j] * scale;
+            n += len;
+        }
+        sum[i] = softmax(s, n, dtype);
+    }
+    const int vectors = dim % LANES == 0 ? (int)(dim / LANES) : 0; /* else channel by channel */
+    const int64_t per_pass = vectors ? pv_queries(vectors < CHANNEL_VECTORS ? vectors : CHANNEL_VECTORS) : 1;
+    for (int64_t b = 0; b < queries; b += per_pass) {
+        const int64_t nq = queries - b < per_pass ? queries - b : per_pass;
+        for (int64_t c0 = 0; c0 < dim; c0 += CHANNEL_VECTORS * LANES) {
+            const int64_t width_c = dim - c0 < CHANNEL_VECTORS * LANES ? dim - c0 : CHANNEL_VECTORS * LANES;
+            memset(acc, 0, sizeof(float) * MOST_QUERIES * CHANNEL_VECTORS * LANES);
+            for (int64_t k = 0; k < ranges; ++k) {
+                int64_t cuts[2 * MOST_QUERIES], ncuts = 0; /* where the pass's rows' ranges start and end, sorted */
+                for (int64_t i = 0; i < nq; ++i) {
+                    const int64_t m = tile.first + (b + i) / group;
+                    for (int e = 0; e < 2; ++e) {
+                        int64_t x = e ? ends[m * ranges + k] : starts[m * ranges + k], at = ncuts;
+                        while (at > 0 && cuts[at - 1] > x) --at;
+                        if (at > 0 && cuts[at - 1] == x) continue;
+                        memmove(cuts + at + 1, cuts + at, sizeof(int64_t) * (ncuts - at));
+                        cuts[at] = x;
+                        ++ncuts;
+                    }
+                }
+                for (int64_t c = 0; c + 1 < ncuts; ++c) {
+                    const int64_t from = cuts[c], to = cuts[c + 1];
+                    float *slot_acc[MOST_QUERIES];
+                    const float *slot_w[MOST_QUERIES];
+                    int64_t any = -1;
+                    for (int64_t i = 0; i < nq; ++i) {
+                        const int64_t m = tile.first + (b + i) / group, s = starts[m * ranges + k];
+                        if (s <= from && to <= ends[m * ranges + k]) {
+                            int64_t before = 0; /* the row's keys in earlier ranges */
+                            for (int64_t kk = 0; kk < k; ++kk) before += ends[m * ranges + kk] - starts[m * ranges + kk];
+                            slot_acc[i] = acc + i * CHANNEL_VECTORS * LANES;
+                            slot_w[i] = w + (b + i) * w_stride + before + (from - s);
+                            any = i;
+                        } else {
+                            slot_acc[i] = NULL;
+                        }
+                    }
+                    if (any < 0) continue;
+                    for (int64_t i = 0; i < MOST_QUERIES; ++i) /* weigh_run fills pv_queries() slots */
+                        if (i >= nq || slot_acc[i] == NULL) slot_acc[i] = spare, slot_w[i] = slot_w[any];
+                    for (int64_t p = from; p < to;) {
+                        const int64_t offset = p % block_size, run = to - p < block_size - offset ? to - p
+                                                                                                 : block_size - offset;
+                        const int64_t values = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems
+                                               + block_size * dim + offset * dim + c0;
+                        if (vectors)
+                            weigh_run((int)(width_c / LANES), slot_acc, slot_w, cache, values, dim, run, dtype);
+                        else
+                            for (int64_t j = 0; j < run; ++j)
+                                for (int64_t l = 0; l < width_c; ++l)
+                                    slot_acc[0][l] = fmaf(slot_w[0][j], load(cache, values + j * dim + l, dtype),
+                                                          slot_acc[0][l]);
+                        for (int64_t i = 0; i < MOST_QUERIES; ++i) slot_w[i] += run;
+                        p += run;
+                    }
+                }
+            }
+            for (int64_t i = 0; i < nq; ++i) {
+                const int64_t m = tile.first + (b + i) / group, g = (b + i) % group;
+                for (int64_t l = 0; l < width_c; ++l)
+                    store(approx, (m * heads + h * group + g) * dim + c0 + l,
+                          acc[i * CHANNEL_VECTORS * LANES + l] / sum[b + i], dtype);
+            }
+        }
+    }
 }
 
 /* query (tokens, Hq, D) with ``q_stride`` elements a token; exact (tokens, Hq, D) with ``o_stride``; cache (blocks,
@@ -176,96 +432,60 @@ int alspec_verify(const void *query, int64_t q_stride, const void *exact, int64_
                   const int64_t *request, const int64_t *starts, const int64_t *ends, int64_t ranges,
                   int64_t most_keys, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
                   int dtype, void *approx, float *d2, float *n2) {
-    const int64_t group = heads / kv_heads, block_elems = 2 * block_size * dim, element = dtype == FLOAT32 ? 4 : 2;
-    const int64_t stride = most_keys > 0 ? most_keys : 1;
+    const int64_t group = heads / kv_heads, element = dtype == FLOAT32 ? 4 : 2;
+    const int64_t tile_rows = TILE_QUERIES / group < 1 ? 1 : TILE_QUERIES / group > MOST_TILE_ROWS ? MOST_TILE_ROWS
+                                                                                                   : TILE_QUERIES / group;
+    const int64_t w_stride = most_keys > 0 ? most_keys : 1;
+    tile_t *tiles = malloc(sizeof(tile_t) * (rows > 0 ? rows : 1));
+    int64_t *lo = malloc(sizeof(int64_t) * (rows > 0 ? rows : 1) * ranges);
+    int64_t *hi = malloc(sizeof(int64_t) * (rows > 0 ? rows : 1) * ranges);
+    if (!tiles || !lo || !hi) {
+        free(tiles), free(lo), free(hi);
+        return -1;
+    }
+    int64_t most_union;
+    const int64_t count = cut_tiles(rows, request, starts, ends, ranges, tile_rows, tiles, lo, hi, &most_union);
+    const int64_t most_queries = tile_rows * group + 6; /* a tile's queries, padded */
     int failed = 0;
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * ((group + QUERIES - 1) / QUERIES * QUERIES) * stride);
-        const int64_t padded = (group + QUERIES - 1) / QUERIES * QUERIES; /* queries scored in fours; the rest 0 */
-        float *q = calloc(padded * dim, sizeof(float));
-        float *sum = malloc(sizeof(float) * group);
+        float *q = malloc(sizeof(float) * most_queries * dim);
+        float *scores = malloc(sizeof(float) * most_queries * (most_union > 0 ? most_union : 1));
+        float *w = malloc(sizeof(float) * tile_rows * group * w_stride);
+        float *sum = malloc(sizeof(float) * tile_rows * group);
+        float *acc = malloc(sizeof(float) * (MOST_QUERIES + 1) * CHANNEL_VECTORS * LANES);
         int primed = 0;
-        if (!scores || !q || !sum) {
+        if (!q || !scores || !w || !sum || !acc) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
-        for (int64_t work = 0; work < rows * kv_heads; ++work) {
+        for (int64_t work = 0; work < count * kv_heads; ++work) {
             if (failed) continue;
-            const int64_t m = work / kv_heads, h = work % kv_heads;
+            const int64_t t = work / kv_heads, h = work % kv_heads;
+            const int32_t *row_table = table + request[tiles[t].first] * table_stride;
             if (!primed) /* a thread's first item, then always its next (static chunks: work + 1) */
-                prefetch(cache, table, table_stride, request, starts, ends, ranges, m, h, kv_heads, dim, block_size,
+                prefetch(cache, row_table, lo + t * ranges, hi + t * ranges, ranges, h, kv_heads, dim, block_size,
                          element);
             primed = 1;
-            if (work + 1 < rows * kv_heads)
-                prefetch(cache, table, table_stride, request, starts, ends, ranges, (work + 1) / kv_heads,
-                         (work + 1) % kv_heads, kv_heads, dim, block_size, element);
-            const int64_t t = token[m];
-            const int32_t *row_table = table + request[m] * table_stride;
-            for (int64_t g = 0; g < group; ++g)
-                for (int64_t d = 0; d < dim; ++d)
-                    q[g * dim + d] = load(query, t * q_stride + (h * group + g) * dim + d, dtype);
-            int64_t n = 0; /* scores: q.k over the ranges' keys in order, LANES keys of a block at a time */
-            for (int64_t k = 0; k < ranges; ++k) {
-                for (int64_t p = starts[m * ranges + k], end = ends[m * ranges + k]; p < end;) {
-                    const int64_t offset = p % block_size, run = end - p < block_size - offset ? end - p
-                                                                                              : block_size - offset;
-                    const int64_t keys = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems + offset;
-                    for (int64_t j = 0; j < run; j += LANES)
-                        for (int64_t g = 0; g < padded; g += QUERIES)
-                            score_block(q + g * dim, dim, cache, keys + j, block_size, dtype,
-                                        scores + g * stride + n + j, stride, run - j < LANES ? run - j : LANES);
-                    n += run;
-                    p += run;
-                }
+            if (work + 1 < count * kv_heads) {
+                const int64_t next = (work + 1) / kv_heads;
+                prefetch(cache, table + request[tiles[next].first] * table_stride, lo + next * ranges,
+                         hi + next * ranges, ranges, (work + 1) % kv_heads, kv_heads, dim, block_size, element);
             }
-            for (int64_t g = 0; g < group; ++g) { /* the softmax's max, exponentials and sum, in float32 */
-                float *s = scores + g * stride;
-                for (int64_t j = 0; j < n; ++j) s[j] *= scale;
-                const float best = lane_max(s, n);
-                for (int64_t j = 0; j < n; ++j) s[j] = exp_nonpositive(s[j] - best);
-                sum[g] = lane_sum(s, n);
-                if (dtype != FLOAT32) /* P @ V takes the probabilities rounded to the values' dtype */
-                    for (int64_t j = 0; j < n; ++j) s[j] = rounded(s[j], dtype);
-            }
-            const int chunks = dim % LANES == 0 && dim / LANES <= 8 ? (int)(dim / LANES) : 0;
-            for (int64_t g = 0; g < group; ++g) { /* P @ V: each channel's sum over the keys in order */
-                const float *w = scores + g * stride;
-                lanes_f32 acc[8] = {{0}};
-                float tail[LANES * 8] = {0}; /* head_dim not a multiple of LANES (or past 8 LANES): channel by channel */
-                float *out = chunks ? (float *)acc : tail;
-                for (int64_t c0 = 0; c0 < (chunks ? LANES : dim); c0 += LANES * 8) {
-                    if (!chunks) memset(tail, 0, sizeof tail);
-                    n = 0;
-                    for (int64_t k = 0; k < ranges; ++k) {
-                        for (int64_t p = starts[m * ranges + k], end = ends[m * ranges + k]; p < end;) {
-                            const int64_t offset = p % block_size, run = end - p < block_size - offset
-                                                                             ? end - p : block_size - offset;
-                            const int64_t values = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems
-                                                   + block_size * dim + offset * dim;
-                            if (chunks == 4) weigh_values(acc, 4, w + n, cache, values, dim, run, dtype);
-                            else if (chunks == 8) weigh_values(acc, 8, w + n, cache, values, dim, run, dtype);
-                            else if (chunks) weigh_values(acc, chunks, w + n, cache, values, dim, run, dtype);
-                            else
-                                for (int64_t j = 0; j < run; ++j)
-                                    for (int64_t l = c0; l < dim && l < c0 + LANES * 8; ++l)
-                                        tail[l - c0] = fmaf(w[n + j], load(cache, values + j * dim + l, dtype),
-                                                            tail[l - c0]);
-                            n += run;
-                            p += run;
-                        }
-                    }
-                    const int64_t from = chunks ? 0 : c0, to = chunks ? dim : (c0 + LANES * 8 < dim ? c0 + LANES * 8 : dim);
-                    for (int64_t l = from; l < to; ++l)
-                        store(approx, (m * heads + h * group + g) * dim + l, out[l - from] / sum[g], dtype);
-                }
-            }
+            verify_tile(tiles[t], lo + t * ranges, hi + t * ranges, h, query, q_stride, cache, row_table, token,
+                        starts, ends, ranges, w_stride, heads, kv_heads, dim, block_size, scale, dtype, approx, q,
+                        scores, w, sum, acc, acc + MOST_QUERIES * CHANNEL_VECTORS * LANES);
         }
-        free(scores);
         free(q);
+        free(scores);
+        free(w);
         free(sum);
+        free(acc);
     }
+    free(tiles);
+    free(lo);
+    free(hi);
     if (failed) return -1;
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < rows; ++m) { /* d^2 and n^2 over every head and channel of the row, in lanes */

@@ -136,11 +136,12 @@ def row_index(step, rows):
     return rows.token.tolist()
 
 
-def split_lambda(ratios):
-    """A threshold in the middle of the ratios, halfway across the widest gap there, so no row sits on a tie."""
+def split_lambda(ratios, gap=1e-3):
+    """A threshold in the middle of the ratios, halfway across the widest gap there, so no row sits on a tie (the
+    gap, relative, at least ``gap``: well past float32 rounding and the paths' 1e-5 agreement)."""
     r = sorted(ratios)
     i = max(range(len(r) // 4, 3 * len(r) // 4), key=lambda i: (r[i + 1] - r[i]) / r[i + 1])
-    assert (r[i + 1] - r[i]) / r[i + 1] > 1e-3, "ratios too close to split without a float32 tie"
+    assert (r[i + 1] - r[i]) / r[i + 1] > gap, "ratios too close to split without a float32 tie"
     return (r[i] + r[i + 1]) / 2
 
 
@@ -388,6 +389,32 @@ def test_cpu_kernel_at_every_head_dim_decides_as_gathered(dim):
     torch.testing.assert_close(out, out_ref, rtol=1e-6, atol=4e-6)  # values of 8-sigma keys: a few float32 steps
 
 
+@pytest.mark.parametrize("heads,dim,S", [((2, 2), 64, 16), ((4, 1), 64, 32), ((8, 2), 128, 16), ((8, 1), 64, 4),
+                                         ((9, 3), 144, 64)])
+def test_cpu_kernel_tiles_of_a_long_prefill_decide_as_gathered(heads, dim, S):
+    """A rolling prefill's rows go through the kernel in tiles of consecutive positions: GQA groups of 1, 4 and 8
+    with head dims whose P @ V passes hold 6 or 3 queries (a pass that ends inside a row, or spans several with
+    shifted windows), a window small enough that tiles are cut by their keys' waste, and a head dim past eight
+    registers. Decisions equal the gathered path's, d/n to float32 rounding."""
+    case = _rolling(S=S, tokens=260, heads=heads, dim=dim)
+
+    def settings_at(lam: float) -> Settings:
+        return Settings(thresholds=(lam,), window=S, window_align=1, approx=make_approximation("sink"))
+
+    _, measured = verify_layer(case["query"], case["out"].clone(), case["cache"], LAYOUTS["cpu-vec"], case["table"],
+                               case["block"], case["rows"], settings_at(0.3), 0, case["scale"], path="gathered")
+    settings = settings_at(split_lambda(measured[measured.isfinite()].tolist(), gap=1e-4))
+    got = {}
+    for path in ("native", "gathered"):
+        out = case["out"].clone()
+        got[path] = verify_layer(case["query"], out, case["cache"], LAYOUTS["cpu-vec"], case["table"], case["block"],
+                                 case["rows"], settings, 0, case["scale"], path=path), out
+    ((codes, ratios), out), ((codes_ref, ratios_ref), out_ref) = got["native"], got["gathered"]
+    assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
+    torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+
+
 def test_cpu_kernel_in_bfloat16_decides_as_gathered():
     """bfloat16 on the CPU layout: the kernel rounds the probabilities and the output as semantics.attend does, so
     the decisions are the gathered path's and every committed value is within one bfloat16 step of it."""
@@ -434,6 +461,24 @@ def test_cpu_kernel_accepts_as_semantics_at_the_limit():
             assert torch.equal(out[plan.native.token], semantics.commit(step["output"][plan.native.token], approx, want))
             accepted += int(want.sum())
     assert 0 < accepted < 2 * len(d2) ** 2  # both sides of the limit occur
+
+
+def test_cpu_kernel_exponential_is_within_an_ulp_of_exp():
+    """The softmax's exponential (a polynomial, vectorised): within 1.05 float32 steps of e^x in float64 over the
+    whole range a softmax gives it (x <= 0 down to float32's smallest normal result), the same bits LANES at a time
+    as one at a time, and about float32's smallest normal below that (never 0: the sum stays positive)."""
+    x = torch.cat([-torch.rand(1_000_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 87.3,
+                   torch.tensor([0.0, -0.0, -1e-30, -87.33, -88.0, -1000.0, -math.inf], dtype=torch.float64)]).float()
+    y, one_by_one = torch.empty_like(x), torch.empty_like(x)
+    native.library().alspec_exp(x.data_ptr(), y.data_ptr(), len(x))
+    for at in range(0, 64 * 15, 15):  # fewer than LANES a call: the scalar tail
+        native.library().alspec_exp(x[at:].data_ptr(), one_by_one[at:].data_ptr(), 15)
+    assert torch.equal(y[:64 * 15], one_by_one[:64 * 15])
+    exact = x.double().exp()
+    normal = exact >= torch.finfo(torch.float32).tiny
+    step = torch.exp2(exact.log2().floor() - 23)  # float32's step in e^x's binade
+    assert ((y.double() - exact).abs() / step)[normal].max() <= 1.05
+    assert ((y[~normal] > 0) & (y[~normal] < 1.0001 * torch.finfo(torch.float32).tiny)).all()
 
 
 def test_cpu_kernel_does_not_depend_on_the_thread_count():
