@@ -19,11 +19,17 @@
    random Llama of 30 layers (SmolLM2's depth), the engine call's wall against the time inside vLLM's generate (the
    rest: the workers' packed decisions taken and every request's record built).
 
+6. `--memory`: peak RSS alone: each engine (plain vLLM, alspec-vllm at each window) in a fresh process of its own
+   (vLLM in-process, `VLLM_ENABLE_V1_MULTIPROCESSING=0`, so that one process holds the engine), one rolling
+   loglikelihood call to warm it, its high-water mark reset, then the measured call; rounds interleaved, medians
+   compared, with plain vLLM's own spread (the allocator's) beside them.
+
 Run it in .venv-vllm (scripts/vllm_env.sh); `--model alspec` runs in the same environment.
 
     python benchmarks/bench_vllm.py [--prompts 8] [--tokens 1024] [--new 64] [--rounds 5] [--task alspec_recall]
     python benchmarks/bench_vllm.py --windows 16,64,256,1024 [--prompts 8] [--tokens 1024] [--new 64] \
         [--documents 4] [--document-tokens 3500] [--rounds 3]
+    python benchmarks/bench_vllm.py --memory 64,1024 [--documents 4] [--document-tokens 3500] [--rounds 3]
     python benchmarks/bench_vllm.py --records [--requests 2000] [--new 64]
     python benchmarks/bench_vllm.py --drafts [--contexts 2048,4096] [--prompts 4] [--new 32] [--rounds 3] [--approx quest,topk]
     ALSPEC_VLLM_CHECK_LAYOUT=1 python benchmarks/bench_vllm.py --skip engines --dtype bfloat16 --graphs \
@@ -257,6 +263,56 @@ def windows(args: argparse.Namespace) -> None:
                   f"hit rate {hits[window]:.3f}")
 
 
+def memory_one(args: argparse.Namespace) -> None:
+    """One engine alone (``--memory-one``: vllm or a window), in this process: the measured call's peak RSS, as JSON."""
+    from lm_eval.api.instance import Instance
+
+    from alspec_eval.compat import lm_eval_vllm
+    from alspec_eval.smollm2 import smollm2_path
+    from alspec_eval.vllm.model import ALSpecVLLM
+
+    path, longest = str(smollm2_path()), args.document_tokens + 64
+    engine = {**engine_args(args), "max_model_len": longest,
+              "kv_cache_memory_bytes": max(ENGINE["kv_cache_memory_bytes"], 2 * args.documents * longest * 46080)}
+    if args.memory_one == "vllm":
+        lm = lm_eval_vllm().VLLM(pretrained=path, batch_size="auto", **engine)
+    else:
+        lm = ALSpecVLLM(path, window=int(args.memory_one), batch_size="auto", **{"lambda": 0.1}, **engine)
+    documents = prompts(lm.tokenizer, args.documents, args.document_tokens)
+    me = {os.getpid()}
+    for measured in (False, True):
+        reset_peak(me)
+        before = rss(me)
+        start = time.perf_counter()
+        lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i, ("bench", i, 1))
+                                  for i, t in enumerate(documents)], disable_tqdm=True)
+    print(json.dumps({"peak": peak_rss(me), "before": before, "after": rss(me), "wall": time.perf_counter() - start}))
+
+
+def memory(args: argparse.Namespace) -> None:
+    """Per window, alspec-vllm's peak RSS over plain vLLM's, each engine alone in a fresh process (part 6)."""
+    names = ["vllm", *map(str, args.memory)]
+    got: dict[str, list[dict]] = {name: [] for name in names}
+    for _ in range(args.rounds):
+        for name in names:
+            run = subprocess.run([sys.executable, __file__, "--memory-one", name, "--documents", str(args.documents),
+                                  "--document-tokens", str(args.document_tokens), "--dtype", args.dtype],
+                                 capture_output=True, text=True, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+            if run.returncode:
+                sys.exit(f"--memory-one {name} failed:\n{run.stderr[-3000:]}")
+            got[name].append(json.loads(run.stdout.strip().splitlines()[-1]))
+    print(f"memory: rolling loglikelihood, {args.documents} documents of {args.document_tokens} tokens, SmolLM2 "
+          f"{args.dtype}; each engine alone in a fresh process, {args.rounds} rounds; peak RSS of the measured call "
+          f"(after a warm-up call), GiB")
+    plain = statistics.median(r["peak"] for r in got["vllm"])
+    for name in names:
+        peaks = [r["peak"] / 2**30 for r in got[name]]
+        before = statistics.median(r["before"] for r in got[name]) / 2**30
+        print(f"  {'plain vLLM' if name == 'vllm' else 'window ' + name:12s} peak {statistics.median(peaks):.2f} "
+              f"(rounds {', '.join(f'{p:.2f}' for p in peaks)})  RSS before the call {before:.2f}  "
+              f"{statistics.median(r['peak'] for r in got[name]) / plain:.3f}x plain")
+
+
 def records(args: argparse.Namespace) -> None:
     """The engine call's wall and the part of it outside vLLM's generate: taking the packed decisions from the
     worker and building every request's record."""
@@ -347,6 +403,9 @@ def main() -> None:
     parser.add_argument("--kinds", type=lambda s: s.split(","), default=["generation", "rolling"],
                         help="which of generation,rolling part 4 measures")
     parser.add_argument("--document-tokens", type=int, default=3500, help="tokens of each document (part 4)")
+    parser.add_argument("--memory", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="only peak RSS per window, each engine alone (part 6), at these windows")
+    parser.add_argument("--memory-one", help=argparse.SUPPRESS)
     parser.add_argument("--records", action="store_true", help="only the decisions' read-back at scale (part 5)")
     parser.add_argument("--requests", type=int, default=2000, help="requests of part 5")
     parser.add_argument("--drafts", action="store_true", help="only the per-draft comparison (part 3)")
@@ -355,6 +414,12 @@ def main() -> None:
     parser.add_argument("--approx", type=lambda s: s.split(","), default=None,
                         help="the drafts of the per-draft comparison (default: every one of DRAFTS)")
     args = parser.parse_args()
+    if args.memory_one:
+        memory_one(args)
+        return
+    if args.memory:
+        memory(args)
+        return
     if args.windows:
         windows(args)
         return

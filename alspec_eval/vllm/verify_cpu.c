@@ -73,8 +73,8 @@ enum { LANES = 16 }; /* keys (or channels) a vector register holds; sums go in L
 
 /* e^x for x <= 0 (a softmax's s - max), within about 1 ulp of expf; below -87.3 it gives about float32's smallest
  * normal (about 1.2e-38) where expf gives a denormal or 0, which no sum of probabilities (the max's alone is 1)
- * can see. Written without branches or calls so that its loop vectorises (libm's expf does not without
- * -ffast-math). */
+ * can see. Written without branches or calls, so that exp_lanes can do the same on LANES values at once (libm's expf
+ * does not vectorise without -ffast-math). */
 static inline float exp_nonpositive(float x) {
     const float low = -87.33654f, xc = x < low ? low : x;
     const float n = floorf(fmaf(xc, 1.44269504088896341f, 0.5f));
