@@ -135,23 +135,13 @@ static inline lanes_f32 exp_lanes(lanes_f32 x) {
     return y * (lanes_f32)((__builtin_convertvector(n, lanes_i32) + 127) << 23);
 }
 
-/* A softmax's numerators in place: s[j] = e^(s[j] - max), returning their sum; rounded to the values' dtype after
- * the sum where it is not float32 (P @ V takes them so). The max and the sum go in LANES partial results (lane
- * j % LANES), then across the lanes in order: vectorised, and the same bits for the same scores whatever else the
- * call holds. The exponential is exp_nonpositive, LANES at a time, the tail one by one. */
-static float softmax(float *s, int64_t n, int dtype) {
+/* A softmax's numerators in place: s[j] = e^(s[j] - best), best their max, returning their sum; rounded to the
+ * values' dtype after the sum where it is not float32 (P @ V takes them so). The sum goes in LANES partial sums (lane
+ * j % LANES), then across the lanes in order: vectorised, and the same bits for the same scores whatever else the call
+ * holds. The exponential is exp_nonpositive, LANES at a time, the tail one by one. */
+static float softmax(float *s, int64_t n, float best, int dtype) {
     const int64_t whole = n / LANES * LANES;
-    lanes_f32 most = {0}, total = {0};
-    most -= INFINITY;
-    for (int64_t j = 0; j < whole; j += LANES) {
-        lanes_f32 v;
-        memcpy(&v, s + j, sizeof v);
-        most = select_lanes(v > most, v, most);
-    }
-    float best = -INFINITY, part[LANES];
-    memcpy(part, &most, sizeof part);
-    for (int64_t j = whole; j < n; ++j) part[j - whole] = s[j] > part[j - whole] ? s[j] : part[j - whole];
-    for (int l = 0; l < LANES; ++l) best = part[l] > best ? part[l] : best;
+    lanes_f32 total = {0};
     for (int64_t j = 0; j < whole; j += LANES) {
         lanes_f32 v;
         memcpy(&v, s + j, sizeof v);
@@ -159,6 +149,7 @@ static float softmax(float *s, int64_t n, int dtype) {
         total += v;
         memcpy(s + j, &v, sizeof v);
     }
+    float part[LANES];
     memcpy(part, &total, sizeof part);
     for (int64_t j = whole; j < n; ++j) {
         s[j] = exp_nonpositive(s[j] - best);
@@ -169,6 +160,28 @@ static float softmax(float *s, int64_t n, int dtype) {
     if (dtype != FLOAT32)
         for (int64_t j = 0; j < n; ++j) s[j] = rounded(s[j], dtype);
     return sum;
+}
+
+/* to[j] = from[j] * scale for j < n, returning the running max ``most`` with theirs (a max is exact in any order). */
+static float scaled_copy(float *to, const float *from, int64_t n, float scale, float most) {
+    const int64_t whole = n / LANES * LANES;
+    lanes_f32 top = {0};
+    top += most;
+    for (int64_t j = 0; j < whole; j += LANES) {
+        lanes_f32 v;
+        memcpy(&v, from + j, sizeof v);
+        v *= scale;
+        top = select_lanes(v > top, v, top);
+        memcpy(to + j, &v, sizeof v);
+    }
+    float part[LANES];
+    memcpy(part, &top, sizeof part);
+    for (int l = 0; l < LANES; ++l) most = part[l] > most ? part[l] : most;
+    for (int64_t j = whole; j < n; ++j) {
+        to[j] = from[j] * scale;
+        most = to[j] > most ? to[j] : most;
+    }
+    return most;
 }
 
 /* e^x of x[0..n) (every x <= 0) as the softmax takes it, LANES at a time and the tail one by one: for its test. */
@@ -333,10 +346,11 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
     const int64_t padded = (queries + qs - 1) / qs * qs;
     int64_t width = 0;
     for (int64_t k = 0; k < ranges; ++k) width += hi[k] - lo[k];
-    for (int64_t i = 0; i < padded; ++i) {
-        const int64_t m = tile.first + i / group, g = i % group;
-        for (int64_t d = 0; d < dim; ++d)
-            q[i * dim + d] = i < queries ? load(query, token[m] * q_stride + (h * group + g) * dim + d, dtype) : 0.0f;
+    for (int64_t i = 0; i < padded; ++i) { /* the tile's queries as float32 rows, the padding zero */
+        const int64_t m = tile.first + i / group, at = token[m] * q_stride + (h * group + i % group) * dim;
+        if (i >= queries) memset(q + i * dim, 0, sizeof(float) * dim);
+        else if (dtype == FLOAT32) memcpy(q + i * dim, (const float *)query + at, sizeof(float) * dim);
+        else for (int64_t d = 0; d < dim; ++d) q[i * dim + d] = from_bf16(((const uint16_t *)query)[at + d]);
     }
     for (int64_t k = 0, u = 0; k < ranges; u += hi[k] - lo[k], ++k) /* scores: q.k over the union, a run at a time */
         for (int64_t p = lo[k], end = hi[k]; p < end;) {
@@ -349,13 +363,13 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
         const int64_t m = tile.first + i / group;
         float *s = w + i * w_stride;
         int64_t n = 0;
+        float best = -INFINITY;
         for (int64_t k = 0, u = 0; k < ranges; u += hi[k] - lo[k], ++k) {
             const int64_t len = ends[m * ranges + k] - starts[m * ranges + k];
-            const float *from = scores + i * width + u + (starts[m * ranges + k] - lo[k]);
-            for (int64_t j = 0; j < len; ++j) s[n + j] = from[j] * scale;
+            best = scaled_copy(s + n, scores + i * width + u + (starts[m * ranges + k] - lo[k]), len, scale, best);
             n += len;
         }
-        sum[i] = softmax(s, n, dtype);
+        sum[i] = softmax(s, n, best, dtype);
     }
     const int vectors = dim % LANES == 0 ? (int)(dim / LANES) : 0; /* else channel by channel */
     const int64_t per_pass = vectors ? pv_queries(vectors < CHANNEL_VECTORS ? vectors : CHANNEL_VECTORS) : 1;
@@ -415,10 +429,12 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
                 }
             }
             for (int64_t i = 0; i < nq; ++i) {
-                const int64_t m = tile.first + (b + i) / group, g = (b + i) % group;
-                for (int64_t l = 0; l < width_c; ++l)
-                    store(approx, (m * heads + h * group + g) * dim + c0 + l,
-                          acc[i * CHANNEL_VECTORS * LANES + l] / sum[b + i], dtype);
+                const int64_t m = tile.first + (b + i) / group, at = (m * heads + h * group + (b + i) % group) * dim + c0;
+                const float *from = acc + i * CHANNEL_VECTORS * LANES, total = sum[b + i];
+                if (dtype == FLOAT32)
+                    for (int64_t l = 0; l < width_c; ++l) ((float *)approx)[at + l] = from[l] / total;
+                else
+                    for (int64_t l = 0; l < width_c; ++l) ((uint16_t *)approx)[at + l] = to_bf16(from[l] / total);
             }
         }
     }
@@ -489,8 +505,18 @@ int alspec_verify(const void *query, int64_t q_stride, const void *exact, int64_
     if (failed) return -1;
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < rows; ++m) { /* d^2 and n^2 over every head and channel of the row, in lanes */
-        float dd[LANES] = {0}, nn[LANES] = {0};
-        for (int64_t i = 0; i < heads * dim; ++i) {
+        const int64_t whole = heads * dim / LANES * LANES;
+        lanes_f32 dv = {0}, nv = {0};
+        for (int64_t i = 0; i < whole; i += LANES) {
+            const lanes_f32 a = lanes_at(exact, token[m] * o_stride + i, dtype);
+            const lanes_f32 diff = lanes_at(approx, m * heads * dim + i, dtype) - a;
+            dv += diff * diff;
+            nv += a * a;
+        }
+        float dd[LANES], nn[LANES];
+        memcpy(dd, &dv, sizeof dd);
+        memcpy(nn, &nv, sizeof nn);
+        for (int64_t i = whole; i < heads * dim; ++i) {
             const float a = load(exact, token[m] * o_stride + i, dtype);
             const float diff = load(approx, m * heads * dim + i, dtype) - a;
             dd[i % LANES] = fmaf(diff, diff, dd[i % LANES]);
