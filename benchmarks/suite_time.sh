@@ -26,7 +26,7 @@ mkdir -p "$work"
 parts=$work/parts
 : >"$parts"
 
-# Budgets in seconds: .ci/run within 30 minutes in all, the venvs included; the fast tier within 60 s.
+# Budgets in seconds: .ci/run within 25 minutes in all, the venvs included; the fast tier within 60 s.
 declare -A budget=([venv]=150 [suite]=900 [triton-floor]=150 [venv-tt]=200 [tt]=90 [alone-venv]=150 [alone-fast]=120 [alone-exact]=180 [venv-vllm]=240 [vllm]=330 [demo]=300)
 
 if [ "$ci" = 1 ]; then
@@ -54,7 +54,7 @@ while read -r name took; do
         "$( [ -n "${budget[$name]:-}" ] && [ "$took" -gt "${budget[$name]}" ] && echo OVER)"
 done <"$parts"
 [ "$ci" = 1 ] || exit 0
-printf '%-12s %8s %8s %s\n' ".ci/run" "$total" 1800 "$([ "$total" -gt 1800 ] && echo OVER)"
+printf '%-12s %8s %8s %s\n' ".ci/run" "$total" 1500 "$([ "$total" -gt 1500 ] && echo OVER)"
 echo
 echo "The main suite's 10 slowest tests:"
 sed -n '/slowest 10 durations/,/^$/p' "$work/ci.log" | sed -n '2,11p'

@@ -229,7 +229,7 @@ INLINE void score_tile(const int nq, const int nk, const float *q, int64_t dim, 
         }
 }
 
-/* Scores of queries q[0..padded) (padded a multiple of qs, 4 or 6) against ``count`` keys of one block run: each
+/* Scores of queries q[0..padded) (padded a multiple of qs: 3, 4 or 6) against ``count`` keys of one block run: each
  * KEY_VECTORS x LANES keys, read into L1 once, serve every block of qs queries. */
 static void score_run(const int qs, int64_t padded, const float *q, int64_t dim, const void *cache, int64_t keys,
                       int64_t block_size, int dtype, float *out, int64_t stride, int64_t count) {
@@ -242,7 +242,8 @@ static void score_run(const int qs, int64_t padded, const float *q, int64_t dim,
         score_tile(NQ, NK, q + g * dim, dim, cache, keys + j, block_size, dtype, out + g * stride + j, stride, left); \
         break;
             switch (qs * 8 + nk) {
-                SCORE(4, 1) SCORE(4, 2) SCORE(4, 3) SCORE(4, 4) SCORE(6, 1) SCORE(6, 2) SCORE(6, 3) SCORE(6, 4)
+                SCORE(3, 1) SCORE(3, 2) SCORE(3, 3) SCORE(3, 4) SCORE(4, 1) SCORE(4, 2) SCORE(4, 3) SCORE(4, 4)
+                SCORE(6, 1) SCORE(6, 2) SCORE(6, 3) SCORE(6, 4)
             }
 #undef SCORE
         }
@@ -271,11 +272,16 @@ INLINE void weigh_tile(const int nq, const int chunks, float *const *acc, const 
         for (int c = 0; c < chunks; ++c) memcpy(acc[i] + c * LANES, &a[i][c], sizeof a[i][c]);
 }
 
-static void weigh_run(int chunks, float *const *acc, const float *const *w, const void *cache, int64_t values,
-                      int64_t dim, int64_t run, int dtype) {
-#define WEIGH(C) \
-    case C: weigh_tile(pv_queries(C), C, acc, w, cache, values, dim, run, dtype); break;
-    switch (chunks) { WEIGH(1) WEIGH(2) WEIGH(3) WEIGH(4) WEIGH(5) WEIGH(6) WEIGH(7) WEIGH(8) }
+/* weigh_tile with ``slots`` queries: pv_queries(chunks), or 3 where a pass has no more (a decode row of a GQA group of
+ * 3, a tile's last pass), so that fewer slots are computed on the spare. */
+static void weigh_run(int slots, int chunks, float *const *acc, const float *const *w, const void *cache,
+                      int64_t values, int64_t dim, int64_t run, int dtype) {
+#define WEIGH(S, C) \
+    case S * 16 + C: weigh_tile(S, C, acc, w, cache, values, dim, run, dtype); break;
+    switch (slots * 16 + chunks) {
+        WEIGH(6, 1) WEIGH(6, 2) WEIGH(6, 3) WEIGH(6, 4) WEIGH(4, 5) WEIGH(4, 6)
+        WEIGH(3, 1) WEIGH(3, 2) WEIGH(3, 3) WEIGH(3, 4) WEIGH(3, 5) WEIGH(3, 6) WEIGH(3, 7) WEIGH(3, 8)
+    }
 #undef WEIGH
 }
 
@@ -342,7 +348,10 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
                         float *q, float *scores, float *w, float *sum, float *acc, float *spare) {
     const int64_t group = heads / kv_heads, block_elems = 2 * block_size * dim, queries = tile.count * group;
     const int64_t pad6 = (queries + 5) / 6 * 6 - queries, pad4 = (queries + 3) / 4 * 4 - queries;
-    const int qs = pad4 < pad6 ? 4 : 6; /* scored in blocks of 4 or 6 queries, the padding computed and dropped */
+    const int64_t pad3 = (queries + 2) / 3 * 3 - queries;
+    /* scored in blocks of 6, 4 or 3 queries, whichever pads least (the larger on a tie), the padding computed and
+     * dropped */
+    const int qs = pad6 <= pad4 && pad6 <= pad3 ? 6 : pad4 <= pad3 ? 4 : 3;
     const int64_t padded = (queries + qs - 1) / qs * qs;
     int64_t width = 0;
     for (int64_t k = 0; k < ranges; ++k) width += hi[k] - lo[k];
@@ -374,7 +383,7 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
     const int vectors = dim % LANES == 0 ? (int)(dim / LANES) : 0; /* else channel by channel */
     const int64_t per_pass = vectors ? pv_queries(vectors < CHANNEL_VECTORS ? vectors : CHANNEL_VECTORS) : 1;
     for (int64_t b = 0; b < queries; b += per_pass) {
-        const int64_t nq = queries - b < per_pass ? queries - b : per_pass;
+        const int64_t nq = queries - b < per_pass ? queries - b : per_pass, slots = nq <= 3 ? 3 : per_pass;
         for (int64_t c0 = 0; c0 < dim; c0 += CHANNEL_VECTORS * LANES) {
             const int64_t width_c = dim - c0 < CHANNEL_VECTORS * LANES ? dim - c0 : CHANNEL_VECTORS * LANES;
             memset(acc, 0, sizeof(float) * MOST_QUERIES * CHANNEL_VECTORS * LANES);
@@ -409,7 +418,7 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
                         }
                     }
                     if (any < 0) continue;
-                    for (int64_t i = 0; i < MOST_QUERIES; ++i) /* weigh_run fills pv_queries() slots */
+                    for (int64_t i = 0; i < MOST_QUERIES; ++i) /* weigh_run fills ``slots`` slots */
                         if (i >= nq || slot_acc[i] == NULL) slot_acc[i] = spare, slot_w[i] = slot_w[any];
                     for (int64_t p = from; p < to;) {
                         const int64_t offset = p % block_size, run = to - p < block_size - offset ? to - p
@@ -417,7 +426,8 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
                         const int64_t values = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems
                                                + block_size * dim + offset * dim + c0;
                         if (vectors)
-                            weigh_run((int)(width_c / LANES), slot_acc, slot_w, cache, values, dim, run, dtype);
+                            weigh_run((int)slots, (int)(width_c / LANES), slot_acc, slot_w, cache, values, dim, run,
+                                      dtype);
                         else
                             for (int64_t j = 0; j < run; ++j)
                                 for (int64_t l = 0; l < width_c; ++l)

@@ -389,14 +389,9 @@ def test_cpu_kernel_at_every_head_dim_decides_as_gathered(dim):
     torch.testing.assert_close(out, out_ref, rtol=1e-6, atol=4e-6)  # values of 8-sigma keys: a few float32 steps
 
 
-@pytest.mark.parametrize("heads,dim,S", [((2, 2), 64, 16), ((4, 1), 64, 32), ((8, 2), 128, 16), ((8, 1), 64, 4),
-                                         ((9, 3), 144, 64)])
-def test_cpu_kernel_tiles_of_a_long_prefill_decide_as_gathered(heads, dim, S):
-    """A rolling prefill's rows go through the kernel in tiles of consecutive positions: GQA groups of 1, 4 and 8
-    with head dims whose P @ V passes hold 6 or 3 queries (a pass that ends inside a row, or spans several with
-    shifted windows), a window small enough that tiles are cut by their keys' waste, and a head dim past eight
-    registers. Decisions equal the gathered path's, d/n to float32 rounding."""
-    case = _rolling(S=S, tokens=260, heads=heads, dim=dim)
+def _kernel_decides_as_gathered(case: dict, S: int, atol: float = 1e-6) -> None:
+    """The kernel (path native) on a rolling case: decisions equal the gathered path's, d/n and outputs to float32
+    rounding, at a lambda between the measured ratios (some rows accepted, some rejected)."""
 
     def settings_at(lam: float) -> Settings:
         return Settings(thresholds=(lam,), window=S, window_align=1, approx=make_approximation("sink"))
@@ -412,7 +407,37 @@ def test_cpu_kernel_tiles_of_a_long_prefill_decide_as_gathered(heads, dim, S):
     ((codes, ratios), out), ((codes_ref, ratios_ref), out_ref) = got["native"], got["gathered"]
     assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
     torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
-    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("heads,dim,S", [((2, 2), 64, 16), ((4, 1), 64, 32), ((8, 2), 128, 16), ((8, 1), 64, 4),
+                                         ((9, 3), 144, 64)])
+def test_cpu_kernel_tiles_of_a_long_prefill_decide_as_gathered(heads, dim, S):
+    """A rolling prefill's rows go through the kernel in tiles of consecutive positions: GQA groups of 1, 4 and 8
+    with head dims whose P @ V passes hold 6 or 3 queries (a pass that ends inside a row, or spans several with
+    shifted windows), a window small enough that tiles are cut by their keys' waste, and a head dim past eight
+    registers. Decisions equal the gathered path's, d/n to float32 rounding."""
+    _kernel_decides_as_gathered(_rolling(S=S, tokens=260, heads=heads, dim=dim), S)
+
+
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("dim", range(16, 272, 16))
+def test_cpu_kernel_every_head_dim_decides_as_gathered(dim, group):
+    """Every head dim the vectorised P @ V takes (1 to 16 registers of channels, in passes of 8) at GQA groups 1, 3
+    and 4, on short tiles (window 4: 3 or 4 rows a tile): scores in blocks of 3, 4 and 6 queries, P @ V passes full
+    and partial (3 slots where a pass has no more queries), each block and pass size at each register count."""
+    # A~ of 8 keys: values near 0 after cancellation differ by a few float32 steps of the terms (up to 2e-6)
+    _kernel_decides_as_gathered(_rolling(S=4, tokens=48, heads=(2 * group, 2), dim=dim), 4, atol=4e-6)
+
+
+@pytest.mark.parametrize("group,rows", [(1, 3), (3, 3), (2, 3), (2, 2), (4, 2)])
+@pytest.mark.parametrize("S", [24, 40, 64])
+def test_cpu_kernel_a_few_rows_of_long_runs_decide_as_gathered(S, group, rows):
+    """Two or three rows past the trivial edge in 128-key blocks (a step of a request's decode rows, as the kernel
+    sees it): 3 to 12 queries, scored in blocks of 3, 4 and 6 over runs of 24, 40 and 64 keys (1 to 4 key
+    registers)."""
+    case = _rolling(S=S, tokens=2 * S + rows, heads=(2 * group, 2), dim=64, block=128)
+    _kernel_decides_as_gathered(case, S, atol=4e-6)
 
 
 def test_cpu_kernel_in_bfloat16_decides_as_gathered():
