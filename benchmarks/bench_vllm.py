@@ -254,13 +254,17 @@ def windows(args: argparse.Namespace) -> None:
                     rises.setdefault(window, []).append(peak - before)
                     hits[window] = ours.statistics()["tasks"]["bench"]["total"]["hit_rate"] or 0.0
         plain_wall, plain_peak, plain_rise = statistics.median(walls["vllm"]), max(peaks["vllm"]), max(rises["vllm"])
-        print(f"  {kind}: plain vLLM {plain_wall:.2f} s, peak RSS {plain_peak / 2**30:.2f} GiB "
-              f"({plain_rise / 2**20:.0f} MiB over its RSS before the call)")
+
+        def rounds(key: object) -> str:  # every round's wall: the machine's own spread beside the medians
+            return ", ".join(f"{w:.2f}" for w in walls[key])
+
+        print(f"  {kind}: plain vLLM {plain_wall:.2f} s (rounds {rounds('vllm')}), peak RSS {plain_peak / 2**30:.2f} "
+              f"GiB ({plain_rise / 2**20:.0f} MiB over its RSS before the call)")
         for window in args.windows:
             wall, peak, rise = statistics.median(walls[window]), max(peaks[window]), max(rises[window])
-            print(f"    window {window:5d}  {wall:7.2f} s  {wall / plain_wall:5.2f}x wall  {peak / plain_peak:5.2f}x "
-                  f"peak RSS (+{rise / 2**20:.0f} MiB in the call)  A~ reads {min(1.0, 2 * window / context):.2f} of A's keys at the longest context  "
-                  f"hit rate {hits[window]:.3f}")
+            print(f"    window {window:5d}  {wall:7.2f} s  {wall / plain_wall:5.2f}x wall (rounds {rounds(window)})  "
+                  f"{peak / plain_peak:5.2f}x peak RSS (+{rise / 2**20:.0f} MiB in the call)  A~ reads "
+                  f"{min(1.0, 2 * window / context):.2f} of A's keys at the longest context  hit rate {hits[window]:.3f}")
 
 
 def memory_one(args: argparse.Namespace) -> None:
