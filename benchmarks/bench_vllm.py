@@ -11,7 +11,9 @@
    engine reconfigured per draft, rounds interleaved over plain vLLM and every draft, medians compared.
 
 4. `--windows`: the cost of verification at each window, generation and rolling loglikelihood (every position
-   speculates), alspec-vllm (the sink, lambda 0.1) over plain vLLM, rounds interleaved, medians compared; with each
+   speculates), alspec-vllm (the sink, lambda 0.1) over plain vLLM and over the same alspec-vllm engine with
+   speculation off (policy=exact: the same process, so that what differs between two engine processes, up to 10% on a
+   2-core VM, drops out of that ratio), rounds interleaved, medians compared; with each
    engine process's peak RSS during the calls (its high-water mark reset before each) and A~'s share of A's key
    reads (2S over the context: where it nears 1, A~ costs another A).
 
@@ -231,6 +233,7 @@ def windows(args: argparse.Namespace) -> None:
     print(f"windows: sink, lambda 0.1, SmolLM2 {args.dtype}; generation: {args.prompts} prompts of {args.tokens} "
           f"tokens, {args.new} new; rolling: {args.documents} documents of {args.document_tokens} tokens; "
           f"medians of {args.rounds} interleaved rounds; peak RSS of each engine's processes, reset before each call")
+    policy = ours.spec_config.policy
     for kind in args.kinds:
         context = args.tokens + args.new if kind == "generation" else args.document_tokens
         walls: dict[object, list[float]] = {"vllm": []}
@@ -244,25 +247,29 @@ def windows(args: argparse.Namespace) -> None:
                 walls["vllm"].append(wall)
                 peaks["vllm"].append(peak)
                 rises["vllm"].append(peak - before)
-            for window in args.windows:
-                ours.reconfigure(window=window)
+            for window in ("off", *args.windows):  # off: the same engine process, speculation off (policy=exact)
+                ours.reconfigure(**({"policy": "exact"} if window == "off" else {"window": window, "policy": policy}))
                 ours.reset_statistics()
                 wall, peak, before = call(ours, kind, our_pids)
                 if round_:
                     walls.setdefault(window, []).append(wall)
                     peaks.setdefault(window, []).append(peak)
                     rises.setdefault(window, []).append(peak - before)
-                    hits[window] = ours.statistics()["tasks"]["bench"]["total"]["hit_rate"] or 0.0
+                    if window != "off":
+                        hits[window] = ours.statistics()["tasks"]["bench"]["total"]["hit_rate"] or 0.0
         plain_wall, plain_peak, plain_rise = statistics.median(walls["vllm"]), max(peaks["vllm"]), max(rises["vllm"])
+        off_wall = statistics.median(walls["off"])
 
         def rounds(key: object) -> str:  # every round's wall: the machine's own spread beside the medians
             return ", ".join(f"{w:.2f}" for w in walls[key])
 
         print(f"  {kind}: plain vLLM {plain_wall:.2f} s (rounds {rounds('vllm')}), peak RSS {plain_peak / 2**30:.2f} "
-              f"GiB ({plain_rise / 2**20:.0f} MiB over its RSS before the call)")
+              f"GiB ({plain_rise / 2**20:.0f} MiB over its RSS before the call); alspec-vllm with speculation off "
+              f"{off_wall:.2f} s (rounds {rounds('off')}), {off_wall / plain_wall:.2f}x plain")
         for window in args.windows:
             wall, peak, rise = statistics.median(walls[window]), max(peaks[window]), max(rises[window])
-            print(f"    window {window:5d}  {wall:7.2f} s  {wall / plain_wall:5.2f}x wall (rounds {rounds(window)})  "
+            print(f"    window {window:5d}  {wall:7.2f} s  {wall / plain_wall:5.2f}x wall, {wall / off_wall:5.2f}x off "
+                  f"(rounds {rounds(window)})  "
                   f"{peak / plain_peak:5.2f}x peak RSS (+{rise / 2**20:.0f} MiB in the call)  A~ reads "
                   f"{min(1.0, 2 * window / context):.2f} of A's keys at the longest context  hit rate {hits[window]:.3f}")
 
