@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,6 +56,14 @@ class NativeRows:
         most = int((ends - starts).sum(1).max()) if len(starts) else 0
         return cls(*(t.long().contiguous() for t in (token, request, starts, ends, live)), most)
 
+    @functools.cached_property
+    def arguments(self) -> tuple[int, ...]:
+        """The kernel's arguments that are the rows', read once: a decode step calls the kernel at every layer, where
+        Python's own costs, run between layers whose weights have just passed through the caches, are most of a
+        call's."""
+        return (len(self.token), self.token.data_ptr(), self.request.data_ptr(), self.starts.data_ptr(),
+                self.ends.data_ptr(), self.starts.shape[1], self.most_keys)
+
 
 class Scratch:
     """Where :func:`verify` writes A~, d^2 and n^2: buffers that only grow, reused by every layer and step. Tensors of
@@ -63,6 +72,7 @@ class Scratch:
 
     def __init__(self) -> None:
         self.held: dict[tuple[torch.dtype, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.pointers: dict[tuple[torch.dtype, int, int], tuple[int, int, int, int]] = {}  # rows held, addresses
 
     def take(self, dtype: torch.dtype, heads: int, dim: int,
              count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -71,7 +81,16 @@ class Scratch:
             size = max(count, 2 * len(held[1]) if held is not None else 0)
             held = self.held[(dtype, heads, dim)] = (torch.empty(size, heads, dim, dtype=dtype), torch.empty(size),
                                                      torch.empty(size))
+            self.pointers[(dtype, heads, dim)] = (size, *(t.data_ptr() for t in held))
         return held[0][:count], held[1][:count], held[2][:count]
+
+    def addresses(self, dtype: torch.dtype, heads: int, dim: int, count: int) -> tuple[int, int, int]:
+        """Where :meth:`take` would put ``count`` rows, without making its views (the kernel alone reads them)."""
+        held = self.pointers.get((dtype, heads, dim))
+        if held is None or held[0] < count:
+            self.take(dtype, heads, dim, count)
+            held = self.pointers[(dtype, heads, dim)]
+        return held[1:]
 
 
 SCRATCH = Scratch()  # one worker, one layer at a time
@@ -117,12 +136,10 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.alspec_verify.restype = ctypes.c_int
     lib.alspec_verify.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64,
-                                  _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int, _PTR, _PTR, _PTR]
+                                  _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int, _PTR, _PTR, _PTR,
+                                  ctypes.c_int, ctypes.c_double, _PTR, ctypes.c_int8, ctypes.c_int8, _PTR, _PTR]
     lib.alspec_exp.restype = None
     lib.alspec_exp.argtypes = [_PTR, _PTR, _I64]
-    lib.alspec_decide.restype = None
-    lib.alspec_decide.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, ctypes.c_int, _PTR, _PTR,
-                                  ctypes.c_double, ctypes.c_int8, ctypes.c_int8, _PTR, _PTR]
     return lib
 
 
@@ -133,41 +150,55 @@ def usable(layout: object, kv_cache: torch.Tensor) -> bool:
             and kv_cache.is_contiguous() and library() is not None)
 
 
-def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-           rows: NativeRows, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A~ (rows, Hq, D) in the cache's dtype and d^2, n^2 (rows,) float32 against ``exact`` (A, indexed by token like
-    ``query``, both (tokens, Hq, D) with heads and channels dense): :func:`alspec_eval.semantics.attend` and
-    :func:`~alspec_eval.semantics.squared_distances`, for every row in one call. The three are views of the worker's
-    :data:`SCRATCH`, overwritten by the next call."""
-    blocks, kv_heads, block_size, twice = kv_cache.shape
-    tokens, heads, dim = query.shape
+def _inputs(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor,
+            block_table: torch.Tensor) -> torch.Tensor:
+    """Refuse inputs the kernel would misread; returns the block table as int32 rows (vLLM's own, where it is)."""
+    dim = query.shape[2]
     for name, tensor in (("query", query), ("exact", exact)):
         if tensor.dtype != kv_cache.dtype or tensor.stride(2) != 1 or tensor.stride(1) != dim:
             raise ValueError(f"alspec-vllm's CPU kernel needs {name} as (tokens, heads, head_dim) with dense heads "
                              f"in the cache's dtype {kv_cache.dtype}, got {tuple(tensor.shape)} strides "
                              f"{tensor.stride()} {tensor.dtype}")
-    table = block_table if block_table.dtype == torch.int32 and block_table.stride(1) == 1 else \
+    return block_table if block_table.dtype == torch.int32 and block_table.stride(1) == 1 else \
         block_table.to(torch.int32).contiguous()
-    count = len(rows.token)
-    approx, d2, n2 = SCRATCH.take(kv_cache.dtype, heads, dim, count)
+
+
+def _call(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, table: torch.Tensor, rows: NativeRows,
+          scale: float, scratch: tuple[int, int, int], *decision: Any) -> None:
+    """One call of the kernel: measure (``decision`` empty) or measure and decide (the arguments after ``decide``)."""
+    _, kv_heads, block_size, _ = kv_cache.shape
+    _, heads, dim = query.shape
+    count, *row_arguments = rows.arguments
     status = library().alspec_verify(
         query.data_ptr(), query.stride(0), exact.data_ptr(), exact.stride(0), kv_cache.data_ptr(), table.data_ptr(),
-        table.stride(0), count, rows.token.data_ptr(), rows.request.data_ptr(), rows.starts.data_ptr(),
-        rows.ends.data_ptr(), rows.starts.shape[1], rows.most_keys, heads, kv_heads, dim, block_size, scale,
-        DTYPES[kv_cache.dtype], approx.data_ptr(), d2.data_ptr(), n2.data_ptr())
+        table.stride(0), count, *row_arguments, heads, kv_heads, dim, block_size, scale, DTYPES[kv_cache.dtype],
+        *scratch, *(decision or (0, 0.0, None, 0, 0, None, None)))
     if status:
         raise MemoryError(f"alspec-vllm's CPU kernel ran out of memory for {count} rows of {rows.most_keys} keys")
+
+
+def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+           rows: NativeRows, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A~ (rows, Hq, D) in the cache's dtype and d^2, n^2 (rows,) float32 against ``exact`` (A, indexed by token like
+    ``query``, both (tokens, Hq, D) with heads and channels dense): :func:`alspec_eval.semantics.attend` and
+    :func:`~alspec_eval.semantics.squared_distances`, for every row in one call; what a tensor-parallel rank sums
+    with the others' before any decides. The three are views of the worker's :data:`SCRATCH`, overwritten by the
+    next call."""
+    table = _inputs(query, exact, kv_cache, block_table)
+    approx, d2, n2 = SCRATCH.take(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token))
+    _call(query, exact, kv_cache, table, rows, scale, (approx.data_ptr(), d2.data_ptr(), n2.data_ptr()))
     return approx, d2, n2
 
 
-def decide(exact: torch.Tensor, approx: torch.Tensor, d2: torch.Tensor, n2: torch.Tensor, rows: NativeRows,
-           lam: float, codes: torch.Tensor, ratios: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """After :func:`verify`, where no other rank holds heads of the rows: :func:`alspec_eval.semantics.accept` at
-    ``lam`` and :func:`~alspec_eval.semantics.commit` into ``exact`` in place, in C; returns copies of the step's
-    ``codes`` (int8) and ``ratios`` (d/n) with the rows' decisions."""
+def verify_and_decide(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      rows: NativeRows, scale: float, lam: float, codes: torch.Tensor,
+                      ratios: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`verify`, then, where no other rank holds heads of the rows, :func:`alspec_eval.semantics.accept` at
+    ``lam`` and :func:`~alspec_eval.semantics.commit` into ``exact`` in place, in the same call; returns copies of the
+    step's ``codes`` (int8) and ``ratios`` (d/n) with the rows' decisions."""
+    table = _inputs(query, exact, kv_cache, block_table)
     codes, ratios = codes.clone(), ratios.clone()
-    library().alspec_decide(exact.data_ptr(), exact.stride(0), approx.data_ptr(), len(rows.token),
-                            rows.token.data_ptr(), rows.live.data_ptr(), exact.shape[1], exact.shape[2],
-                            DTYPES[exact.dtype], d2.data_ptr(), n2.data_ptr(), lam, ACCEPTED, REJECTED,
-                            codes.data_ptr(), ratios.data_ptr())
+    _call(query, exact, kv_cache, table, rows, scale,
+          SCRATCH.addresses(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token)),
+          1, lam, rows.live.data_ptr(), ACCEPTED, REJECTED, codes.data_ptr(), ratios.data_ptr())
     return codes, ratios

@@ -180,13 +180,15 @@ class StepRows:
     prompt: torch.Tensor  # which are prompt positions (teacher-forced; the rest were generated)
     plans: dict[Any, "Verified"] = field(default_factory=dict, compare=False, repr=False)  # per settings and device
 
-    def verified(self, settings: Settings, device: torch.device, block_size: int, path: str = "tiles") -> "Verified":
-        """What every layer of this step verifies with (:class:`Verified`) on ``path`` (:data:`PATHS`), built on its
-        first layer."""
+    def verified(self, settings: Settings, device: torch.device, block_size: int, path: str | None = "tiles",
+                 choose: Callable[[], str] | None = None) -> "Verified":
+        """What every layer of this step verifies with (:class:`Verified`) on ``path`` (:data:`PATHS`; None: the one
+        ``choose`` returns, asked on the first layer alone), built on its first layer."""
         key = (settings.window, settings.window_align, settings.approx, str(device), block_size, path)
-        if key not in self.plans:
-            self.plans[key] = Verified.build(self, settings, device, block_size, path)
-        return self.plans[key]
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = Verified.build(self, settings, device, block_size, path or choose())
+        return plan
 
     @classmethod
     def build(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, starts: torch.Tensor,
@@ -498,13 +500,14 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
     lam = settings.thresholds[layer]
     if math.isnan(lam) or not len(rows.token):
         return None
-    plan = rows.verified(settings, output.device, block_size, path or fastest_path(settings, layout, kv_cache))
+    plan = rows.verified(settings, output.device, block_size, path, lambda: fastest_path(settings, layout, kv_cache))
     if lam == -math.inf or not len(plan.live):  # static's exact layers: decided, not measured
         return plan.codes, plan.ratios
     if plan.native is not None:
+        if reduce is None:  # every head is here: measure, decide and commit in one call
+            return native.verify_and_decide(query, output, kv_cache, block_table, plan.native, scale, lam,
+                                            plan.codes, plan.ratios)
         approx, d2, n2 = native.verify(query, output, kv_cache, block_table, plan.native, scale)
-        if reduce is None:  # every head is here: decide and commit in the same C library
-            return native.decide(output, approx, d2, n2, plan.native, lam, plan.codes, plan.ratios)
     token = plan.token
     if plan.native is None:
         if plan.tiles is not None:

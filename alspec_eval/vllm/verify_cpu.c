@@ -12,9 +12,11 @@
  * Rows of a request whose ranges overlap go together as a tile (see cut_tiles); work goes to OpenMP threads by
  * (tile, KV head). A row's result never depends on its tile or on how many threads there are.
  *
- * alspec_decide goes on where no other rank holds heads of the rows: semantics.accept (d <= lambda n, d and n the
- * square roots, lambda = inf accepting all) and semantics.commit (an accepted row's A~ replaces A in place), and
- * each row's code and d/n written where the step's rows list it.
+ * Where no other rank holds heads of the rows, the same call goes on to decide: semantics.accept (d <= lambda n, d
+ * and n the square roots, lambda = inf accepting all) and semantics.commit (an accepted row's A~ replaces A in
+ * place), each row's code and d/n written where the step's rows list it. One call and one parallel region a layer:
+ * a decode step's rows take microseconds, so the call's own costs (its arguments, a fork of the threads) are what
+ * would otherwise show.
  */
 #include <math.h>
 #include <stdint.h>
@@ -450,14 +452,58 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
     }
 }
 
+/* d^2 and n^2 of row m over every head and channel, in lanes; where ``decide``, then its decision: accepted
+ * iff sqrt(d2) <= lambda sqrt(n2) (lambda = inf: always), an accepted row's A~ copied over A (exact, in place),
+ * codes[live[m]] = accepted or rejected and ratios[live[m]] = d / n. */
+static void measure_row(int64_t m, void *exact, int64_t o_stride, const void *approx, const int64_t *token,
+                        int64_t heads, int64_t dim, int dtype, float *d2, float *n2, int decide, double lambda,
+                        const int64_t *live, int8_t accepted, int8_t rejected, int8_t *codes, float *ratios) {
+    const int64_t whole = heads * dim / LANES * LANES;
+    lanes_f32 dv = {0}, nv = {0};
+    for (int64_t i = 0; i < whole; i += LANES) {
+        const lanes_f32 a = lanes_at(exact, token[m] * o_stride + i, dtype);
+        const lanes_f32 diff = lanes_at(approx, m * heads * dim + i, dtype) - a;
+        dv += diff * diff;
+        nv += a * a;
+    }
+    float dd[LANES], nn[LANES];
+    memcpy(dd, &dv, sizeof dd);
+    memcpy(nn, &nv, sizeof nn);
+    for (int64_t i = whole; i < heads * dim; ++i) {
+        const float a = load(exact, token[m] * o_stride + i, dtype);
+        const float diff = load(approx, m * heads * dim + i, dtype) - a;
+        dd[i % LANES] = fmaf(diff, diff, dd[i % LANES]);
+        nn[i % LANES] = fmaf(a, a, nn[i % LANES]);
+    }
+    float dsum = 0.0f, nsum = 0.0f;
+    for (int l = 0; l < LANES; ++l) {
+        dsum += dd[l];
+        nsum += nn[l];
+    }
+    d2[m] = dsum;
+    n2[m] = nsum;
+    if (!decide) return;
+    const float d = sqrtf(dsum), n = sqrtf(nsum);
+    const int accept = isinf(lambda) && lambda > 0 ? 1 : d <= (float)lambda * n;
+    const size_t element = dtype == FLOAT32 ? 4 : 2, row_bytes = (size_t)(heads * dim) * element;
+    if (accept)
+        memcpy((char *)exact + (size_t)(token[m] * o_stride) * element, (const char *)approx + (size_t)m * row_bytes,
+               row_bytes);
+    codes[live[m]] = accept ? accepted : rejected;
+    ratios[live[m]] = d / n;
+}
+
 /* query (tokens, Hq, D) with ``q_stride`` elements a token; exact (tokens, Hq, D) with ``o_stride``; cache (blocks,
  * Hkv, N, 2D); table (requests, table_stride) int32; per row its token, request and ``ranges`` [starts, ends);
- * approx (rows, Hq, D) out, in the dtype; d2, n2 (rows,) out. Returns 0, or -1 where scratch memory ran out. */
-int alspec_verify(const void *query, int64_t q_stride, const void *exact, int64_t o_stride, const void *cache,
+ * approx (rows, Hq, D) out, in the dtype; d2, n2 (rows,) out; where ``decide``, each row decided at ``lambda``
+ * (measure_row: exact written in place, codes and ratios at the rows' ``live``). Returns 0, or -1 where scratch
+ * memory ran out (nothing decided then). */
+int alspec_verify(const void *query, int64_t q_stride, void *exact, int64_t o_stride, const void *cache,
                   const int32_t *table, int64_t table_stride, int64_t rows, const int64_t *token,
                   const int64_t *request, const int64_t *starts, const int64_t *ends, int64_t ranges,
                   int64_t most_keys, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
-                  int dtype, void *approx, float *d2, float *n2) {
+                  int dtype, void *approx, float *d2, float *n2, int decide, double lambda, const int64_t *live,
+                  int8_t accepted, int8_t rejected, int8_t *codes, float *ratios) {
     const int64_t group = heads / kv_heads, element = dtype == FLOAT32 ? 4 : 2;
     const int64_t tile_rows = TILE_QUERIES / group < 1 ? 1 : TILE_QUERIES / group > MOST_TILE_ROWS ? MOST_TILE_ROWS
                                                                                                    : TILE_QUERIES / group;
@@ -508,56 +554,16 @@ int alspec_verify(const void *query, int64_t q_stride, const void *exact, int64_
         free(w);
         free(sum);
         free(acc);
+        /* the loop's barrier: every A~ is written, and every thread reads the same ``failed`` */
+        if (!failed) {
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < rows; ++m)
+                measure_row(m, exact, o_stride, approx, token, heads, dim, dtype, d2, n2, decide, lambda, live,
+                            accepted, rejected, codes, ratios);
+        }
     }
     free(tiles);
     free(lo);
     free(hi);
-    if (failed) return -1;
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < rows; ++m) { /* d^2 and n^2 over every head and channel of the row, in lanes */
-        const int64_t whole = heads * dim / LANES * LANES;
-        lanes_f32 dv = {0}, nv = {0};
-        for (int64_t i = 0; i < whole; i += LANES) {
-            const lanes_f32 a = lanes_at(exact, token[m] * o_stride + i, dtype);
-            const lanes_f32 diff = lanes_at(approx, m * heads * dim + i, dtype) - a;
-            dv += diff * diff;
-            nv += a * a;
-        }
-        float dd[LANES], nn[LANES];
-        memcpy(dd, &dv, sizeof dd);
-        memcpy(nn, &nv, sizeof nn);
-        for (int64_t i = whole; i < heads * dim; ++i) {
-            const float a = load(exact, token[m] * o_stride + i, dtype);
-            const float diff = load(approx, m * heads * dim + i, dtype) - a;
-            dd[i % LANES] = fmaf(diff, diff, dd[i % LANES]);
-            nn[i % LANES] = fmaf(a, a, nn[i % LANES]);
-        }
-        float dsum = 0.0f, nsum = 0.0f;
-        for (int l = 0; l < LANES; ++l) {
-            dsum += dd[l];
-            nsum += nn[l];
-        }
-        d2[m] = dsum;
-        n2[m] = nsum;
-    }
-    return 0;
-}
-
-/* After alspec_verify: row m is accepted iff sqrt(d2) <= lambda sqrt(n2) (lambda = inf: always); an accepted row's
- * A~ (approx, in the dtype) is copied over A (exact, written in place); codes[live[m]] = accepted or rejected and
- * ratios[live[m]] = d / n. */
-void alspec_decide(void *exact, int64_t o_stride, const void *approx, int64_t rows, const int64_t *token,
-                   const int64_t *live, int64_t heads, int64_t dim, int dtype, const float *d2, const float *n2,
-                   double lambda, int8_t accepted, int8_t rejected, int8_t *codes, float *ratios) {
-    const size_t row_bytes = (size_t)(heads * dim) * (dtype == FLOAT32 ? 4 : 2);
-    const float lam = (float)lambda;
-    for (int64_t m = 0; m < rows; ++m) {
-        const float d = sqrtf(d2[m]), n = sqrtf(n2[m]);
-        const int accept = isinf(lambda) && lambda > 0 ? 1 : d <= lam * n;
-        if (accept)
-            memcpy((char *)exact + (size_t)(token[m] * o_stride) * (row_bytes / (size_t)(heads * dim)),
-                   (const char *)approx + (size_t)m * row_bytes, row_bytes);
-        codes[live[m]] = accept ? accepted : rejected;
-        ratios[live[m]] = d / n;
-    }
+    return failed ? -1 : 0;
 }

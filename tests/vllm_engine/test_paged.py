@@ -471,14 +471,15 @@ def test_cpu_kernel_accepts_as_semantics_at_the_limit():
     rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
     settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=make_approximation("sink"))
     plan = rows.verified(settings, torch.device("cpu"), step["N"], "native")
-    approx, d2, n2 = native.verify(step["query"], step["output"], step["cache"], step["table"], plan.native,
-                                   step["scale"])
+    approx, d2, n2 = (t.clone() for t in native.verify(step["query"], step["output"], step["cache"], step["table"],
+                                                       plan.native, step["scale"]))
     d, n = d2.double().sqrt().float(), n2.double().sqrt().float()
     accepted = 0
     for ratio in (d / n).tolist():
         for lam in (ratio, float(torch.nextafter(torch.tensor(ratio), torch.tensor(0.0)))):
             out = step["output"].clone()
-            codes, ratios = native.decide(out, approx, d2, n2, plan.native, lam, plan.codes, plan.ratios)
+            codes, ratios = native.verify_and_decide(step["query"], out, step["cache"], step["table"], plan.native,
+                                                     step["scale"], lam, plan.codes, plan.ratios)
             want = semantics.accept(d, n, lam)
             assert torch.equal(codes[plan.live] == ACCEPTED, want), lam
             assert torch.equal(codes[plan.live] == REJECTED, ~want)
@@ -626,11 +627,15 @@ class ReadBacks(TorchFunctionMode):
 @pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
 @pytest.mark.parametrize("approx", ["sink", "local"])
 @pytest.mark.parametrize("tokens", [1, 300])
-def test_no_read_back_per_layer(layout, approx, tokens):
-    """After the step's first layer has built its plan on the host, a layer's verification reads nothing back:
-    decode rows and a prefill chunk alike; the worker reads the decisions once per engine call (WorkerState.take)."""
+def test_no_read_back_per_layer(layout, approx, tokens, monkeypatch):
+    """After the step's first layer has built its plan on the host, a layer's verification reads nothing back and
+    asks for no path again: decode rows and a prefill chunk alike; the worker reads the decisions once per engine
+    call (WorkerState.take)."""
+    import alspec_eval.vllm.paged as paged
     from alspec_eval.vllm.backend import WorkerState
 
+    chosen = []
+    monkeypatch.setattr(paged, "fastest_path", lambda *a: chosen.append(fastest_path(*a)) or chosen[-1])
     case = _rolling(S=16, tokens=64 + tokens)
     rows = StepRows.build(torch.tensor([0, tokens]), torch.tensor([64 + tokens]), torch.tensor([0]), torch.tensor([7]))
     settings = Settings(thresholds=(0.3,) * 4, window=16, window_align=1, approx=make_approximation(approx))
@@ -646,6 +651,18 @@ def test_no_read_back_per_layer(layout, approx, tokens):
     with ReadBacks() as reads:
         taken = state.take()
     assert reads.calls.count("cpu") == 1 and taken.codes.shape == (tokens, 4)
+    assert chosen == ["native" if layout == "cpu-vec" else "tiles"]
+
+
+def test_scratch_addresses_follow_its_growth():
+    """The kernel's scratch addresses are those of the buffers take() holds, also after they grew (a stale address
+    would write into freed memory)."""
+    scratch = native.Scratch()
+    for count in (3, 2, 40, 41, 7):
+        addresses = scratch.addresses(torch.float32, 9, 64, count)
+        held = scratch.take(torch.float32, 9, 64, count)
+        assert addresses == tuple(t.data_ptr() for t in held) and len(held[0]) == count
+    assert len(scratch.held[(torch.float32, 9, 64)][1]) == 80  # doubled at 41, not grown again at 7
 
 
 @pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
