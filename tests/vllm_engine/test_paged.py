@@ -440,6 +440,15 @@ def test_cpu_kernel_a_few_rows_of_long_runs_decide_as_gathered(S, group, rows):
     _kernel_decides_as_gathered(case, S, atol=4e-6)
 
 
+@pytest.mark.parametrize("group,rows", [(3, 3), (2, 2), (2, 3), (4, 2)])
+@pytest.mark.parametrize("S", [72, 88, 104, 120, 128])
+def test_cpu_kernel_runs_longer_than_a_key_step_decide_as_gathered(S, group, rows):
+    """Runs of 72 to 128 keys in 128-key blocks (the sink's; the window's crosses a block edge), scored in blocks of
+    3, 4 and 6 queries: two steps of 4 key registers a run, the second of 1 to 4 (the earlier tests' runs take one)."""
+    case = _rolling(S=S, tokens=2 * S + rows, heads=(2 * group, 2), dim=64, block=128)
+    _kernel_decides_as_gathered(case, S, atol=4e-6)
+
+
 def test_cpu_kernel_in_bfloat16_decides_as_gathered():
     """bfloat16 on the CPU layout: the kernel rounds the probabilities and the output as semantics.attend does, so
     the decisions are the gathered path's and every committed value is within one bfloat16 step of it."""
