@@ -440,7 +440,7 @@ def test_cpu_kernel_a_few_rows_of_long_runs_decide_as_gathered(S, group, rows):
     _kernel_decides_as_gathered(case, S, atol=4e-6)
 
 
-@pytest.mark.parametrize("group,rows", [(3, 3), (2, 2), (2, 3), (4, 2)])
+@pytest.mark.parametrize("group,rows", [(3, 3), (2, 3), (4, 2)])  # 9, 6 and 8 queries: blocks of 3, 6 and 4
 @pytest.mark.parametrize("S", [72, 88, 104, 120, 128])
 def test_cpu_kernel_runs_longer_than_a_key_step_decide_as_gathered(S, group, rows):
     """Runs of 72 to 128 keys in 128-key blocks (the sink's; the window's crosses a block edge), scored in blocks of
