@@ -10,6 +10,8 @@ from typing import ClassVar
 
 import torch
 
+from . import semantics
+from .bounds import Breaches
 from .plan import Plan
 from .stats import ACCEPTED, REJECTED, TRIVIAL
 
@@ -42,8 +44,16 @@ class Pass:
     dense: bool = False  # a fused decode step: decisions hold every batch row, ``speculated`` says which count
     every_row: bool = False  # a decode step whose every batch row speculates: rows are 0..B-1, layers use whole tensors
     keys: tuple[torch.Tensor | None, ...] = ()
+    low: torch.Tensor | None = None  # (R, 1, 1): the first key each speculated position may read (its row's pad)
+    high: torch.Tensor | None = None  # (R, 1, 1): the last (pad + pos); both from them unless given (a device copy)
+    # per device, (R,) bool: whose selection left [low, high] at any layer (shared by the device copies, as decisions)
+    outside: dict[torch.device, torch.Tensor] = field(default_factory=dict)
     copies: dict = field(default_factory=dict, repr=False)  # the geometry on the other devices of a device map
-    TENSORS: ClassVar[tuple[str, ...]] = ("trivial", "rows", "cols", "pos", "pad", "speculated")
+    TENSORS: ClassVar[tuple[str, ...]] = ("trivial", "rows", "cols", "pos", "pad", "speculated", "low", "high")
+
+    def __post_init__(self) -> None:
+        if self.pos is not None and self.low is None:  # the keys each speculated position may read
+            self.low, self.high = self.pad[:, None, None], (self.pad + self.pos)[:, None, None]
 
     def on(self, device: torch.device) -> Pass:
         """This pass's geometry on ``device`` (a layer of a device map), copied there once per pass; decisions are
@@ -56,6 +66,27 @@ class Pass:
             self.copies[device] = dataclasses.replace(self, **moved, keys=keys, kernel_inputs=None,
                                                       decisions=self.decisions, copies={})
         return self.copies[device]
+
+    def readable(self, index: torch.Tensor, valid: torch.Tensor | None, part: slice) -> torch.Tensor:
+        """The keys positions ``part`` selected, ``index`` (r, Hkv or 1, n), moved into what each may read
+        (:func:`.semantics.readable_keys`); which positions' counted keys moved is kept on their device, for the call's
+        end (:func:`out_of_bounds`): no read-back per layer."""
+        index, outside = semantics.readable_keys(index, valid, self.low[part], self.high[part])
+        seen = self.outside.get(index.device)
+        if seen is None:
+            seen = self.outside[index.device] = torch.zeros(len(self.pos), dtype=torch.bool, device=index.device)
+        seen[part].logical_or_(outside)
+        return index
+
+
+def out_of_bounds(passes: list[Pass]) -> tuple[int, int]:
+    """How many of the call's speculated positions selected keys outside what they may read (at any layer), and the
+    largest such position, read back once."""
+    breaches = Breaches()
+    for p in passes:
+        for seen in p.outside.values():
+            breaches.add(seen, p.pos)
+    return breaches.take()
 
 
 def assemble(plan: Plan, passes: list[Pass], num_layers: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,6 +55,34 @@ def window_ranges(pos: torch.Tensor, window: int, window_align: int) -> tuple[to
     return starts, ends
 
 
+def readable_ranges(starts: torch.Tensor, ends: torch.Tensor,
+                    pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A draft's key ranges [starts, ends) (R, K) cut to the keys a query at ``pos`` (R,) may read, [0, pos] (no key
+    before the sequence, none past the query), whatever the draft returned, so that no path reads outside; and which
+    queries' ranges reached outside it (R,): a non-empty range that starts before 0 or ends past pos + 1. Such a
+    query left with no key reads its own, so its A~ stays a number until the run is refused (``bounds``)."""
+    starts, ends, limit = starts.long(), ends.long(), (pos.long() + 1)[:, None]
+    outside = ((ends > starts) & ((starts < 0) | (ends > limit))).any(1)
+    cut_starts = starts.clamp(min=0).minimum(limit)
+    cut_ends = ends.minimum(limit).maximum(cut_starts)
+    first = torch.arange(starts.shape[1], device=pos.device) == 0
+    none = (outside & (cut_ends == cut_starts).all(1))[:, None] & first  # nothing readable: its own key, in range 0
+    return torch.where(none, limit - 1, cut_starts), torch.where(none, limit, cut_ends), outside
+
+
+def readable_keys(keys: torch.Tensor, valid: torch.Tensor | None, low: torch.Tensor,
+                  high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft's selected keys (R, H or 1, n) and which count (``valid``; None: all) moved into [low, high] ((R, 1, 1)
+    each: [0, pos] as logical positions, [pad, pad + pos] as indices into a left-padded cache): a key outside is read
+    as the nearest readable one, so nothing outside is read and a query keeps as many keys; and which queries
+    selected a counted key outside (R,) (the run is refused: ``bounds``)."""
+    moved = torch.clamp(keys, low, high)
+    outside = moved != keys
+    if valid is not None:
+        outside = outside & valid
+    return moved, outside.any(dim=(1, 2))
+
+
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor | None,
            scale: float) -> torch.Tensor:
     """A~'s arithmetic, one definition for every engine that computes it outside the model's attention function:

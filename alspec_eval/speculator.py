@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from . import semantics
+from .bounds import refuse
 from .config import SpeculationConfig
 from .kernels import DecodeKernel, SpecDecodeOutput
-from .passes import Decision, Pass, assemble
+from .passes import Decision, Pass, assemble, out_of_bounds
 from .plan import EXACT_REJECTED, IDLE, Plan
 from .prompt_observer import PromptObserver, PromptPrefix, PromptState
 from .region import DecodeRegion, Trace
@@ -82,7 +83,8 @@ class Speculator:
                     prefix: PromptPrefix | None = None) -> Iterator[Trace]:
         """Speculate with ``config`` inside ``region`` for the forward passes run in this block; the trace fills on
         exit. Sessions nest (self-speculation drafts in a sink session inside its exact one): the innermost runs.
-        ``prefix``: the prompt positions a shared prefill computed before this block (PromptObserver.capturing)."""
+        ``prefix``: the prompt positions a shared prefill computed before this block (PromptObserver.capturing).
+        A draft that selected keys outside [0, pos] in the block is refused on exit (:mod:`.bounds`)."""
         config.check_layers(self.num_layers)
         plan = region.plan or Plan.uniform(config.thresholds(self.num_layers), len(region.pad))
         session = Session(config, region, plan.without(sorted(self.skipped_layers)), prompt=PromptState(prefix))
@@ -95,6 +97,7 @@ class Speculator:
             session.trace.codes, session.trace.ratios = assemble(session.plan, passes, self.num_layers)
             session.trace.offset = passes[0].offset if passes else 0
             session.trace.pad, session.trace.window = region.pad.cpu(), config.window
+        refuse(config.approx, *out_of_bounds(passes))  # once the call is done: a draft that read outside
 
     @property
     def session(self) -> Session | None:
@@ -235,7 +238,8 @@ class Speculator:
                           key: torch.Tensor, value: torch.Tensor, scaling: float, kwargs: dict,
                           shared: object = None) -> torch.Tensor:
         """A~ of the speculated positions ``part`` (a slice of ``step.rows``): the keys the session's approximation
-        selects per KV head (``shared``: what it prepared for this layer)."""
+        selects per KV head (``shared``: what it prepared for this layer), cut to [0, pos] (:mod:`.bounds`: one
+        that reached outside is counted, and the call refused when it ends)."""
         rows = step.rows[part]
         whole = step.every_row and len(rows) == query.shape[0]  # the batch in order: no gather of rows
         q = query if whole else query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query a position
@@ -243,6 +247,7 @@ class Speculator:
         passed = tuple(None if t is None else t[part] for t in step.keys)
         index, valid = cfg.approx.select(q[:, :, 0], key, rows, step.pos[part], step.pad[part], cfg.window, passed,
                                          shared)
+        index = step.readable(index, valid, part)  # never a key outside [0, pos]
         k, v = selected(key, rows, index, whole), selected(value, rows, index, whole)  # (r, Hkv, 2S, D)
         mask = None if valid is None else valid[:, :, None, :]  # (r, 1, 1, 2S) holds for every head
         if mask is not None and mask.shape[1] > 1:  # a KV head's mask for each of its query heads

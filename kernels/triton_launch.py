@@ -114,8 +114,22 @@ def constexprs(dtype: torch.dtype, group: int, head_dim: int, launch: Launch) ->
             **MERGE, "IEEE": dtype == torch.float32}
 
 
+# The paged verifier (.triton_verify): 16 keys a step in 2 stages. Every key's address is a 64-bit pointer per channel
+# (the strides are the cache layout's); at 32 keys ptxas spills at head_dim 80 and 96 in 16-bit and past 64 in float32
+# (sm_90, Triton 3.9); at 16 nothing spills on sm_90 (tests/kernels/test_triton_compile.py).
+VERIFY_LAUNCH = Launch(16, 2)
+
+
+def verify_constexprs(dtype: torch.dtype, group: int, head_dim: int, page: int) -> dict[str, object]:
+    """The paged verifier's constexprs for a model's shape: one binary per dtype, head_dim and block size."""
+    block_g, block_d = blocks(group, head_dim)
+    return {"HEAD_DIM": head_dim, "BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": VERIFY_LAUNCH.block_n,
+            "EVEN_D": head_dim == block_d, "IEEE": dtype == torch.float32, "PAGE": page}
+
+
 # Each kernel by name: the module of its source and its jitted function (the paged one reads a block table).
-KERNELS = {"decode": (".triton_source", "decode_kernel"), "paged": (".triton_paged_source", "paged_decode_kernel")}
+KERNELS = {"decode": (".triton_source", "decode_kernel"), "paged": (".triton_paged_source", "paged_decode_kernel"),
+           "verify": (".triton_verify_source", "paged_verify_kernel")}
 PAGE = 16  # the block size the paged kernel is compiled for by default (vLLM's FlashAttention default)
 
 
@@ -134,6 +148,7 @@ def kernel(name: str = "decode") -> Any:
 
 
 _MODEL = ("q_ptr", "k_ptr", "v_ptr", "exact_ptr")
+_ROWS = ("token_ptr", "request_ptr", "starts_ptr", "ends_ptr", "pos_ptr")  # the paged verifier's rows, int64
 
 
 def _signature(arg_names: list[str], dtype: torch.dtype, constants: dict) -> dict[str, str]:
@@ -141,8 +156,8 @@ def _signature(arg_names: list[str], dtype: torch.dtype, constants: dict) -> dic
     tickets and the block table int32, decisions int1, the kernel's own buffers float32; sizes i32, the scale and
     lambda fp32."""
     model = "*" + DTYPES[dtype]
-    types = {**dict.fromkeys(_MODEL, model), "geom_ptr": "*i32", "table_ptr": "*i32", "ticket_ptr": "*i32",
-             "accept_ptr": "*i1", "scale": "fp32", "lam": "fp32"}
+    types = {**dict.fromkeys(_MODEL, model), **dict.fromkeys(_ROWS, "*i64"), "geom_ptr": "*i32", "table_ptr": "*i32",
+             "ticket_ptr": "*i32", "accept_ptr": "*i1", "scale": "fp32", "lam": "fp32"}
     return {name: "constexpr" if name in constants else types.get(name, "*fp32" if name.endswith("_ptr") else "i32")
             for name in arg_names}
 
@@ -166,10 +181,11 @@ def compile_kernels(dtype: torch.dtype, group: int, head_dim: int, capability: i
                     names: tuple[str, ...] = ("decode",), page: int = PAGE) -> tuple[Resources, ...]:
     """Compile the kernels ``names`` (the paged one for blocks of ``page`` slots) for ``sm_<capability>`` (no GPU
     needed) and return what each asks of a block."""
-    constants = constexprs(dtype, group, head_dim, launch)
-    paged = {"PAGE": page}
-    return tuple(_compile(name, dtype, tuple({**constants, **(paged if name == "paged" else {})}.items()),
-                          capability, launch) for name in names)
+    decode = constexprs(dtype, group, head_dim, launch)
+    constants = {"decode": decode, "paged": {**decode, "PAGE": page},
+                 "verify": verify_constexprs(dtype, group, head_dim, page)}
+    return tuple(_compile(name, dtype, tuple(constants[name].items()), capability,
+                          VERIFY_LAUNCH if name == "verify" else launch) for name in names)  # the verifier's own settings
 
 
 @functools.lru_cache(maxsize=None)

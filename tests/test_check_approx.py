@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from alspec_eval.approx_check.cli import check
+from alspec_eval.approx_check.cli import check, holds_or_says_why
 from alspec_eval.approximations import catalog as registered
 from alspec_eval.config import SpeculationConfig
 from default_approximations import APPROXIMATIONS, approx_args
@@ -32,7 +32,7 @@ def test_every_registered_approximation_keeps_the_contract(name, capsys):
     approx = SpeculationConfig(window=8, **approx_args(name, 8)).approx
     assert check(approx, 8, ["llama", "qwen2", "gemma2"])
     lines = capsys.readouterr().out.splitlines()[1:]
-    assert len(lines) == 3 * 5 and all(line.endswith(": ok") for line in lines), lines
+    assert len(lines) == 3 * 6 and all(line.endswith(": ok") for line in lines), lines
     assert sum("a paged cache (vLLM) selects as a contiguous one: ok" in line for line in lines) == 3
 
 
@@ -52,12 +52,35 @@ def test_a_broken_approximation_fails_with_one_line_per_broken_property():
     run = _run("broken_approximation:PeeksAhead", "--families", "llama,gemma2")
     assert run.returncode == 1, run.stderr
     broken = [line for line in run.stdout.splitlines() if ": BROKEN: " in line]
-    for family in ("llama", "gemma2"):
-        assert f"{family}: lambda 0 is --model hf: ok" in run.stdout  # lambda 0 commits A whatever A~ reads
-        assert any(line.startswith(f"{family}: teacher forcing is token-by-token decoding: BROKEN: teacher forcing "
-                                   "scores") for line in broken)
+    refused = ": BROKEN: DraftOutOfBounds: approx=broken_approximation:PeeksAhead read keys outside [0, pos]"
+    for family in ("llama", "gemma2"):  # the engine refuses every run that scores a continuation (it reads ahead)
+        for prop in ("lambda 0 is --model hf", "teacher forcing is token-by-token decoding",
+                     "batch size and left padding change nothing"):
+            assert any(line.startswith(f"{family}: {prop}{refused}") for line in broken), (family, prop)
+        assert f"{family}: position_ranges lie in [0, pos], none wider than its width: ok" in run.stdout
         assert any(line.startswith(f"{family}: never a future or padding key") and "a future key" in line
                    and "a key selected twice" in line for line in broken)
+    assert "Traceback" not in run.stderr
+
+
+def test_a_draft_of_2s_plus_1_keys_is_one_broken_line_not_a_traceback():
+    """Issue 75's draft of four sinks, the recent keys and one from the middle: the paged property reads its 2S + 1
+    keys as the hf engine does (it used to end the run in a traceback), and the key rules break, in one line."""
+    run = _run("bounds_drafts:OneMore", "--families", "llama")
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert [line for line in run.stdout.splitlines() if ": BROKEN: " in line] == [
+        "llama: never a future or padding key, at most 2S keys, none twice: BROKEN: more than 2S = 16 keys: up to 17 "
+        "per KV head"]
+    assert "llama: a paged cache (vLLM) selects as a contiguous one: ok" in run.stdout
+
+
+def test_a_property_the_draft_raises_in_is_one_broken_line():
+    """Whatever a draft's code raises inside a property is that property's one line, whitespace folded."""
+    def raises(contract):
+        raise IndexError(f"index 40 is out of bounds\nfor dimension 2 of {contract}")
+
+    assert holds_or_says_why(raises, "size 33") == ["IndexError: index 40 is out of bounds for dimension 2 of size 33"]
+    assert holds_or_says_why(lambda contract: [contract], "broken") == ["broken"]
 
 
 @pytest.mark.parametrize(("args", "message"), [

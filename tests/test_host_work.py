@@ -39,12 +39,14 @@ LAYERS = (2, 8)
 # Ops per layer and decode step over hf's, at most, by (kernel, approx), for each registered approximation
 # (default_approximations.py); approximations other than the sink choose keys per layer, so they cost more. kernel=triton
 # launches one kernel in place of the model's attention call and adds one op to commit: none over hf. The sink with
-# kernel=model: its A~ call, a gather each of keys and values, d, n, the decision and the commit (9). quest: at most
-# 56 (its page bounds copy whole keys by row and position: a row index, then one index); transformers 4.56's sdpa copies
-# K and V per query head (repeat_kv: a clone and a view each) for a single-query GQA call with a mask, as Quest's A~
-# call is, where 5.x packs the query heads instead (snapkv: 37 on 5.x and 41 on 4.56).
-STEP_OPS = {("model", "sink"): 9, ("triton", "sink"): 0, ("model", "local"): 9, ("model", "quest"): 56,
-            ("model", "topk"): 21, ("model", "snapkv"): 42}
+# kernel=model: its A~ call, a gather each of keys and values, d, n, the decision and the commit (9), and the draft's
+# keys kept in [0, pos], whatever it returns (passes.Pass.readable: a clamp, the keys it moved, per position, kept for
+# the call's end: 4, 5 with a mask). quest: at most 61 (its page bounds copy whole keys by row and position: a row
+# index, then one index); transformers 4.56's sdpa copies K and V per query head (repeat_kv: a clone and a view each)
+# for a single-query GQA call with a mask, as Quest's A~ call is, where 5.x packs the query heads instead (snapkv: 42
+# on 5.x and 46 on 4.56).
+STEP_OPS = {("model", "sink"): 13, ("triton", "sink"): 0, ("model", "local"): 13, ("model", "quest"): 61,
+            ("model", "topk"): 25, ("model", "snapkv"): 47}
 
 
 class Count(TorchFunctionMode):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from ..cli_errors import bad_input
 from ..errors import ConfigError
@@ -55,7 +57,7 @@ def check(approx, window: int, families: list[str]) -> bool:
     for family in families:
         contract = Contract(approx, build(CONTRACT[family]), tokenizer, window)
         for name, prop in PROPERTIES.items():
-            broken = prop(contract)
+            broken = holds_or_says_why(prop, contract)
             holds &= not broken
             skipped = name == PAGED and approx.hf_only  # it never runs in vLLM, and says why
             print(f"{family}: {name}: " + (f"not run ({approx.hf_only})" if skipped else
@@ -64,6 +66,15 @@ def check(approx, window: int, families: list[str]) -> bool:
         holds &= not broken
         print(f"{family}: {KEY_RULES}: {'ok' if not broken else 'BROKEN: ' + '; '.join(broken)}")
     return holds
+
+
+def holds_or_says_why(prop: Callable[[Any], list[str]], contract: Any) -> list[str]:
+    """What ``prop`` says broke, or, where the draft raised (its own code, or an engine refusing it), the exception
+    in one line: a broken draft is a failed property, never a traceback."""
+    try:
+        return prop(contract)
+    except Exception as err:  # anything the draft's code raises breaks the property
+        return [f"{type(err).__name__}: {' '.join(str(err).split())}"]
 
 
 if __name__ == "__main__":

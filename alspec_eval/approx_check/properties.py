@@ -12,6 +12,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerFast
 
+from .. import semantics
 from ..adapter import ALSpecLM
 from ..approximations import Approximation
 from ..compat import with_cache
@@ -21,6 +22,8 @@ from .paged import paged_equals_contiguous
 from .watch import watched
 
 PAGED = "a paged cache (vLLM) selects as a contiguous one"
+RANGES = "position_ranges lie in [0, pos], none wider than its width"
+RANGE_POSITIONS = 512  # the speculated positions position_ranges is checked at, from the first (2S) on
 GEN_KWARGS = {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False}
 CONTEXT, CONTINUATION = "It was the best of times, it was the", " worst of times, it was the age of wisdom"
 
@@ -33,7 +36,10 @@ class Contract:
         self.approx, self.model, self.tokenizer, self.window = approx, model, tokenizer, window
         self.broken_keys: list[str] = []
         self.lam = 0.0
-        self.lam = median_ratio(self.lm(), CONTEXT + CONTINUATION)
+        try:
+            self.lam = median_ratio(self.lm(), CONTEXT + CONTINUATION)
+        except Exception:  # the draft broke the measuring run: each property runs it again and says how (cli.check)
+            self.lam = 0.1
 
     def lm(self, batch_size: int = 1, **args: Any) -> ALSpecLM:
         """The adapter on a copy of the model, the approximation watched (key_rules)."""
@@ -140,10 +146,40 @@ def paged_cache_selects_as_contiguous(c: Contract) -> list[str]:
     return paged_equals_contiguous(c.approx, heads, config.num_key_value_heads, dim, c.window)
 
 
+def ranges_lie_in_the_context(c: Contract) -> list[str]:
+    """Where the draft's keys are fixed by position, vLLM reads its ``position_ranges`` (not ``select``): at each
+    speculated position of a long context and each window_align it takes, K ranges (R, K) for its K widths, inside
+    [0, pos] (the engines' rule, ``semantics.readable_ranges``; they cut a range that is not, and refuse the run),
+    none holding more keys than its width (a paged read takes that many)."""
+    pos = torch.arange(2 * c.window, 2 * c.window + RANGE_POSITIONS)
+    broken = []
+    for align in c.approx.window_aligns:
+        ranges = c.approx.position_ranges(pos, c.window, align)
+        if ranges is None:  # its keys depend on more than the position: select's keys are checked (KEY_RULES)
+            return []
+        starts, ends, widths = ranges
+        at = f"window_align={align}"
+        if tuple(starts.shape) != (len(pos), len(widths)) or starts.shape != ends.shape:
+            broken.append(f"{at}: ranges of shapes {tuple(starts.shape)} and {tuple(ends.shape)} for {len(pos)} "
+                          f"positions and {len(widths)} widths: return (positions, K) each and K widths")
+            continue
+        outside = semantics.readable_ranges(starts, ends, pos)[2]
+        if bool(outside.any()):
+            row = int(outside.nonzero()[0])
+            shown = ", ".join(f"[{int(a)}, {int(b)})" for a, b in zip(starts[row], ends[row]))
+            broken.append(f"{at}: at position {int(pos[row])} the ranges {shown} reach outside [0, {int(pos[row])}]")
+        wide = (ends - starts > torch.tensor(widths)).any(0)
+        for k in wide.nonzero().flatten().tolist():
+            most = int((ends - starts)[:, k].max())
+            broken.append(f"{at}: range {k} holds up to {most} keys, more than its width {widths[k]}")
+    return broken
+
+
 PROPERTIES: dict[str, Callable[[Contract], list[str]]] = {
     "lambda 0 is --model hf": lambda_zero_is_the_model,
     "teacher forcing is token-by-token decoding": teacher_forcing_is_token_by_token,
     "batch size and left padding change nothing": batch_and_padding_change_nothing,
     PAGED: paged_cache_selects_as_contiguous,
+    RANGES: ranges_lie_in_the_context,
 }
 KEY_RULES = "never a future or padding key, at most 2S keys, none twice"

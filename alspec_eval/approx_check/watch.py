@@ -40,7 +40,7 @@ def key_rules(index: torch.Tensor, valid: torch.Tensor | None, key: torch.Tensor
     if index.shape[2] > 2 * window and bool((keep.sum(-1) > 2 * window).any()):
         broken.append(f"more than 2S = {2 * window} keys: up to {int(keep.sum(-1).max())} per KV head")
     if bool(((index < 0) | (index >= key.shape[2]))[keep].any()):
-        broken.append(f"a key index outside the cache [0, {key.shape[2]})")
+        broken.append("a key index outside the cache (negative, or past its last key)")
     logical = index - pad[:, None, None]
     if bool((logical > pos[:, None, None])[keep].any()):
         broken.append("a future key: a position past the current token")

@@ -117,21 +117,9 @@ class Approximation:
         K disjoint ranges of logical positions per query, none past it, and the most keys each can hold (ints), so
         that a paged cache (vLLM) is read at those keys only, shared by a tile of consecutive queries. None (the default) where A~ needs more than the
         position: vLLM then reads each row's context from its paged cache and selects through :meth:`per_pass`,
-        :meth:`prepare` and :meth:`select`, as the HF engine does."""
+        :meth:`prepare` and :meth:`select`, as the HF engine does. Ranges that leave [0, pos] are cut to it and the
+        run refused after the call (:mod:`alspec_eval.bounds`)."""
         return None
-
-    def paged_positions(self, pos: torch.Tensor, window: int, window_align: int) -> Selected | None:
-        """The keys of :meth:`position_ranges` listed: (R, 1, n) logical positions, range after range, and which
-        count (None: all); None where A~ needs more than the position."""
-        ranges = self.position_ranges(pos, window, window_align)
-        if ranges is None:
-            return None
-        import torch
-
-        starts, ends, widths = ranges
-        positions = torch.cat([starts[:, k, None] + torch.arange(w, device=pos.device) for k, w in enumerate(widths)], 1)
-        valid = torch.cat([torch.arange(w, device=pos.device) < (ends - starts)[:, k, None] for k, w in enumerate(widths)], 1)
-        return positions[:, None, :], None if bool(valid.all()) else valid[:, None, :]
 
     # ------------------------------------------------------------------ one call's selections
 
@@ -166,7 +154,8 @@ class Approximation:
                pad: torch.Tensor, window: int, passed: tuple[torch.Tensor | None, ...], prepared: Any) -> Selected:
         """For speculated positions (their queries (r, Hq, D) after RoPE, batch rows ``rows``, logical positions
         ``pos``, left padding ``pad``, and their slice of :meth:`per_pass`): the keys A~ attends to per KV head.
-        Never a key past ``pos`` or of the padding, at most 2S of them (``alspec-check-approx`` checks)."""
+        Never a key past ``pos`` or of the padding, at most 2S of them (``alspec-check-approx`` checks; a key outside
+        [0, pos] is read as the nearest inside and the run refused after the call: :mod:`alspec_eval.bounds`)."""
         raise NotImplementedError
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:

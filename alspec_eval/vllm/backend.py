@@ -88,12 +88,15 @@ class WorkerState:
         every layer's code and d/n (code 0 where the layer did not speculate); read from the device once. A position
         decided in more than one pass (recomputed after vLLM preempted its request, a step run again) keeps the
         decision of its first pass, whose output was read: a recompute re-reads positions only to rebuild their KV
-        entries. How many were decided again is counted."""
+        entries. How many were decided again is counted, and, in the same read, how many of the draft's selections
+        reached outside [0, pos] and where (``Settings.breaches``)."""
         records, self.records = self.records, []
         layers = len(self.settings.thresholds) if self.settings else 0
+        breaches = self.settings.breaches.pending() if self.settings else None
         if not records:
+            count, last = (0, -1) if breaches is None else breaches.tolist()
             return Taken(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
-                         torch.empty(0, layers, dtype=torch.int8), torch.empty(0, layers), 0)
+                         torch.empty(0, layers, dtype=torch.int8), torch.empty(0, layers), 0, count, last)
         steps: list[list[tuple]] = []
         for record in records:  # one pass's layers share its rows' tensors
             if not steps or steps[-1][0][0] is not record[0]:
@@ -107,7 +110,10 @@ class WorkerState:
                 grid[:, layer], values[:, layer] = code, ratio
             codes.append(grid)
             ratios.append(values)
-        packed = torch.cat([torch.cat(codes).float(), torch.cat(ratios)], 1).cpu()  # the one read-back
+        packed = torch.cat([torch.cat(codes).float(), torch.cat(ratios)], 1)
+        found = torch.tensor([0, -1]) if breaches is None else breaches
+        flat = torch.cat([packed.flatten(), found.to(packed)]).cpu()  # the one read-back
+        packed, (count, last) = flat[:-2].view(packed.shape), flat[-2:].long().tolist()
         codes, ratios = packed[:, :layers].to(torch.int8), packed[:, layers:]
         tags = torch.cat([step[0][0] for step in steps]).long()
         pos = torch.cat([step[0][1] for step in steps]).long()
@@ -115,7 +121,7 @@ class WorkerState:
         order = torch.arange(len(inverse))
         first = torch.full((len(keys),), len(inverse)).scatter_reduce(0, inverse, order, "amin")
         again = int((torch.bincount(inverse, minlength=len(keys)) > 1).sum())
-        return Taken(keys >> 32, keys & 0xFFFFFFFF, codes[first], ratios[first], again)
+        return Taken(keys >> 32, keys & 0xFFFFFFFF, codes[first], ratios[first], again, count, last)
 
 
 class Taken(NamedTuple):
@@ -128,6 +134,8 @@ class Taken(NamedTuple):
     codes: torch.Tensor  # (N, layers) int8
     ratios: torch.Tensor  # (N, layers) float32
     redecided: int
+    out_of_bounds: int  # the draft's selections that reached outside [0, pos] (each cut to it: bounds.py)
+    out_of_bounds_at: int  # the largest position among them (-1: none)
 
     def by_request(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Per request id its positions, codes and d/n: views of the packed rows, one slice a request."""

@@ -24,6 +24,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 
 from ..atomic_json import write_json_atomic, write_jsonl_atomic
+from ..bounds import refuse
 from ..compat import check_lm_eval, check_torch_companions
 from ..config import SpeculationConfig
 from ..distributed import gather_statistics
@@ -232,7 +233,7 @@ class ALSpecVLLM(VLLM):
                         sampling_params: list[Any] | Any | None = None) -> list:
         """VLLM's call with every request tagged (where it speculates, its id and, where speculation can change a KV
         entry, the rules that key its speculated blocks in the prefix cache); then the workers' decisions, per
-        request."""
+        request, or the run refused where the draft read keys outside [0, pos] (:mod:`alspec_eval.bounds`)."""
         from vllm import SamplingParams, TokensPrompt
 
         if not generate or sampling_params is None:
@@ -251,9 +252,12 @@ class ALSpecVLLM(VLLM):
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",
                                       lora_request=self.lora_request)
         decisions: dict[int, tuple] = {}
+        breaches = [0, -1]  # the draft's selections outside [0, pos], and the largest position among them
         for taken in map(taken_from, self.model.collective_rpc("alspec_take")[::self.tensor_parallel_size]):
             decisions.update(taken.by_request())  # each replica's first rank (the ranks of one replica decide alike)
             self.redecided += taken.redecided
+            breaches = [breaches[0] + taken.out_of_bounds, max(breaches[1], taken.out_of_bounds_at)]
+        refuse(self.spec_config.approx, *breaches)  # before anything of this call is recorded
         if self.attention_backend is None:
             self.attention_backend = self.model.collective_rpc("alspec_backend")[0]
         for tokens, start, tag, out in zip(requests, starts, tags, outputs, strict=True):

@@ -38,23 +38,30 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 @dataclass(frozen=True)
 class NativeRows:
-    """A step's verified rows as the kernel reads them (host tensors, int64, contiguous): token, batch row, and per
-    row the draft's key ranges [starts, ends) (``Approximation.position_ranges``), with the most keys a row reads;
-    and where each is among the step's rows (``live``: where its code and d/n go)."""
+    """A step's verified rows as a kernel reads them (int64, contiguous): token, batch row, and per row the draft's
+    key ranges [starts, ends) (``Approximation.position_ranges``), with the most keys a row reads; where each is
+    among the step's rows (``live``: where its code and d/n go) and its position. Host tensors for the C kernel,
+    device tensors (:meth:`to`) for the Triton verifier (:mod:`alspec_eval.kernels.triton_verify`)."""
 
     token: torch.Tensor
     request: torch.Tensor
     starts: torch.Tensor
     ends: torch.Tensor
     live: torch.Tensor
+    pos: torch.Tensor
     most_keys: int
 
     @classmethod
     def build(cls, token: torch.Tensor, request: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-              live: torch.Tensor) -> "NativeRows":
+              live: torch.Tensor, pos: torch.Tensor) -> "NativeRows":
         starts, ends = starts.long(), ends.long().maximum(starts.long())
         most = int((ends - starts).sum(1).max()) if len(starts) else 0
-        return cls(*(t.long().contiguous() for t in (token, request, starts, ends, live)), most)
+        return cls(*(t.long().contiguous() for t in (token, request, starts, ends, live, pos)), most)
+
+    def to(self, device: torch.device) -> "NativeRows":
+        return NativeRows(*(t.to(device, non_blocking=True) for t in (self.token, self.request, self.starts,
+                                                                       self.ends, self.live, self.pos)),
+                          self.most_keys)
 
     @functools.cached_property
     def arguments(self) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ keys A~ attends to are the approximation's: read by tiles where fixed by positio
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from typing import Any
 import torch
 
 from .. import semantics
+from ..approximations.base import Ranges
+from ..bounds import Breaches
 from ..errors import ConfigError
 from ..stats import ACCEPTED, REJECTED, TRIVIAL
 from . import native
@@ -37,10 +40,18 @@ class LayoutError(ConfigError):
 @dataclass(frozen=True)
 class PlainLayout:
     """FlashAttention's and Triton's: (num_blocks, Hkv, N, 2D) with a token's key in the first D of its last
-    dimension and its value in the last D (their ``kv_cache.transpose(1, 2).split(D, -1)``)."""
+    dimension and its value in the last D (their ``kv_cache.transpose(1, 2).split(D, -1)``). The view's strides
+    are the allocation's ``KVCacheLayout`` (on CUDA by default NHD: a permuted view, not contiguous), so every read
+    here indexes the view; none flattens it."""
 
     name: str = "plain"
     native: bool = False  # read by verify_cpu.c (:mod:`.native`)
+    triton: bool = True  # read by the paged Triton verifier on CUDA (:mod:`alspec_eval.kernels.triton_verify`)
+
+    def halves(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and the values, (num_blocks, Hkv, N, D) views each."""
+        dim = kv_cache.shape[-1] // 2
+        return kv_cache[..., :dim], kv_cache[..., dim:]
 
     def gather(self, kv_cache: torch.Tensor, block: torch.Tensor,
                offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,22 +75,19 @@ class PlainLayout:
 
     def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the ``width`` consecutive slots from ``start`` (a multiple of ``width``) of blocks ``block`` (both
-        (T, c)) are, for :meth:`read_chunks`: per (T, c, Hkv) one row of a flat view holding their keys and values
-        (the second tensor, the values', is the same rows here)."""
-        _, heads, size, _ = shape
-        index = (block[..., None] * heads + torch.arange(heads, device=block.device)) * (size // width) \
-            + (start // width)[..., None]
-        return index, index
+        """Where the ``width`` consecutive slots from ``start`` of blocks ``block`` (both (T, c)) are, for
+        :meth:`read_chunks`: the blocks and the slots, (T, c, 1, 1) and (T, c, 1, width), indices of the view."""
+        slot = start[..., None] + torch.arange(width, device=start.device)
+        return block[..., None, None], slot[:, :, None, :]
 
     def read_chunks(self, kv_cache: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor],
                     width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values :meth:`chunk_rows` located: two (T, Hkv, c width, D), a slice of slots a row."""
-        index = rows[0]
-        (tiles, count, heads), twice = index.shape, kv_cache.shape[-1]
-        slices = kv_cache.view(-1, width * twice).index_select(0, index.flatten()).view(tiles, count, heads, width,
-                                                                                        twice)
-        both = slices.transpose(1, 2).reshape(tiles, heads, count * width, twice)
+        block, slot = rows
+        (tiles, count), heads, twice = block.shape[:2], kv_cache.shape[1], kv_cache.shape[-1]
+        head = torch.arange(heads, device=block.device)[:, None]
+        both = kv_cache[block, head, slot]  # (T, c, Hkv, width, 2D), whatever the view's strides
+        both = both.transpose(1, 2).reshape(tiles, heads, count * width, twice)
         return both[..., :twice // 2], both[..., twice // 2:]
 
 
@@ -90,6 +98,7 @@ class CpuVecLayout:
 
     name: str = "cpu-vec"
     native: bool = True
+    triton: bool = False
 
     def gather(self, kv_cache: torch.Tensor, block: torch.Tensor,
                offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +148,7 @@ class CpuVecLayout:
 LAYOUTS: dict[tuple[str, str | None], PlainLayout | CpuVecLayout] = {
     ("CPU_ATTN", "vec"): CpuVecLayout(),
     ("FLASH_ATTN", None): PlainLayout(),
+    ("FLEX_ATTENTION", None): PlainLayout(),
     ("TRITON_ATTN", None): PlainLayout(),
 }
 
@@ -166,6 +176,8 @@ class Settings:
     approx: Any
     check_layout: bool = False  # compare the newest key read back with the incoming one at every step (tests)
     dump: bool = False  # keep every verified row's inputs, contexts and outputs for an outside reference (tests)
+    # the draft's selections that reached outside [0, pos], counted where found; the driver takes them (bounds.py)
+    breaches: Breaches = field(default_factory=Breaches, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -228,7 +240,8 @@ class Verified:
     codes: torch.Tensor  # device (rows,) int8
     ratios: torch.Tensor  # device (rows,) float32
     tiles: Tiles | None
-    native: NativeRows | None
+    native: NativeRows | None  # the rows' key ranges: host tensors for path "native", on the device for "triton"
+    path: str = "gathered"
 
     @classmethod
     def build(cls, rows: StepRows, settings: Settings, device: torch.device, block_size: int,
@@ -239,15 +252,28 @@ class Verified:
         ratios = torch.full(rows.pos.shape, math.nan)
         tiles = ranges = None
         approx, window, align = settings.approx, settings.window, settings.window_align
-        if path == "native" and len(live):
-            ranges = NativeRows.build(rows.token[live], rows.request[live],
-                                      *approx.position_ranges(rows.pos[live], window, align)[:2], live)
+        if path in ("native", "triton", "tiles") and len(live):  # the draft's ranges, cut to [0, pos] on the host
+            starts, ends, outside = semantics.readable_ranges(
+                *approx.position_ranges(rows.pos[live], window, align)[:2], rows.pos[live])
+            if bool(outside.any()):  # host tensors: counted where the layers count theirs, copied only if any
+                settings.breaches.add(outside.to(device), rows.pos[live].to(device))
+        if path in ("native", "triton") and len(live):
+            ranges = NativeRows.build(rows.token[live], rows.request[live], starts, ends, live, rows.pos[live])
+            if path == "triton":
+                ranges = ranges.to(device)
         elif path == "tiles" and len(live):
             tiles = Tiles.build(rows.token[live], rows.request[live], rows.pos[live], rows.prompt[live],
-                                lambda at: approx.position_ranges(at, window, align), window, align,
+                                lambda at: readable_ranges(approx, at, window, align), window, align,
                                 block_size).to(device)
         return cls(live, live.to(device), rows.token[live].to(device), codes.to(device), ratios.to(device), tiles,
-                   ranges)
+                   ranges, path)
+
+
+def readable_ranges(approx: Any, pos: torch.Tensor, window: int, window_align: int) -> Ranges:
+    """The draft's ``position_ranges`` at ``pos`` cut to [0, pos] (:func:`.semantics.readable_ranges`): what the
+    tiles read, at the rows' positions and at any the tiles probe."""
+    starts, ends, widths = approx.position_ranges(pos, window, window_align)
+    return (*semantics.readable_ranges(starts, ends, pos)[:2], widths)
 
 
 @dataclass(frozen=True)
@@ -385,14 +411,40 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
                        observed: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
-    (M, Hkv or 1, n) and which count (None: all). Where they depend on the position alone (``paged_positions``),
-    from it; else each request's context is read from the cache (:func:`read_contexts`, requests chunked to
-    :data:`CONTEXT_BUDGET`) and the draft selects as on the HF engine (``per_pass``, ``prepare``, ``select``).
-    ``observed``: per batch row, what a prompt-scoring draft kept of its prompt at this layer."""
+    (M, Hkv or 1, n) and which count (None: all). Where they depend on the position alone (``position_ranges``),
+    its ranges listed, as the other paths read them (cut to [0, pos]: :func:`.semantics.readable_ranges`); else each
+    request's context is read from the cache (:func:`read_contexts`, requests chunked to :data:`CONTEXT_BUDGET`), the
+    draft selects as on the HF engine (``per_pass``, ``prepare``, ``select``) and its keys are moved into [0, pos]
+    (:func:`.semantics.readable_keys`). What reached outside is counted in ``settings.breaches``. ``observed``: per
+    batch row, what a prompt-scoring draft kept of its prompt at this layer."""
+    ranges = settings.approx.position_ranges(pos, settings.window, settings.window_align)
+    if ranges is not None:
+        starts, ends, outside = semantics.readable_ranges(*ranges[:2], pos)
+        if bool(outside.any()):  # host tensors, as in Verified.build
+            settings.breaches.add(outside.to(query.device), pos.to(query.device))
+        return _listed(starts, ends, ranges[2])
+    positions, valid = _selected(query, kv_cache, layout, block_table, block_size, request, pos, settings, observed)
+    last = pos.to(positions.device)[:, None, None]
+    positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
+    settings.breaches.add(outside, pos)
+    return positions, valid
+
+
+def _listed(starts: torch.Tensor, ends: torch.Tensor,
+            widths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The keys of ranges [starts, ends) (R, K) listed, range after range, ``widths[k]`` slots for range k: (R, 1, n)
+    logical positions and which count (None: all)."""
+    slot = [torch.arange(w, device=starts.device) for w in widths]
+    positions = torch.cat([starts[:, k, None] + s for k, s in enumerate(slot)], 1)
+    valid = torch.cat([s < (ends - starts)[:, k, None] for k, s in enumerate(slot)], 1)
+    return positions[:, None, :], None if bool(valid.all()) else valid[:, None, :]
+
+
+def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
+              request: torch.Tensor, pos: torch.Tensor, settings: Settings,
+              observed: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them."""
     approx, window = settings.approx, settings.window
-    fixed = approx.paged_positions(pos, window, settings.window_align)
-    if fixed is not None:
-        return fixed
     heads, dim = kv_cache.shape[1], kv_cache.shape[-1] // 2
     positions = torch.zeros(len(pos), heads, 2 * window, dtype=torch.long, device=query.device)
     valid = torch.zeros(len(pos), heads, 2 * window, dtype=torch.bool, device=query.device)
@@ -416,6 +468,9 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
             index, chosen = approx.select(query[mine[part]], keys, rows[part], where[part], row_pad[part], window,
                                           tuple(None if t is None else t[part] for t in passed), prepared)
             width = index.shape[-1]
+            if width > positions.shape[-1]:  # more than 2S keys (alspec-check-approx says so): read, as hf does
+                positions = torch.nn.functional.pad(positions, (0, width - positions.shape[-1]))
+                valid = torch.nn.functional.pad(valid, (0, width - valid.shape[-1]))
             positions[mine[part], :, :width] = index - row_pad[part, None, None]
             valid[mine[part], :, :width] = True if chosen is None else chosen
     return positions, valid
@@ -467,16 +522,37 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-PATHS = ("native", "tiles", "gathered")  # one pass in C over the CPU cache; torch ops by tiles; rows gathered
+# one pass in C over the CPU cache; the paged Triton verifier on CUDA; torch ops by tiles; rows gathered
+PATHS = ("native", "triton", "tiles", "gathered")
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def fastest_path(settings: Settings, layout: Any, kv_cache: torch.Tensor) -> str:
     """How A~ is computed where nothing asks otherwise: a draft whose keys are fixed by position in one pass over
-    the cache where the kernel reads it (:mod:`.native`), else by tiles; every other draft gathered (it selects by
-    content). All three decide alike (tests/vllm_engine/test_paged.py)."""
+    the cache, in C on the CPU's cache (:mod:`.native`), by the paged Triton verifier on a CUDA cache of a plain
+    layout, else by tiles; every other draft gathered (it selects by content). All decide alike
+    (tests/vllm_engine/test_paged.py, test_cache_layouts.py)."""
     if not _by_position(settings.approx, settings.window, settings.window_align):
         return "gathered"
-    return "native" if native.usable(layout, kv_cache) else "tiles"
+    if native.usable(layout, kv_cache):
+        return "native"
+    return "triton" if _triton_usable(layout, kv_cache) else "tiles"
+
+
+def _triton_usable(layout: Any, kv_cache: torch.Tensor) -> bool:
+    """Whether the paged Triton verifier reads this cache: a layout that says so, on CUDA, a dtype it compiles for,
+    head_dim contiguous, and Triton installed."""
+    return (layout.triton and kv_cache.is_cuda and kv_cache.dtype in TRITON_DTYPES and kv_cache.stride(-1) == 1
+            and importlib.util.find_spec("triton") is not None)
+
+
+def _triton_approximation(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
+                          rows: NativeRows, scale: float) -> torch.Tensor:
+    """A~ of the verified rows by the paged Triton verifier, in place in vLLM's cache (any of its layouts)."""
+    from ..kernels.triton_verify import paged_approximation
+
+    return paged_approximation(query, *layout.halves(kv_cache), block_table, rows.token, rows.request, rows.pos,
+                               rows.starts, rows.ends, scale)
 
 
 @functools.lru_cache(maxsize=64)
@@ -503,20 +579,23 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
     plan = rows.verified(settings, output.device, block_size, path, lambda: fastest_path(settings, layout, kv_cache))
     if lam == -math.inf or not len(plan.live):  # static's exact layers: decided, not measured
         return plan.codes, plan.ratios
-    if plan.native is not None:
+    native_pass = plan.path == "native"
+    if native_pass:
         if reduce is None:  # every head is here: measure, decide and commit in one call
             return native.verify_and_decide(query, output, kv_cache, block_table, plan.native, scale, lam,
                                             plan.codes, plan.ratios)
         approx, d2, n2 = native.verify(query, output, kv_cache, block_table, plan.native, scale)
     token = plan.token
-    if plan.native is None:
+    if plan.path == "triton":
+        approx = _triton_approximation(query, kv_cache, layout, block_table, plan.native, scale)
+    elif not native_pass:
         if plan.tiles is not None:
             approx = approximate(query, kv_cache, layout, block_table, block_size, plan.tiles, scale)
         else:
             approx = gathered(query[token], kv_cache, layout, block_table, block_size, rows.request[plan.live],
                               rows.pos[plan.live], settings, observed or {}, scale)
     exact = output[token]
-    if plan.native is None:
+    if not native_pass:
         d2, n2 = semantics.squared_distances(approx, exact)
     if reduce is not None:
         d2, n2 = reduce(torch.stack([d2, n2]))

@@ -10,6 +10,8 @@ and layer:
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("vllm")
@@ -108,3 +110,23 @@ def test_a_snapkv_cell_after_a_baseline_cell_equals_it_alone(alspec_tiny, monkey
     assert after_stats == alone_stats
     total = after_stats["gen"]["total"]
     assert 0 < total["accepted"] < total["speculated"], total
+
+
+@pytest.mark.parametrize("draft", ["BeforeContext", "PastQuery"])
+def test_a_draft_whose_ranges_leave_the_context_is_refused_in_one_line(alspec_tiny, draft):
+    """Issue 75's drafts on local (tests/bounds_drafts.py) whose position_ranges lie 100,000 positions before the
+    context (the CPU kernel's SIGSEGV, which vLLM reported as EngineDeadError) or run 4,096 past the query (read the
+    cache past it, and results were written): the engine reads them cut to [0, pos] and lives on, and the driver
+    refuses the call in one line naming the draft and a position it decided, before any statistics are kept."""
+    from alspec_eval.bounds import DraftOutOfBounds
+
+    prompt, new = PROMPTS[0][:100], 4
+    kwargs = {"until": ["\n\n"], "max_gen_toks": new, "do_sample": False}
+    with speculating(alspec_tiny, lam=0.1, window=16, approx=f"bounds_drafts:{draft}"):
+        with pytest.raises(DraftOutOfBounds) as refused:
+            alspec_tiny.generate_until([Instance("generate_until", {}, (prompt, dict(kwargs)), 0, ("refused", 0, 1))])
+    message, length = str(refused.value), len(alspec_tiny.tok_encode(prompt))
+    assert "\n" not in message and message.startswith(f"approx=bounds_drafts:{draft} read keys outside [0, pos]")
+    assert length <= int(re.search(r"at position (\d+) ", message)[1]) < length + new - 1  # a generated token fed back
+    assert "refused" not in alspec_tiny.statistics()["tasks"]
+    assert alspec_tiny.generate_until([Instance("generate_until", {}, (prompt, dict(kwargs)), 0, ("alive", 0, 1))])

@@ -59,3 +59,23 @@ def test_a_position_decided_again_keeps_its_first_decision():
     assert codes.tolist() == [[3, 3], [2, 2], [3, 3]]
     assert [[round(r, 4) for r in row] for row in ratios.tolist()] == [[0.05, 1.05], [0.5, 1.5], [0.03, 10.03]]
     assert got[6][1].tolist() == [[3, 3]]
+
+
+def test_take_reads_the_breaches_in_its_one_read_back():
+    """What the draft's selections counted outside [0, pos] since the last take (``Settings.breaches``) comes back in
+    the decisions' one read-back, and counting starts anew; with no decisions, alone."""
+    from test_paged import ReadBacks
+
+    settings = Settings(thresholds=(0.1,), window=4, window_align=1, approx=None)
+    state = WorkerState(settings=settings)
+    state.records.append((torch.tensor([5, 6]), torch.tensor([30, 40]), 0, torch.tensor([3, 2]),
+                          torch.tensor([0.1, 0.2])))
+    settings.breaches.add(torch.tensor([False, True, True]), torch.tensor([10, 41, 30]))
+    settings.breaches.add(torch.tensor([True]), torch.tensor([12]))
+    with ReadBacks() as reads:
+        taken = state.take()
+    assert reads.calls.count("cpu") == 1 and (taken.out_of_bounds, taken.out_of_bounds_at) == (3, 41)
+    assert taken.codes.tolist() == [[3], [2]]
+    assert state.take()[-2:] == (0, -1)
+    settings.breaches.add(torch.tensor([True]), torch.tensor([7]))
+    assert state.take()[-2:] == (1, 7)
