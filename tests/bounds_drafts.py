@@ -1,5 +1,5 @@
 """Drafts that break the bound of the contract (every key in [0, pos]), importable by a vLLM worker as
-``approx=bounds_drafts:Class`` (tests/ is on the path): the four of issue 75, each as a user wrote it."""
+``approx=bounds_drafts:Class`` (tests/ is on the path): four drafts that break the contract, each as a user wrote it."""
 
 from __future__ import annotations
 

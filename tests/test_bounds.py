@@ -1,4 +1,4 @@
-"""A draft reads keys of [0, pos] only, whatever it returns (issue 75's four drafts, tests/bounds_drafts.py): the one
+"""A draft reads keys of [0, pos] only, whatever it returns (tests/bounds_drafts.py's four drafts): the one
 rule (semantics.readable_ranges, readable_keys), the count kept on the device (bounds.Breaches), the hf engine
 reading the cut keys and refusing the call in one line with no result written, and alspec-check-approx naming
 every broken draft in one line. The paged paths: tests/vllm_engine/test_paged_bounds.py."""

@@ -64,7 +64,7 @@ def test_a_broken_approximation_fails_with_one_line_per_broken_property():
 
 
 def test_a_draft_of_2s_plus_1_keys_is_one_broken_line_not_a_traceback():
-    """Issue 75's draft of four sinks, the recent keys and one from the middle: the paged property reads its 2S + 1
+    """A user's draft of four sinks, the recent keys and one from the middle: the paged property reads its 2S + 1
     keys as the hf engine does (it used to end the run in a traceback), and the key rules break, in one line."""
     run = _run("bounds_drafts:OneMore", "--families", "llama")
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr

@@ -9,7 +9,8 @@ Two ways of scoring, as the presses are written:
 - **prompt-time** presses (SnapKV, PyramidKV, ExpectedAttention, Cap, LeverageScore, NonCausalAttn, Compactor) score
   the prompt once, at prefill, from the layer's input; each decode step keeps the newest ``recent`` tokens and the
   top 2S - recent prompt keys (SnapKV's rule, :class:`.prompt_scored.PromptScored`).
-Each row is scored on its own unpadded keys (kvpress assumes no left padding); ties go to the earlier key.
+Each row is scored on its own unpadded keys (kvpress assumes no left padding); ties go to the earlier key, and a
+key-only press's scores that lie within float32's rounding of the next better one are ties (:func:`ranked`).
 Importing kvpress patches every transformers attention function; :func:`import_kvpress` undoes that.
 """
 
@@ -43,6 +44,10 @@ REFUSED = {
 MARKERS = "osv^<>pP*XdhH8"
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
 SEED = 0  # presses that draw random numbers (Random, LeverageScore's sketch) draw the same ones at every call
+# key-only presses: a score within this fraction of the next better one ties with it (:func:`ranked`). Rounding
+# alone separates such scores: Knorm's norms of one token's keys at layer 0 (its key before RoPE is the token's
+# own; the rotation keeps the norm) differ by an ulp or two with how an engine rotates, 2^-16 is 128 ulps
+TIE = 2.0 ** -16
 
 
 def import_kvpress() -> Any:
@@ -127,6 +132,20 @@ def score(press: Any, module: torch.nn.Module, hidden: torch.Tensor | None, keys
         return press.score(module, hidden, keys, values, None, kwargs)
 
 
+def ranked(scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """The indices of the ``keep`` best of (..., L) scores per row, best first; NaN ranks last. Scores are ranked in
+    groups: a score within :data:`TIE` (relative) of the next better one is in its group, and a group's keys go
+    earlier key first. So keys whose scores are equal but for rounding (one token's key norms at layer 0) rank alike
+    in every engine, however each rounds its keys: on the HF engine and inside vLLM a key-only press keeps the same
+    keys (tests/vllm_engine/test_vllm_drafts.py)."""
+    order = scores.float().nan_to_num(nan=-math.inf).sort(dim=-1, descending=True, stable=True)
+    better, worse = order.values[..., :-1], order.values[..., 1:]
+    near = (better - worse <= TIE * torch.maximum(better.abs(), worse.abs())) & worse.isfinite() & better.isfinite()
+    group = (~(near | (better == worse))).cumsum(-1)
+    group = torch.cat([torch.zeros_like(group[..., :1]), group], -1)
+    return (group * scores.shape[-1] + order.indices).sort(dim=-1).values[..., :keep] % scores.shape[-1]
+
+
 def _class_name(press: str) -> str:
     return f"Draft_{press}"
 
@@ -186,8 +205,7 @@ class KeyScoredPress(_PressDraft):
         for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):  # a row's own unpadded keys up to p
             keys, values = key[row:row + 1, :, a:a + p + 1], prepared.value[row:row + 1, :, a:a + p + 1]
             scores = score(self.make_press(2 * window, p + 1), prepared.module, None, keys, values, {})
-            ranked = scores.float().nan_to_num(nan=-math.inf).sort(dim=-1, descending=True, stable=True)
-            chosen.append(ranked.indices[0, :, :2 * window] + a)
+            chosen.append(ranked(scores[0], 2 * window) + a)
         return torch.stack(chosen), None
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:

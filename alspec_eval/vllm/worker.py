@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..approximations import make_approximation
+from . import native
 from .backend import STATE, Taken
 from .paged import Settings
 
@@ -26,6 +27,8 @@ class ALSpecWorker:
                                   bool(settings.get("dump", False)))
         STATE.records.clear()
         STATE.dumps.clear()
+        if self.device.type == "cpu":  # type: ignore[attr-defined]
+            native.library()  # built (or found in the cache) here, so that no engine step pays the compiler
         return STATE.backend
 
     def alspec_take(self) -> list[Any]:

@@ -16,9 +16,16 @@ os.environ["ALSPEC_VLLM_CHECK_LAYOUT"] = "1"
 # the last bits with how the engine, by timing, batched the requests; the tests compare runs bit for bit
 os.environ["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
 
-ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 256 * 2**20, "seed": 0, "block_size": 32,
-          "max_model_len": 2048}
-TINY = {**ENGINE, "block_size": 32, "max_num_batched_tokens": 96, "max_model_len": 1024}
+# vLLM 0.32 saves the compiled model for the next engine start but cannot load it in the CPU's mode (DYNAMO_TRACE_ONCE:
+# "'function' object has no attribute 'finalize_loading'", then it compiles again); without that cache torch's own
+# Inductor caches serve a second start with the same graph (the SmolLM2 pair below, each xdist worker's)
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+# SmolLM2's engines run in vLLM's default mode, compiled (no enforce_eager: on the CPU one Dynamo trace compiled by
+# Inductor, attention an opaque op called from the compiled code; docs/vllm.md); the tiny Llama's start eagerly (one
+# engine start each, several per session)
+ENGINE = {"dtype": "float32", "kv_cache_memory_bytes": 256 * 2**20, "seed": 0, "block_size": 32, "max_model_len": 2048}
+TINY = {**ENGINE, "enforce_eager": True, "block_size": 32, "max_num_batched_tokens": 96, "max_model_len": 1024}
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +37,7 @@ def smollm2_path() -> str:
 
 @pytest.fixture(scope="session")
 def alspec_smol(smollm2_path):
-    """alspec-vllm on SmolLM2 at lambda = 0, window 64 (tests reconfigure it and put it back)."""
+    """alspec-vllm on SmolLM2 at lambda = 0, window 64 (tests reconfigure it and put it back), compiled."""
     from alspec_eval.vllm.model import ALSpecVLLM
 
     return ALSpecVLLM(smollm2_path, window=64, **{"lambda": 0.0}, **ENGINE)
@@ -38,7 +45,7 @@ def alspec_smol(smollm2_path):
 
 @pytest.fixture(scope="session")
 def plain_smol(smollm2_path):
-    """lm-eval's own VLLM with the same engine arguments."""
+    """lm-eval's own VLLM with the same engine arguments (compiled too)."""
     from alspec_eval.compat import lm_eval_vllm
 
     return lm_eval_vllm().VLLM(pretrained=smollm2_path, **ENGINE)

@@ -1,4 +1,4 @@
-"""Drafts whose keys leave [0, pos] (tests/bounds_drafts.py, issue 75's) on every verification path over a paged
+"""Drafts whose keys leave [0, pos] (tests/bounds_drafts.py) on every verification path over a paged
 cache: each path reads the keys cut to [0, pos] (on the CPU kernel a range 100,000 positions before the context
 was a SIGSEGV; ranges past the query read later keys, the next request's blocks or garbage), and every breach is
 counted in ``Settings.breaches`` for the driver. Torch only (the float64 oracle of test_paged.py); no vLLM."""

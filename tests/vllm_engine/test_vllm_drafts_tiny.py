@@ -114,7 +114,7 @@ def test_a_snapkv_cell_after_a_baseline_cell_equals_it_alone(alspec_tiny, monkey
 
 @pytest.mark.parametrize("draft", ["BeforeContext", "PastQuery"])
 def test_a_draft_whose_ranges_leave_the_context_is_refused_in_one_line(alspec_tiny, draft):
-    """Issue 75's drafts on local (tests/bounds_drafts.py) whose position_ranges lie 100,000 positions before the
+    """Users' drafts on local (tests/bounds_drafts.py) whose position_ranges lie 100,000 positions before the
     context (the CPU kernel's SIGSEGV, which vLLM reported as EngineDeadError) or run 4,096 past the query (read the
     cache past it, and results were written): the engine reads them cut to [0, pos] and lives on, and the driver
     refuses the call in one line naming the draft and a position it decided, before any statistics are kept."""

@@ -1,7 +1,7 @@
-"""alspec-vllm on the real SmolLM2 in float32: at lambda = 0 the texts and log-probabilities of lm-eval's own
-``--model vllm`` with the same engine arguments, bit for bit, through lm-eval's request methods (generate_until,
-loglikelihood, loglikelihood_rolling); at lambda > 0 the statistics of ``--model alspec``'s schema, per task and
-sample; and the stock ``lm_eval`` command end to end, read by alspec-report."""
+"""alspec-vllm on the real SmolLM2 in float32, both engines compiled (vLLM's default mode): at lambda = 0 the texts
+and log-probabilities of lm-eval's own ``--model vllm`` with the same engine arguments, bit for bit, through lm-eval's
+request methods (generate_until, loglikelihood, loglikelihood_rolling); at lambda > 0 the statistics of ``--model
+alspec``'s schema, per task and sample; and the stock ``lm_eval`` command end to end, read by alspec-report."""
 
 from __future__ import annotations
 
@@ -44,9 +44,19 @@ def run(lm, kind: str) -> list:
     return getattr(lm, kind)(requests()[kind])
 
 
+def compiled(lm) -> bool:
+    """Whether ``lm``'s engine runs the model compiled, as vLLM does by default: on the CPU one Dynamo trace compiled
+    by Inductor (docs/vllm.md, vLLM's compiled mode)."""
+    from vllm.config import CompilationMode
+
+    config = lm.model.llm_engine.vllm_config.compilation_config
+    return config.mode == CompilationMode.DYNAMO_TRACE_ONCE and config.backend == "inductor"
+
+
 @pytest.mark.parametrize("kind", ["generate_until", "loglikelihood", "loglikelihood_rolling"])
 def test_lambda_zero_is_plain_vllm_bit_for_bit(alspec_smol, plain_smol, kind):
     assert alspec_smol.spec_config.lam == 0.0
+    assert compiled(alspec_smol) and compiled(plain_smol)  # both in vLLM's default mode
     alspec_smol.reset_statistics()  # the engine is shared: count this test's requests alone
     ours, theirs = run(alspec_smol, kind), run(plain_smol, kind)
     assert ours == theirs  # texts, and log-probabilities as floats: bit for bit

@@ -79,3 +79,20 @@ def test_take_reads_the_breaches_in_its_one_read_back():
     assert state.take()[-2:] == (0, -1)
     settings.breaches.add(torch.tensor([True]), torch.tensor([7]))
     assert state.take()[-2:] == (1, 7)
+
+
+def test_configuring_a_cpu_worker_builds_the_kernel_before_any_step(monkeypatch, tmp_path):
+    """The C kernel is built (or found in the cache) by the driver's configure call, at engine start, so that no
+    engine step pays the compiler; a CUDA worker builds nothing."""
+    from alspec_eval.vllm import native, worker as extension
+    from alspec_eval.vllm.worker import ALSpecWorker
+
+    settings = {"approx": "sink", "approx_args": {}, "thresholds": [0.1], "window": 8, "window_align": 1,
+                "check_layout": False}
+    calls = []
+    monkeypatch.setattr(native, "library", lambda: calls.append(1))
+    monkeypatch.setattr(extension, "STATE", WorkerState())  # this process's own state stays as it was
+    for device, built in (("cuda", []), ("cpu", [1])):
+        worker = type("Worker", (ALSpecWorker,), {"device": torch.device(device), "model_runner": None})()
+        worker.alspec_configure(settings)
+        assert calls == built, device
