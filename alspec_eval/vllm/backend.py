@@ -1,5 +1,6 @@
-"""The speculating attention backend: the platform's own backend (CPU_ATTN, FlashAttention, Triton) computes A into
-``output``, then every speculating token of the step is verified and committed by :func:`.paged.verify_layer`.
+"""The speculating attention: the platform's own backend (CPU_ATTN, FlashAttention, Triton, FlexAttention) computes A
+into ``output``, then every speculating token of the step is verified and committed by :func:`.paged.verify_layer`
+(:class:`SpeculatingImpl`, mixed into each backend's impl by :mod:`.backends`).
 
 Which tokens speculate comes from the requests: the driver tags each with ``SamplingParams.extra_args["alspec"]``
 (where its speculation starts, and its id), and the worker state reads the tags of the step's batch from the model
@@ -8,18 +9,15 @@ runner once per step. A step without tags (vLLM's warm-up and profiling passes) 
 
 from __future__ import annotations
 
-import functools
 import math
-import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
 from .prefix_cache import TAG
-from .paged import (LayoutError, PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for,
-                    observe_layer, verify_layer)
+from .paged import (PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observe_layer,
+                    verify_layer)
 from .tiled import reserve
 
 NEVER = 1 << 62  # a start past any context: the request does not speculate
@@ -152,15 +150,6 @@ def _extra_args(state: Any) -> dict[str, Any]:
 STATE = WorkerState()
 
 
-@functools.lru_cache(maxsize=None)
-def layer_index(name: str) -> int:
-    """The decoder layer of an attention layer's name ("model.layers.7.self_attn.attn" -> 7)."""
-    match = re.search(r"\.(\d+)\.", name)
-    if match is None:
-        raise LayoutError(f"alspec-vllm cannot tell the layer of attention layer {name!r}")
-    return int(match[1])
-
-
 def _reduce(stacked: torch.Tensor) -> torch.Tensor:
     """d^2 and n^2 summed over the tensor-parallel ranks (each holds some heads)."""
     from vllm.distributed import tensor_model_parallel_all_reduce
@@ -192,7 +181,9 @@ class SpeculatingImpl:
             STATE.checked.add(layer.layer_name)
         from vllm.distributed import get_tensor_model_parallel_world_size
 
-        index = layer_index(layer.layer_name)
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        index = extract_layer_index(layer.layer_name)
         out = output.view(output.shape[0], self.num_heads, -1)
         queries = query.view(query.shape[0], self.num_heads, -1)
         if len(prompt_rows.token):
@@ -219,27 +210,3 @@ class SpeculatingImpl:
         name = layer.attn_backend.get_name()
         STATE.backend = name
         return layout_for(name, getattr(layer, "isa", None) if name == "CPU_ATTN" else None)
-
-
-def wrapped(base: type) -> type:
-    """The platform's backend class with the speculating impl, and no full CUDA-graph capture: its Python runs every
-    step (piecewise graphs leave attention out of the graph, so nothing stale is replayed)."""
-    from vllm.v1.attention.backend import AttentionCGSupport
-
-    impl = type(f"ALSpec{base.get_impl_cls().__name__}", (SpeculatingImpl, base.get_impl_cls()), {})
-    builder_base = base.get_builder_cls()
-    builder = type(f"ALSpec{builder_base.__name__}", (builder_base,), {
-        "_cudagraph_support": AttentionCGSupport.NEVER,
-        "get_cudagraph_support": classmethod(lambda cls, *a, **k: AttentionCGSupport.NEVER),
-    })
-    return type(f"ALSpec{base.__name__}", (base,), {"get_impl_cls": staticmethod(lambda: impl),
-                                                     "get_builder_cls": staticmethod(lambda: builder)})
-
-
-def wrap_backend(path: str) -> str:
-    """The qualified name of the wrapped class of backend ``path`` (vLLM resolves backends by name)."""
-    from vllm.utils.import_utils import resolve_obj_by_qualname
-
-    cls = wrapped(resolve_obj_by_qualname(path))
-    setattr(sys.modules[__name__], cls.__name__, cls)
-    return f"{__name__}.{cls.__name__}"

@@ -35,7 +35,7 @@ from ..provenance import versions
 from ..rows import Row
 from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 from ..stats import ACCEPTED, AcceptanceStats, run_statistics
-from .paged import observation_first
+from .paged import LayoutError, layout_for, observation_first
 from .prefix_cache import TAG
 from .worker import taken as taken_from
 from .checks import (check_cpu_cache, check_data_parallel, check_engine_args, check_model_config, check_speculation,
@@ -115,8 +115,12 @@ class ALSpecVLLM(VLLM):
                  "window_align": config.window_align, "approx": config.approx.name, "approx_args": config.approx.args()}
         # the prefix cache keys blocks by their tokens: a speculated block is reused only under the same rules
         self._salt = hashlib.sha256(json.dumps(rules, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        self.model.collective_rpc("alspec_configure", args=({
+        plain = self.model.collective_rpc("alspec_configure", args=({
             **rules, "check_layout": os.environ.get(CHECK_LAYOUT) == "1", "dump": self.dump},))
+        for name in sorted(set(itertools.chain(*plain))):
+            layout_for(name)  # a backend whose cache it cannot read: one line naming it and those it reads
+            raise LayoutError(f"vLLM's {name} in this engine is not alspec-vllm's (a later register_backend replaced "
+                              "it), so it would not speculate; leave vLLM's own backend registered")
 
     @property
     def _live(self) -> bool:

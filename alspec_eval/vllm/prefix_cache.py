@@ -49,6 +49,7 @@ def install() -> None:
         return (keys if ours is None else (*(keys or ()), ours)), next_mm_idx
 
     generate_block_hash_extra_keys._alspec = True  # type: ignore[attr-defined]
+    generate_block_hash_extra_keys.__wrapped__ = original  # type: ignore[attr-defined]
     for module in (kv_cache_utils, block_pool):
         if getattr(module, "generate_block_hash_extra_keys", None) is original:
             module.generate_block_hash_extra_keys = generate_block_hash_extra_keys

@@ -9,17 +9,17 @@ import torch
 
 from ..approximations import make_approximation
 from . import native
-from .backend import STATE, Taken
+from .backend import STATE, SpeculatingImpl, Taken
 from .paged import Settings
 
 
 class ALSpecWorker:
     """Mixed into vLLM's worker class; its methods are called by name from the driver."""
 
-    def alspec_configure(self, settings: dict[str, Any]) -> str | None:
+    def alspec_configure(self, settings: dict[str, Any]) -> list[str]:
         """Speculate with ``settings`` from the next step on (the fields of :class:`.paged.Settings`, the approximation
-        as its name and arguments); drops decisions not yet taken. Returns the platform backend that gives A, where
-        a step has run (provenance)."""
+        as its name and arguments); drops decisions not yet taken. Returns the backends of the model's attention
+        layers that do not speculate (:mod:`.backends` wraps none of them), which the driver refuses."""
         approx = make_approximation(settings["approx"], settings["approx_args"])
         STATE.runner = self.model_runner  # type: ignore[attr-defined]
         STATE.settings = Settings(tuple(float(t) for t in settings["thresholds"]), int(settings["window"]),
@@ -29,7 +29,9 @@ class ALSpecWorker:
         STATE.dumps.clear()
         if self.device.type == "cpu":  # type: ignore[attr-defined]
             native.library()  # built (or found in the cache) here, so that no engine step pays the compiler
-        return STATE.backend
+        layers = self.vllm_config.compilation_config.static_forward_context  # type: ignore[attr-defined]
+        return sorted({layer.attn_backend.get_name() for layer in layers.values()
+                       if hasattr(layer, "impl") and not isinstance(layer.impl, SpeculatingImpl)})
 
     def alspec_take(self) -> list[Any]:
         """The decisions since the last take, packed, and how many positions were decided again

