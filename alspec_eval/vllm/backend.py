@@ -9,6 +9,7 @@ runner once per step. A step without tags (vLLM's warm-up and profiling passes) 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -150,6 +151,14 @@ def _extra_args(state: Any) -> dict[str, Any]:
 STATE = WorkerState()
 
 
+@functools.cache
+def layer_index(name: str) -> int:
+    """vLLM's index of an attention layer's decoder layer, parsed once per layer, not at every step."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    return extract_layer_index(name)
+
+
 def _reduce(stacked: torch.Tensor) -> torch.Tensor:
     """d^2 and n^2 summed over the tensor-parallel ranks (each holds some heads)."""
     from vllm.distributed import tensor_model_parallel_all_reduce
@@ -181,9 +190,7 @@ class SpeculatingImpl:
             STATE.checked.add(layer.layer_name)
         from vllm.distributed import get_tensor_model_parallel_world_size
 
-        from vllm.model_executor.models.utils import extract_layer_index
-
-        index = extract_layer_index(layer.layer_name)
+        index = layer_index(layer.layer_name)
         out = output.view(output.shape[0], self.num_heads, -1)
         queries = query.view(query.shape[0], self.num_heads, -1)
         if len(prompt_rows.token):
