@@ -1,7 +1,7 @@
 """A~ over vLLM's paged KV cache on CUDA: the verifier's half of the paged decode kernel (:mod:`.triton_paged`),
 without A. vLLM's own attention has written A; this kernel reads each verified row's draft keys (ranges fixed by
 position, ``Approximation.position_ranges``) through the block table, in place, and returns A~. d, n, the decision
-and the commit are :mod:`alspec_eval.semantics`' (``alspec_eval.vllm.paged.verify_layer``), so lambda 0 and exact
+and the commit are :mod:`alspec_eval.semantics`' (``alspec_eval.vllm.verifiers.verify_layer``), so lambda 0 and exact
 layers stay plain vLLM bit for bit.
 
 Decode rows and multi-token rows (prefill chunks, teacher-forced scoring) alike: a row is (token, batch row,

@@ -156,6 +156,22 @@ def test_check_approx_names_a_range_wider_than_its_width():
                                                    "width 15"]
 
 
+def test_check_approx_names_a_draft_whose_declaration_disagrees_with_its_ranges():
+    """vLLM chooses how it verifies from ``keys_by_position``: a draft with ranges that does not declare it, and one
+    that declares it without ranges, are each named."""
+    class Undeclared(Local):
+        keys_by_position = False
+
+    class Declared(type(make_approximation("topk"))):
+        keys_by_position = True
+
+    assert ranges_lie_in_the_context(SimpleNamespace(approx=Undeclared(), window=8)) == [
+        "window_align=1: position_ranges returned ranges, but the draft declares keys_by_position = False: declare it "
+        "True exactly where position_ranges gives the keys (vLLM chooses how it verifies from the declaration)"]
+    assert ranges_lie_in_the_context(SimpleNamespace(approx=Declared(), window=8))[0].startswith(
+        "window_align=1: position_ranges returned None, but the draft declares keys_by_position = True")
+
+
 @pytest.fixture(scope="module")
 def tiny_llama():
     from alspec_eval.approx_check.models import tiny_model

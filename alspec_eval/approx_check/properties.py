@@ -150,15 +150,20 @@ def ranges_lie_in_the_context(c: Contract) -> list[str]:
     """Where the draft's keys are fixed by position, vLLM reads its ``position_ranges`` (not ``select``): at each
     speculated position of a long context and each window_align it takes, K ranges (R, K) for its K widths, inside
     [0, pos] (the engines' rule, ``semantics.readable_ranges``; they cut a range that is not, and refuse the run),
-    none holding more keys than its width (a paged read takes that many)."""
+    none holding more keys than its width (a paged read takes that many); and it gives ranges exactly where the draft
+    declares ``keys_by_position``."""
     pos = torch.arange(2 * c.window, 2 * c.window + RANGE_POSITIONS)
     broken = []
     for align in c.approx.window_aligns:
         ranges = c.approx.position_ranges(pos, c.window, align)
+        at = f"window_align={align}"
+        if (ranges is not None) != c.approx.keys_by_position:
+            return [f"{at}: position_ranges returned {'None' if ranges is None else 'ranges'}, but the draft declares "
+                    f"keys_by_position = {c.approx.keys_by_position}: declare it True exactly where position_ranges "
+                    "gives the keys (vLLM chooses how it verifies from the declaration)"]
         if ranges is None:  # its keys depend on more than the position: select's keys are checked (KEY_RULES)
             return []
         starts, ends, widths = ranges
-        at = f"window_align={align}"
         if tuple(starts.shape) != (len(pos), len(widths)) or starts.shape != ends.shape:
             broken.append(f"{at}: ranges of shapes {tuple(starts.shape)} and {tuple(ends.shape)} for {len(pos)} "
                           f"positions and {len(widths)} widths: return (positions, K) each and K widths")

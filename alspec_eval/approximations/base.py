@@ -45,6 +45,7 @@ class Approximation:
     colour: ClassVar[str] = "tab:gray"
     oracle: ClassVar[bool] = False  # it reads every exact score: a ceiling, marked wherever reported
     fused_kernel: ClassVar[bool] = False  # kernel=torch|triton compute its A~ in the decode step's one call
+    keys_by_position: ClassVar[bool] = False  # position_ranges gives its keys (vLLM reads them in one pass)
     tt_op: ClassVar[bool] = False  # the authors' TT op computes its A~ (backend=tt)
     window_aligns: ClassVar[tuple[int, ...]] = (1,)  # the window_align values it defines A~ for
     prompt_keys: ClassVar[bool] = False  # it scores the prompt once, at prefill (observe_prompt: SnapKV's family)
@@ -115,10 +116,11 @@ class Approximation:
     def position_ranges(self, pos: torch.Tensor, window: int, window_align: int) -> Ranges | None:
         """Where A~'s keys are when they depend on the query's logical position alone: [starts, ends) (R, K) each,
         K disjoint ranges of logical positions per query, none past it, and the most keys each can hold (ints), so
-        that a paged cache (vLLM) is read at those keys only, shared by a tile of consecutive queries. None (the default) where A~ needs more than the
-        position: vLLM then reads each row's context from its paged cache and selects through :meth:`per_pass`,
-        :meth:`prepare` and :meth:`select`, as the HF engine does. Ranges that leave [0, pos] are cut to it and the
-        run refused after the call (:mod:`alspec_eval.bounds`)."""
+        that a paged cache (vLLM) is read at those keys only, shared by a tile of consecutive queries; a draft that
+        gives them declares ``keys_by_position = True`` (vLLM chooses how it verifies from that declaration). None
+        (the default) where A~ needs more than the position: vLLM then reads each row's context from its paged cache
+        and selects through :meth:`per_pass`, :meth:`prepare` and :meth:`select`, as the HF engine does. Ranges
+        that leave [0, pos] are cut to it and the run refused after the call (:mod:`alspec_eval.bounds`)."""
         return None
 
     # ------------------------------------------------------------------ one call's selections

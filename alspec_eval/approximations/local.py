@@ -14,6 +14,7 @@ from .base import Approximation, Ranges, Selected
 class Local(Approximation):
     description = "the last 2S keys (the sink without its first window)"
     marker, colour = "s", "tab:brown"
+    keys_by_position = True
 
     def keys_read(self, context: int, window: int) -> float:
         return min(2 * window, context)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class Sink(Approximation):
     description = "the sink windows (the first S and the last S keys)"
     marker, colour = "o", "tab:blue"
-    fused_kernel = tt_op = True
+    fused_kernel = tt_op = keys_by_position = True
     window_aligns = WINDOW_ALIGNS
 
     def keys_read(self, context: int, window: int) -> float:

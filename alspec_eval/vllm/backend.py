@@ -1,6 +1,6 @@
 """The speculating attention: the platform's own backend (CPU_ATTN, FlashAttention, Triton, FlexAttention) computes A
-into ``output``, then every speculating token of the step is verified and committed by :func:`.paged.verify_layer`
-(:class:`SpeculatingImpl`, mixed into each backend's impl by :mod:`.backends`).
+into ``output``, then every speculating token of the step is verified and committed by
+:func:`.verifiers.verify_layer` (:class:`SpeculatingImpl`, mixed into each backend's impl by :mod:`.backends`).
 
 Which tokens speculate comes from the requests: the driver tags each with ``SamplingParams.extra_args["alspec"]``
 (where its speculation starts, and its id), and the worker state reads the tags of the step's batch from the model
@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 import torch
 
 from .prefix_cache import TAG
-from .paged import (PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observe_layer,
-                    verify_layer)
+from .paged import PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observe_layer
 from .tiled import reserve
+from .verifiers import Verifier, choose, verify_layer
 
 NEVER = 1 << 62  # a start past any context: the request does not speculate
 
@@ -39,6 +39,7 @@ class WorkerState:
     checked: set[str] = field(default_factory=set)  # layers whose cache layout was checked once
     dumps: list[dict[str, Any]] = field(default_factory=list)  # Settings.dump: what an outside reference reads
     backend: str | None = None  # the platform backend that gives A (provenance)
+    verifier: Verifier | None = None  # how this engine verifies (verifiers.choose), chosen at its first layer call
 
     def step_rows(self, metadata: Any) -> tuple[StepRows, PromptRows]:
         """The step's speculating tokens and the tokens in an observation window, read once per forward pass (vLLM
@@ -199,9 +200,12 @@ class SpeculatingImpl:
         exact = out[rows.token.to(out.device)].clone() if settings.dump else None
         observed = {row: STATE.prompts.observed.get((tag, index)) for row, tag in
                     zip(rows.request.tolist(), rows.tag.tolist())} if STATE.prompts.observed else None
+        if STATE.verifier is None:
+            STATE.verifier = choose(settings.approx, layout, kv_cache)
         decided = verify_layer(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,
                                settings, index, self.scale,
-                               _reduce if get_tensor_model_parallel_world_size() > 1 else None, observed)
+                               _reduce if get_tensor_model_parallel_world_size() > 1 else None, observed,
+                               STATE.verifier)
         if decided is not None:
             STATE.records.append((rows.tag, rows.pos, index, *decided))
             if settings.dump:

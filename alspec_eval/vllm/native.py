@@ -100,9 +100,6 @@ class Scratch:
         return held[1:]
 
 
-SCRATCH = Scratch()  # one worker, one layer at a time
-
-
 def _cpu_flags() -> str:
     """The CPU's feature flags (``-march=native`` builds for them), so that a shared cache never loads a library
     built for another CPU."""
@@ -185,27 +182,27 @@ def _call(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, tabl
 
 
 def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-           rows: NativeRows, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           rows: NativeRows, scale: float, scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A~ (rows, Hq, D) in the cache's dtype and d^2, n^2 (rows,) float32 against ``exact`` (A, indexed by token like
     ``query``, both (tokens, Hq, D) with heads and channels dense): :func:`alspec_eval.semantics.attend` and
     :func:`~alspec_eval.semantics.squared_distances`, for every row in one call; what a tensor-parallel rank sums
-    with the others' before any decides. The three are views of the worker's :data:`SCRATCH`, overwritten by the
-    next call."""
+    with the others' before any decides. The three are views of ``scratch`` (the engine's), overwritten by the next
+    call."""
     table = _inputs(query, exact, kv_cache, block_table)
-    approx, d2, n2 = SCRATCH.take(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token))
+    approx, d2, n2 = scratch.take(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token))
     _call(query, exact, kv_cache, table, rows, scale, (approx.data_ptr(), d2.data_ptr(), n2.data_ptr()))
     return approx, d2, n2
 
 
 def verify_and_decide(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                      rows: NativeRows, scale: float, lam: float, codes: torch.Tensor,
-                      ratios: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      rows: NativeRows, scale: float, lam: float, codes: torch.Tensor, ratios: torch.Tensor,
+                      scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`verify`, then, where no other rank holds heads of the rows, :func:`alspec_eval.semantics.accept` at
     ``lam`` and :func:`~alspec_eval.semantics.commit` into ``exact`` in place, in the same call; returns copies of the
     step's ``codes`` (int8) and ``ratios`` (d/n) with the rows' decisions."""
     table = _inputs(query, exact, kv_cache, block_table)
     codes, ratios = codes.clone(), ratios.clone()
     _call(query, exact, kv_cache, table, rows, scale,
-          SCRATCH.addresses(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token)),
+          scratch.addresses(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token)),
           1, lam, rows.live.data_ptr(), ACCEPTED, REJECTED, codes.data_ptr(), ratios.data_ptr())
     return codes, ratios

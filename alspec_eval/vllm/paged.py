@@ -1,19 +1,14 @@
-"""ALSpec over a paged KV cache (vLLM): which tokens of a step speculate, A~ read from the cache through the block
-table, the decision and the commit, per layer.
+"""ALSpec over a paged KV cache (vLLM): how each backend's cache is read (:data:`LAYOUTS`), which tokens of a step
+speculate (:class:`StepRows`), and the keys a draft selects for them, read through the block table (:func:`gathered`,
+the reference every verifier of :mod:`.verifiers` is tested against).
 
-Torch only, no vLLM: the attention backend (:mod:`.backend`) calls :func:`verify_layer` after the platform's own
-attention has written A into ``output``; the tests call it on synthetic caches in every layout :data:`LAYOUTS` reads.
-The rules (windows, trivial positions, d and n, acceptance, A~'s arithmetic) are :mod:`alspec_eval.semantics`'; the
-keys A~ attends to are the approximation's: read by tiles where fixed by position (``Approximation.position_ranges``,
-:mod:`.tiled`), else selected from each request's context and gathered (:func:`gathered`).
+Torch only, no vLLM: the tests call it on synthetic caches in every layout :data:`LAYOUTS` reads. The rules
+(windows, trivial positions, d and n, acceptance, A~'s arithmetic) are :mod:`alspec_eval.semantics`'.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +18,10 @@ from .. import semantics
 from ..approximations.base import Ranges
 from ..bounds import Breaches
 from ..errors import ConfigError
-from ..stats import ACCEPTED, REJECTED, TRIVIAL
-from . import native
-from .native import NativeRows
-from .tiled import VERIFY_BUDGET, Tiles, approximate
+from .tiled import VERIFY_BUDGET
 
 # vLLM's caches arrive in the attention call as (num_blocks, Hkv, N, 2D): per block and KV head, N keys and their
 # values. How the 2D elements of a (block, head) are packed depends on the backend and, on the CPU, its ISA.
-Reduce = Callable[[torch.Tensor], torch.Tensor]  # a tensor-parallel sum over ranks (identity on one rank)
 
 
 class LayoutError(ConfigError):
@@ -190,17 +181,7 @@ class StepRows:
     pos: torch.Tensor
     tag: torch.Tensor
     prompt: torch.Tensor  # which are prompt positions (teacher-forced; the rest were generated)
-    plans: dict[Any, "Verified"] = field(default_factory=dict, compare=False, repr=False)  # per settings and device
-
-    def verified(self, settings: Settings, device: torch.device, block_size: int, path: str | None = "tiles",
-                 choose: Callable[[], str] | None = None) -> "Verified":
-        """What every layer of this step verifies with (:class:`Verified`) on ``path`` (:data:`PATHS`; None: the one
-        ``choose`` returns, asked on the first layer alone), built on its first layer."""
-        key = (settings.window, settings.window_align, settings.approx, str(device), block_size, path)
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self.plans[key] = Verified.build(self, settings, device, block_size, path or choose())
-        return plan
+    plans: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)  # verifiers.plan's, per verifier
 
     @classmethod
     def build(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, starts: torch.Tensor,
@@ -227,46 +208,18 @@ class StepRows:
         return (qsl[1:] - 1)[keep], torch.arange(requests)[keep], (seq_lens.long().cpu() - 1)[keep]
 
 
-@dataclass(frozen=True)
-class Verified:
-    """One step's verification, the same at every layer, built on the host from the step's rows and copied to the
-    device once: which rows are measured (``live``: not trivial), their tokens, the codes and ratios every layer
-    starts from (TRIVIAL or REJECTED, NaN), and, for a draft whose keys are fixed by position, the step's tiles
-    (path "tiles") or its rows' key ranges (path "native")."""
-
-    live: torch.Tensor  # host: indices into the step's rows
-    live_device: torch.Tensor
-    token: torch.Tensor  # device: the measured rows' tokens
-    codes: torch.Tensor  # device (rows,) int8
-    ratios: torch.Tensor  # device (rows,) float32
-    tiles: Tiles | None
-    native: NativeRows | None  # the rows' key ranges: host tensors for path "native", on the device for "triton"
-    path: str = "gathered"
-
-    @classmethod
-    def build(cls, rows: StepRows, settings: Settings, device: torch.device, block_size: int,
-              path: str) -> "Verified":
-        trivial = semantics.is_trivial(rows.pos, settings.window)
-        live = (~trivial).nonzero().squeeze(1)
-        codes = torch.where(trivial, TRIVIAL, REJECTED).to(torch.int8)
-        ratios = torch.full(rows.pos.shape, math.nan)
-        tiles = ranges = None
-        approx, window, align = settings.approx, settings.window, settings.window_align
-        if path in ("native", "triton", "tiles") and len(live):  # the draft's ranges, cut to [0, pos] on the host
-            starts, ends, outside = semantics.readable_ranges(
-                *approx.position_ranges(rows.pos[live], window, align)[:2], rows.pos[live])
-            if bool(outside.any()):  # host tensors: counted where the layers count theirs, copied only if any
-                settings.breaches.add(outside.to(device), rows.pos[live].to(device))
-        if path in ("native", "triton") and len(live):
-            ranges = NativeRows.build(rows.token[live], rows.request[live], starts, ends, live, rows.pos[live])
-            if path == "triton":
-                ranges = ranges.to(device)
-        elif path == "tiles" and len(live):
-            tiles = Tiles.build(rows.token[live], rows.request[live], rows.pos[live], rows.prompt[live],
-                                lambda at: readable_ranges(approx, at, window, align), window, align,
-                                block_size).to(device)
-        return cls(live, live.to(device), rows.token[live].to(device), codes.to(device), ratios.to(device), tiles,
-                   ranges, path)
+def position_keys(settings: Settings, pos: torch.Tensor, device: torch.device) -> Ranges:
+    """The ranges of a draft that declares ``keys_by_position`` at the host positions ``pos``, cut to [0, pos];
+    what reached outside is counted in ``settings.breaches`` (copied to ``device`` only where any did)."""
+    approx = settings.approx
+    ranges = approx.position_ranges(pos, settings.window, settings.window_align)
+    if ranges is None:
+        raise ConfigError(f"the draft {approx.label} declares keys_by_position, but its position_ranges returned "
+                          "None: return its ranges, or declare keys_by_position = False")
+    starts, ends, outside = semantics.readable_ranges(*ranges[:2], pos)
+    if bool(outside.any()):
+        settings.breaches.add(outside.to(device), pos.to(device))
+    return starts, ends, ranges[2]
 
 
 def readable_ranges(approx: Any, pos: torch.Tensor, window: int, window_align: int) -> Ranges:
@@ -417,12 +370,8 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     draft selects as on the HF engine (``per_pass``, ``prepare``, ``select``) and its keys are moved into [0, pos]
     (:func:`.semantics.readable_keys`). What reached outside is counted in ``settings.breaches``. ``observed``: per
     batch row, what a prompt-scoring draft kept of its prompt at this layer."""
-    ranges = settings.approx.position_ranges(pos, settings.window, settings.window_align)
-    if ranges is not None:
-        starts, ends, outside = semantics.readable_ranges(*ranges[:2], pos)
-        if bool(outside.any()):  # host tensors, as in Verified.build
-            settings.breaches.add(outside.to(query.device), pos.to(query.device))
-        return _listed(starts, ends, ranges[2])
+    if settings.approx.keys_by_position:
+        return _listed(*position_keys(settings, pos, query.device))
     positions, valid = _selected(query, kv_cache, layout, block_table, block_size, request, pos, settings, observed)
     last = pos.to(positions.device)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
@@ -520,87 +469,3 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
         parts.append(semantics.attend(query[part, None], keys, values, None if valid is None else valid[part],
                                       scale)[:, 0])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-# one pass in C over the CPU cache; the paged Triton verifier on CUDA; torch ops by tiles; rows gathered
-PATHS = ("native", "triton", "tiles", "gathered")
-TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def fastest_path(settings: Settings, layout: Any, kv_cache: torch.Tensor) -> str:
-    """How A~ is computed where nothing asks otherwise: a draft whose keys are fixed by position in one pass over
-    the cache, in C on the CPU's cache (:mod:`.native`), by the paged Triton verifier on a CUDA cache of a plain
-    layout, else by tiles; every other draft gathered (it selects by content). All decide alike
-    (tests/vllm_engine/test_paged.py, test_cache_layouts.py)."""
-    if not _by_position(settings.approx, settings.window, settings.window_align):
-        return "gathered"
-    if native.usable(layout, kv_cache):
-        return "native"
-    return "triton" if _triton_usable(layout, kv_cache) else "tiles"
-
-
-def _triton_usable(layout: Any, kv_cache: torch.Tensor) -> bool:
-    """Whether the paged Triton verifier reads this cache: a layout that says so, on CUDA, a dtype it compiles for,
-    head_dim contiguous, and Triton installed."""
-    return (layout.triton and kv_cache.is_cuda and kv_cache.dtype in TRITON_DTYPES and kv_cache.stride(-1) == 1
-            and importlib.util.find_spec("triton") is not None)
-
-
-def _triton_approximation(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
-                          rows: NativeRows, scale: float) -> torch.Tensor:
-    """A~ of the verified rows by the paged Triton verifier, in place in vLLM's cache (any of its layouts)."""
-    from ..kernels.triton_verify import paged_approximation
-
-    return paged_approximation(query, *layout.halves(kv_cache), block_table, rows.token, rows.request, rows.pos,
-                               rows.starts, rows.ends, scale)
-
-
-@functools.lru_cache(maxsize=64)
-def _by_position(approx: Any, window: int, window_align: int) -> bool:
-    """Whether the draft's keys are fixed by position (asked once per draft and window, not every layer)."""
-    return approx.position_ranges(torch.zeros(1, dtype=torch.long), window, window_align) is not None
-
-
-def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
-                 block_table: torch.Tensor, block_size: int, rows: StepRows, settings: Settings, layer: int,
-                 scale: float, reduce: Reduce | None = None, observed: dict[int, Any] | None = None,
-                 path: str | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Verify one layer's speculating tokens and commit the accepted A~ into ``output`` (A, (T, Hq, D)), in place.
-    ``observed``: per batch row, what a prompt-scoring draft kept of the row's prompt at this layer. ``path``: how
-    A~ is computed (:data:`PATHS`; None: :func:`fastest_path`).
-
-    Returns each row's decision code and d/n (NaN where not measured) on the output's device, nothing read back,
-    or None where the layer does not speculate (threshold OFF). Under tensor parallelism each rank holds some heads:
-    ``reduce`` sums d^2 and n^2 over the ranks before any decides, so every rank commits the same rows.
-    """
-    lam = settings.thresholds[layer]
-    if math.isnan(lam) or not len(rows.token):
-        return None
-    plan = rows.verified(settings, output.device, block_size, path, lambda: fastest_path(settings, layout, kv_cache))
-    if lam == -math.inf or not len(plan.live):  # static's exact layers: decided, not measured
-        return plan.codes, plan.ratios
-    native_pass = plan.path == "native"
-    if native_pass:
-        if reduce is None:  # every head is here: measure, decide and commit in one call
-            return native.verify_and_decide(query, output, kv_cache, block_table, plan.native, scale, lam,
-                                            plan.codes, plan.ratios)
-        approx, d2, n2 = native.verify(query, output, kv_cache, block_table, plan.native, scale)
-    token = plan.token
-    if plan.path == "triton":
-        approx = _triton_approximation(query, kv_cache, layout, block_table, plan.native, scale)
-    elif not native_pass:
-        if plan.tiles is not None:
-            approx = approximate(query, kv_cache, layout, block_table, block_size, plan.tiles, scale)
-        else:
-            approx = gathered(query[token], kv_cache, layout, block_table, block_size, rows.request[plan.live],
-                              rows.pos[plan.live], settings, observed or {}, scale)
-    exact = output[token]
-    if not native_pass:
-        d2, n2 = semantics.squared_distances(approx, exact)
-    if reduce is not None:
-        d2, n2 = reduce(torch.stack([d2, n2]))
-    d, n = d2.sqrt(), n2.sqrt()
-    accepted = semantics.accept(d, n, lam)
-    output[token] = semantics.commit(exact, approx, accepted)
-    codes = plan.codes.index_put((plan.live_device,), torch.where(accepted, ACCEPTED, REJECTED).to(torch.int8))
-    return codes, plan.ratios.index_put((plan.live_device,), d / n)

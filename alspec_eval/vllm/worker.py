@@ -27,6 +27,7 @@ class ALSpecWorker:
                                   bool(settings.get("dump", False)))
         STATE.records.clear()
         STATE.dumps.clear()
+        STATE.verifier = None  # chosen again for this draft at the next speculating layer
         if self.device.type == "cpu":  # type: ignore[attr-defined]
             native.library()  # built (or found in the cache) here, so that no engine step pays the compiler
         layers = self.vllm_config.compilation_config.static_forward_context  # type: ignore[attr-defined]

@@ -22,7 +22,8 @@ from test_paged import LAYOUTS, build_step, oracle, row_index, split_lambda
 
 from alspec_eval.approximations import make_approximation
 from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
-from alspec_eval.vllm.paged import Settings, StepRows, fastest_path, verify_layer
+from alspec_eval.vllm.paged import Settings, StepRows
+from alspec_eval.vllm.verifiers import VERIFIERS, choose, verify_layer
 
 KVCacheLayout = kv_cache_layout.KVCacheLayout
 LAYERS, LAYER = 3, 1
@@ -72,7 +73,7 @@ def decide(step: dict, cache: torch.Tensor, approx: str, S: int, align: int, lam
     rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
     settings = Settings(thresholds=(lam,), window=S, window_align=align, approx=make_approximation(approx))
     codes, ratios = verify_layer(step["query"], out, cache, step["layout"], step["table"], step["N"], rows, settings,
-                                 0, step["scale"], path=path)
+                                 0, step["scale"], verifier=VERIFIERS[path]())
     return codes, ratios, out, rows
 
 
@@ -119,26 +120,26 @@ def test_plain_paths_read_every_layout(layout: "KVCacheLayout", geometry, approx
 @pytest.mark.parametrize("geometry,approx,S,align", CASES, ids=["16-sink", "32-local", "32-sink-aligned"])
 def test_cpu_attn_paths_read_its_layout(geometry, approx: str, S: int, align: int) -> None:
     """CPU_ATTN's packing (keys transposed per block) in the layout it declares, LBHNC, in vLLM's allocation: the C
-    kernel, the tiles and the gathered path decide as the oracle; ``fastest_path`` picks the C kernel there."""
+    kernel, the tiles and the gathered path decide as the oracle; ``choose`` picks the C kernel there."""
     step = build_step("cpu-vec", S, geometry=(geometry[0], 16))
     cache = vllm_view(step["cache"], KVCacheLayout.LBHNC)
     settings = Settings(thresholds=(0.1,), window=S, window_align=align, approx=make_approximation(approx))
-    assert fastest_path(settings, LAYOUTS["cpu-vec"], cache) == "native"
+    assert choose(settings.approx, LAYOUTS["cpu-vec"], cache).name == "native"
     check_against_oracle(step, cache, approx, S, align, ["native", "tiles", "gathered"])
 
 
-def test_fastest_path_on_a_plain_cuda_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a CUDA cache of a plain layout a draft fixed by position goes to the Triton verifier, in every layout; a
-    draft that selects by content is gathered; without Triton, tiles. (A CPU tensor stands in for CUDA here.)"""
-    import alspec_eval.vllm.paged as paged
+def test_the_verifier_chosen_on_a_plain_cuda_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA cache of a plain layout a draft that declares keys_by_position goes to the Triton verifier, in
+    every layout; a draft that selects by content is gathered; without Triton, tiles. (A CPU tensor stands in for
+    CUDA here.)"""
+    import alspec_eval.vllm.verifiers as verifiers
 
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     step = build_step("plain", 8)
-    sink = Settings(thresholds=(0.1,), window=8, window_align=1, approx=make_approximation("sink"))
-    topk = Settings(thresholds=(0.1,), window=8, window_align=1, approx=make_approximation("topk"))
+    sink, topk = make_approximation("sink"), make_approximation("topk")
     for layout in KVCacheLayout:
         cache = vllm_view(step["cache"], layout)
-        assert fastest_path(sink, LAYOUTS["plain"], cache) == "triton", layout
-        assert fastest_path(topk, LAYOUTS["plain"], cache) == "gathered", layout
-    monkeypatch.setattr(paged.importlib.util, "find_spec", lambda name: None)
-    assert fastest_path(sink, LAYOUTS["plain"], cache) == "tiles"
+        assert choose(sink, LAYOUTS["plain"], cache).name == "triton", layout
+        assert choose(topk, LAYOUTS["plain"], cache).name == "gathered", layout
+    monkeypatch.setattr(verifiers, "_triton_installed", lambda: False)
+    assert choose(sink, LAYOUTS["plain"], cache).name == "tiles"

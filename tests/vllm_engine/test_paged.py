@@ -22,10 +22,12 @@ from alspec_eval.approximations import make_approximation
 from alspec_eval.approximations.base import Approximation
 from alspec_eval.errors import ConfigError
 from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
-from alspec_eval.vllm import native
-from alspec_eval.vllm.paged import (PATHS, CpuVecLayout, LayoutError, PlainLayout, Settings, StepRows, check_newest,
-                                    fastest_path, layout_for, slots, verify_layer)
-from alspec_eval.vllm.tiled import tile_size
+from alspec_eval.vllm import native, verifiers
+from alspec_eval.vllm.native import NativeRows
+from alspec_eval.vllm.paged import (CpuVecLayout, LayoutError, PlainLayout, Settings, StepRows, check_newest,
+                                    layout_for, slots)
+from alspec_eval.vllm.tiled import Tiles, tile_size
+from alspec_eval.vllm.verifiers import VERIFIERS, Gathered, choose, verify_layer
 
 HKV, HQ = 2, 6  # GQA group of 3: query head h reads KV head h // 3
 GEOMETRY = {"plain": (16, 8), "cpu-vec": (32, 16)}  # layout -> (block size N, head dim D)
@@ -152,9 +154,10 @@ def run(step, approx, align, lam, layer=1, **kw):
     assert torch.equal(rows.tag, 100 + rows.request)  # each token carries its own request's tag
     settings = Settings(thresholds=(math.nan, lam), window=step["S"], window_align=align,
                         approx=make_approximation(approx))
+    way = kw.get("verifier")
     res = verify_layer(kw.get("query", step["query"]), kw.get("out", out), kw.get("cache", step["cache"]),
                        step["layout"], step["table"], step["N"], rows, settings, layer, step["scale"],
-                       reduce=kw.get("reduce"))
+                       reduce=kw.get("reduce"), verifier=way and VERIFIERS[way]())
     return res, kw.get("out", out), rows
 
 
@@ -264,10 +267,20 @@ def test_special_thresholds(layout):
 
 
 # ---- 4. tensor parallel ----
-@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
-def test_tensor_parallel_sums_squares_across_ranks(layout):
+def paths(layout: str) -> list[str]:
+    """The paths a layout's cache is verified on: the CPU kernel reads the CPU layout only, the paged Triton
+    verifier (in Triton's interpreter here) the plain layouts only."""
+    return [p for p in VERIFIERS if p not in ("native", "triton") or getattr(LAYOUTS[layout], p)]
+
+
+TENSOR_PARALLEL = [(layout, way) for layout in ("plain", "cpu-vec") for way in paths(layout)]
+
+
+@pytest.mark.parametrize("layout,way", TENSOR_PARALLEL)
+def test_tensor_parallel_sums_squares_across_ranks(layout, way):
     """Two ranks, one KV head each: summing [d^2; n^2] through reduce gives the full-head decision, and lambda is
-    chosen where a rank deciding alone would decide otherwise, so an ignored or wrong reduction fails."""
+    chosen where a rank deciding alone would decide otherwise, so an ignored or wrong reduction fails; on every
+    verifier (the reduce is a step of their interface)."""
     step = build_step(layout, S=8)
     full = oracle(step, "sink", 1)
     halves = [oracle(step, "sink", 1, heads=slice(3 * h, 3 * h + 3)) for h in range(2)]
@@ -281,7 +294,7 @@ def test_tensor_parallel_sums_squares_across_ranks(layout):
             best = (margin, lam)
     assert best and best[0] > 1e-4
     lam = best[1]
-    (codes_full, _), out_full, rows = run(step, "sink", 1, lam)
+    (codes_full, _), out_full, rows = run(step, "sink", 1, lam, verifier=way)
     tokens = row_index(step, rows)
     sel = [i for i, t in enumerate(tokens) if not full[t][0]]
     ranks = [dict(query=step["query"][:, 3 * h:3 * h + 3].contiguous(),
@@ -291,7 +304,7 @@ def test_tensor_parallel_sums_squares_across_ranks(layout):
         cap = []
         out = step["output"][:, 3 * h:3 * h + 3].clone()
         (codes, ratios), _, _ = run(step, "sink", 1, lam, out=out, reduce=lambda x: cap.append(x.clone()) or x,
-                                    **ranks[h])
+                                    verifier=way, **ranks[h])
         assert len(cap) == 1 and cap[0].shape[0] == 2 and cap[0].dtype == torch.float32
         cols = sel if cap[0].shape[1] == len(tokens) else range(len(sel))
         got = cap[0][:, list(cols)].double()
@@ -305,7 +318,8 @@ def test_tensor_parallel_sums_squares_across_ranks(layout):
     outs = []
     for h in range(2):  # together: reduce adds the other rank's partial sums
         out = step["output"][:, 3 * h:3 * h + 3].clone()
-        (codes, ratios), _, _ = run(step, "sink", 1, lam, out=out, reduce=lambda x, h=h: x + partial[1 - h], **ranks[h])
+        (codes, ratios), _, _ = run(step, "sink", 1, lam, out=out, reduce=lambda x, h=h: x + partial[1 - h],
+                                    verifier=way, **ranks[h])
         assert torch.equal(codes, codes_full)
         for i in sel:
             assert ratios[i].item() == pytest.approx(ratio[tokens[i]][0], rel=1e-5)
@@ -335,12 +349,6 @@ def test_window_off_by_one_is_caught(layout, approx, S, align):
 
 
 # ---- 6. the streamed A~ (the CPU kernel, tiles) against the gathered reference ----
-def paths(layout: str) -> list[str]:
-    """The paths a layout's cache is verified on: the CPU kernel reads the CPU layout only, the paged Triton
-    verifier (in Triton's interpreter here) the plain layouts only."""
-    return [p for p in PATHS if p not in ("native", "triton") or getattr(LAYOUTS[layout], p)]
-
-
 @pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
 @pytest.mark.parametrize("approx,S,align", CASES)
 def test_streamed_decides_as_gathered(layout, approx, S, align):
@@ -352,17 +360,17 @@ def test_streamed_decides_as_gathered(layout, approx, S, align):
     rows_tok = [t for t, (r, p) in enumerate(step["tok"]) if p >= step["starts"][r]]
     lam = split_lambda([want[t][2] / want[t][3] for t in rows_tok if not want[t][0]])
     settings = Settings(thresholds=(lam,), window=S, window_align=align, approx=make_approximation(approx))
-    assert fastest_path(settings, step["layout"], step["cache"]) == ("native" if layout == "cpu-vec" else "tiles")
+    assert choose(settings.approx, step["layout"], step["cache"]).name == ("native" if layout == "cpu-vec" else "tiles")
     got = {}
     for path in paths(layout):
         out = step["output"].clone()
         rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
         got[path] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
-                                 rows, settings, 0, step["scale"], path=path), out
-        plan = rows.verified(settings, out.device, step["N"], path)
-        assert plan.path == path
-        assert ((plan.tiles is not None), (plan.native is not None)) == (path == "tiles", path in ("native", "triton"))
-    assert [g.token.shape[1] for g in rows.verified(settings, out.device, step["N"]).tiles.groups] == [1, tile_size(S)]
+                                 rows, settings, 0, step["scale"], verifier=VERIFIERS[path]()), out
+        plan = verifiers.plan(rows, settings, out.device, step["N"], VERIFIERS[path]())
+        assert type(plan.prepared) is {"tiles": Tiles, "native": NativeRows, "triton": NativeRows}.get(path, type(None))
+    tiles = verifiers.plan(rows, settings, out.device, step["N"], VERIFIERS["tiles"]()).prepared
+    assert [g.token.shape[1] for g in tiles.groups] == [1, tile_size(S)]
     (codes_ref, ratios_ref), out_ref = got.pop("gathered")
     for path, ((codes, ratios), out) in got.items():
         assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}, path
@@ -384,7 +392,7 @@ def test_cpu_kernel_at_every_head_dim_decides_as_gathered(dim):
         rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
         out = step["output"].clone()
         got[path] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"], rows,
-                                 settings, 0, step["scale"], path=path), out
+                                 settings, 0, step["scale"], verifier=VERIFIERS[path]()), out
     ((codes, ratios), out), ((codes_ref, ratios_ref), out_ref) = got["native"], got["gathered"]
     assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
     torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
@@ -399,13 +407,13 @@ def _kernel_decides_as_gathered(case: dict, S: int, atol: float = 1e-6) -> None:
         return Settings(thresholds=(lam,), window=S, window_align=1, approx=make_approximation("sink"))
 
     _, measured = verify_layer(case["query"], case["out"].clone(), case["cache"], LAYOUTS["cpu-vec"], case["table"],
-                               case["block"], case["rows"], settings_at(0.3), 0, case["scale"], path="gathered")
+                               case["block"], case["rows"], settings_at(0.3), 0, case["scale"], verifier=Gathered())
     settings = settings_at(split_lambda(measured[measured.isfinite()].tolist(), gap=1e-4))
     got = {}
     for path in ("native", "gathered"):
         out = case["out"].clone()
         got[path] = verify_layer(case["query"], out, case["cache"], LAYOUTS["cpu-vec"], case["table"], case["block"],
-                                 case["rows"], settings, 0, case["scale"], path=path), out
+                                 case["rows"], settings, 0, case["scale"], verifier=VERIFIERS[path]()), out
     ((codes, ratios), out), ((codes_ref, ratios_ref), out_ref) = got["native"], got["gathered"]
     assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
     torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
@@ -462,7 +470,7 @@ def test_cpu_kernel_in_bfloat16_decides_as_gathered():
         settings = Settings(thresholds=(0.45,), window=32, window_align=1, approx=make_approximation("sink"))
         out = bf16["output"].clone()
         got[path] = verify_layer(bf16["query"], out, bf16["cache"], step["layout"], step["table"], step["N"], rows,
-                                 settings, 0, step["scale"], path=path), out
+                                 settings, 0, step["scale"], verifier=VERIFIERS[path]()), out
     ((codes, ratios), out), ((codes_ref, ratios_ref), out_ref) = got["native"], got["gathered"]
     assert torch.equal(codes, codes_ref) and set(codes.tolist()) == {TRIVIAL, ACCEPTED, REJECTED}
     torch.testing.assert_close(ratios, ratios_ref, rtol=1e-3, atol=0, equal_nan=True)
@@ -481,21 +489,22 @@ def test_cpu_kernel_accepts_as_semantics_at_the_limit():
     step = build_step("cpu-vec", 8)
     rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
     settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=make_approximation("sink"))
-    plan = rows.verified(settings, torch.device("cpu"), step["N"], "native")
+    plan = verifiers.plan(rows, settings, torch.device("cpu"), step["N"], verifiers.Native())
     approx, d2, n2 = (t.clone() for t in native.verify(step["query"], step["output"], step["cache"], step["table"],
-                                                       plan.native, step["scale"]))
+                                                       plan.prepared, step["scale"], native.Scratch()))
     d, n = d2.double().sqrt().float(), n2.double().sqrt().float()
     accepted = 0
     for ratio in (d / n).tolist():
         for lam in (ratio, float(torch.nextafter(torch.tensor(ratio), torch.tensor(0.0)))):
             out = step["output"].clone()
-            codes, ratios = native.verify_and_decide(step["query"], out, step["cache"], step["table"], plan.native,
-                                                     step["scale"], lam, plan.codes, plan.ratios)
+            codes, ratios = native.verify_and_decide(step["query"], out, step["cache"], step["table"], plan.prepared,
+                                                     step["scale"], lam, plan.codes, plan.ratios, native.Scratch())
             want = semantics.accept(d, n, lam)
             assert torch.equal(codes[plan.live] == ACCEPTED, want), lam
             assert torch.equal(codes[plan.live] == REJECTED, ~want)
             assert torch.equal(ratios[plan.live], d / n)
-            assert torch.equal(out[plan.native.token], semantics.commit(step["output"][plan.native.token], approx, want))
+            token = plan.prepared.token
+            assert torch.equal(out[token], semantics.commit(step["output"][token], approx, want))
             accepted += int(want.sum())
     assert 0 < accepted < 2 * len(d2) ** 2  # both sides of the limit occur
 
@@ -523,14 +532,14 @@ def test_cpu_kernel_does_not_depend_on_the_thread_count():
     step = build_step("cpu-vec", 32)
     rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
     settings = Settings(thresholds=(0.5,), window=32, window_align=32, approx=make_approximation("sink"))
-    plan = rows.verified(settings, torch.device("cpu"), step["N"], "native")
+    plan = verifiers.plan(rows, settings, torch.device("cpu"), step["N"], verifiers.Native())
     threads = torch.get_num_threads()
     got = []
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
             got.append([t.clone() for t in native.verify(step["query"], step["output"], step["cache"], step["table"],
-                                                         plan.native, step["scale"])])  # the step's buffers: copy
+                                                         plan.prepared, step["scale"], native.Scratch())])
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(*got))
@@ -548,7 +557,7 @@ def test_without_a_compiler_the_cpu_layout_verifies_by_tiles(monkeypatch, tmp_pa
         with caplog.at_level("WARNING"):
             assert native.library() is None and not native.usable(step["layout"], step["cache"])
         assert "did not build" in caplog.text and str(tmp_path / "no-such-cc") in caplog.text
-        assert fastest_path(settings, step["layout"], step["cache"]) == "tiles"
+        assert choose(settings.approx, step["layout"], step["cache"]).name == "tiles"
     finally:
         native.library.cache_clear()
         monkeypatch.undo()
@@ -608,10 +617,11 @@ def test_verification_memory_is_bounded_by_the_budget(monkeypatch):
     peaks = {}
     for path in ("tiles", "gathered"):
         case["rows"].plans.clear()
-        case["rows"].verified(case["settings"], torch.device("cpu"), case["block"], path)  # the step's plan, built once
+        way = VERIFIERS[path]()
+        verifiers.plan(case["rows"], case["settings"], torch.device("cpu"), case["block"], way)  # built once
         with PeakBytes() as peak:
             verify_layer(case["query"], case["out"].clone(), case["cache"], PlainLayout(), case["table"],
-                         case["block"], case["rows"], case["settings"], 1, case["scale"], path=path)
+                         case["block"], case["rows"], case["settings"], 1, case["scale"], verifier=way)
         peaks[path] = peak.peak
     unchunked = 2 * len(case["query"]) * 3 * 128 * 64 * 4  # the keys and values a row-by-row gather copies
     assert peaks["tiles"] <= bound < unchunked / 4, (peaks, bound)
@@ -639,30 +649,28 @@ class ReadBacks(TorchFunctionMode):
 @pytest.mark.parametrize("approx", ["sink", "local"])
 @pytest.mark.parametrize("tokens", [1, 300])
 def test_no_read_back_per_layer(layout, approx, tokens, monkeypatch):
-    """After the step's first layer has built its plan on the host, a layer's verification reads nothing back and
-    asks for no path again: decode rows and a prefill chunk alike; the worker reads the decisions once per engine
-    call (WorkerState.take)."""
-    import alspec_eval.vllm.paged as paged
+    """After the step's first layer has built its plan on the host, a layer's verification (by the verifier the
+    engine chose once) reads nothing back: decode rows and a prefill chunk alike; the worker reads the decisions
+    once per engine call (WorkerState.take)."""
     from alspec_eval.vllm.backend import WorkerState
 
-    chosen = []
-    monkeypatch.setattr(paged, "fastest_path", lambda *a: chosen.append(fastest_path(*a)) or chosen[-1])
     case = _rolling(S=16, tokens=64 + tokens)
     rows = StepRows.build(torch.tensor([0, tokens]), torch.tensor([64 + tokens]), torch.tensor([0]), torch.tensor([7]))
     settings = Settings(thresholds=(0.3,) * 4, window=16, window_align=1, approx=make_approximation(approx))
     state = WorkerState(settings=settings)
     query, out = case["query"][:tokens], case["out"][:tokens].clone()
+    verifier = choose(settings.approx, LAYOUTS[layout], case["cache"])
+    assert verifier.name == ("native" if layout == "cpu-vec" else "tiles")
     for layer in range(4):
         with ReadBacks() as reads:
             decided = verify_layer(query, out, case["cache"], LAYOUTS[layout], case["table"], case["block"], rows,
-                                   settings, layer, case["scale"])
+                                   settings, layer, case["scale"], verifier=verifier)
         if layer:
             assert reads.calls == [], (layer, reads.calls)
         state.records.append((rows.tag, rows.pos, layer, *decided))
     with ReadBacks() as reads:
         taken = state.take()
     assert reads.calls.count("cpu") == 1 and taken.codes.shape == (tokens, 4)
-    assert chosen == ["native" if layout == "cpu-vec" else "tiles"]
 
 
 def test_scratch_addresses_follow_its_growth():
@@ -723,6 +731,8 @@ class Jumpy(Approximation):
     """A user's draft fixed by position whose one range jumps back S keys at every 50th position: its tiles' reads
     cannot be sized from probe positions, so they are sized from the step (the fallback)."""
 
+    keys_by_position = True
+
     def position_ranges(self, pos, window, window_align):
         start = pos - 2 * window + 1 - window * (pos % 50 == 0).long()
         return start[:, None], (pos + 1)[:, None], (3 * window,)
@@ -738,8 +748,9 @@ def test_a_draft_whose_ranges_outrun_the_probe_reads_what_the_step_needs(layout)
     for path in paths(layout):
         rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
         got[path] = verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"],
-                                 step["table"], step["N"], rows, settings, 0, step["scale"], path=path)
-    prompt_group = rows.verified(settings, torch.device("cpu"), step["N"]).tiles.groups[1]
+                                 step["table"], step["N"], rows, settings, 0, step["scale"], verifier=VERIFIERS[path]())
+    tiles = verifiers.plan(rows, settings, torch.device("cpu"), step["N"], VERIFIERS["tiles"]()).prepared
+    prompt_group = tiles.groups[1]
     probed = tiled._spans(lambda at: Jumpy().position_ranges(at, 8, 1), (24,), tiled.tile_size(8), 8, 1)
     width = prompt_group.width
     assert prompt_group.chunks.shape[1] != (probed[0] + 2 * width - 2) // width  # sized from the step, not the probe

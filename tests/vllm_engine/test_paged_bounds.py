@@ -10,7 +10,8 @@ import torch
 
 from alspec_eval.approximations.local import Local
 from alspec_eval.stats import ACCEPTED, REJECTED
-from alspec_eval.vllm.paged import Settings, StepRows, verify_layer
+from alspec_eval.vllm.paged import Settings, StepRows
+from alspec_eval.vllm.verifiers import VERIFIERS, verify_layer
 from bounds_drafts import BeforeContext, PastQuery
 from broken_approximation import PeeksAhead
 from test_paged import attend64, build_step, oracle, paths, split_lambda
@@ -24,7 +25,7 @@ def verified(step: dict, approx, lam: float, path: str) -> tuple[torch.Tensor, t
     settings = Settings(thresholds=(lam,), window=S, window_align=1, approx=approx)
     rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
     codes, ratios = verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"], step["table"],
-                                 step["N"], rows, settings, 0, step["scale"], path=path)
+                                 step["N"], rows, settings, 0, step["scale"], verifier=VERIFIERS[path]())
     by_token = torch.full((len(step["tok"]),), -1, dtype=codes.dtype), torch.full((len(step["tok"]),), torch.nan)
     by_token[0][rows.token], by_token[1][rows.token] = codes, ratios
     return *by_token, settings.breaches.take()
