@@ -34,7 +34,8 @@ from ..lm_eval_cli import USE_CACHE_REFUSED
 from ..provenance import versions
 from ..rows import Row
 from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
-from ..stats import ACCEPTED, AcceptanceStats, run_statistics
+from ..region import Trace
+from ..stats import AcceptanceStats, run_statistics
 from .paged import LayoutError, layout_for, observation_first
 from .prefix_cache import TAG
 from .worker import taken as taken_from
@@ -281,21 +282,21 @@ class ALSpecVLLM(VLLM):
         return self._starts[tuple(tokens)]
 
     def _record(self, decided: tuple | None, prompt_len: int, start: int, new: int, generate: bool) -> RowRecord:
-        """One request's decisions over the positions whose outputs are read: up to the last token fed back
-        (a generation's last token and a loglikelihood input's last token feed nothing that is scored)."""
+        """One request's decisions as the HF engine records a row (:class:`.region.Trace`, :class:`.ledger.RowRecord`):
+        statistics over the speculated positions whose outputs are read, up to the last token fed back (a
+        generation's last token and a loglikelihood input's last token feed nothing that is scored), and accepted
+        layers per token from the prompt's last token (generation) or the speculation's start (scoring)."""
         end = prompt_len + new - 1
-        if decided is None:
-            decided = (torch.empty(0, dtype=torch.long), torch.empty(0, self.num_layers, dtype=torch.int8),
-                       torch.empty(0, self.num_layers))
-        pos, codes, ratios = decided
-        keep = (pos >= start) & (pos < end)
-        codes_t, ratios_t = codes[keep].long(), ratios[keep].float()
-        stats = AcceptanceStats.from_trace(codes_t, ratios_t, pos[keep], self.spec_config.window)
         first = prompt_len - 1 if generate else start
-        accepted = torch.zeros(max(end - first, 0), dtype=torch.long)
-        inside = pos[keep] >= first
-        accepted[pos[keep][inside] - first] = (codes_t[inside] == ACCEPTED).sum(-1)
-        return RowRecord(stats, accepted.tolist())
+        lo = min(start, first)
+        codes = torch.zeros(1, max(end - lo, 0), self.num_layers, dtype=torch.int8)
+        ratios = torch.full(codes.shape, float("nan"))
+        if decided is not None:
+            pos, decided_codes, decided_ratios = decided
+            keep = (pos >= start) & (pos < end)
+            codes[0, pos[keep] - lo], ratios[0, pos[keep] - lo] = decided_codes[keep], decided_ratios[keep].float()
+        trace = Trace(codes, ratios, offset=lo, pad=torch.zeros(1, dtype=torch.long), window=self.spec_config.window)
+        return RowRecord(trace.row_stats(0, start, end), trace.accepted_layers(0, first, end))
 
     # ------------------------------------------------------------------ results
 

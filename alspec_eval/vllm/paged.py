@@ -362,17 +362,21 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
 
 def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
-                       observed: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       observed: dict[int, Any],
+                       groups: Contexts | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
     (M, Hkv or 1, n) and which count (None: all). Where they depend on the position alone (``position_ranges``),
     its ranges listed, as the other paths read them (cut to [0, pos]: :func:`.semantics.readable_ranges`); else each
     request's context is read from the cache (:func:`read_contexts`, requests chunked to :data:`CONTEXT_BUDGET`), the
     draft selects as on the HF engine (``per_pass``, ``prepare``, ``select``) and its keys are moved into [0, pos]
     (:func:`.semantics.readable_keys`). What reached outside is counted in ``settings.breaches``. ``observed``: per
-    batch row, what a prompt-scoring draft kept of its prompt at this layer."""
+    batch row, what a prompt-scoring draft kept of its prompt at this layer. ``groups``: the rows' requests grouped
+    for reading (:class:`Contexts`), where the step built them once for all its layers."""
     if settings.approx.keys_by_position:
         return _listed(*position_keys(settings, pos, query.device))
-    positions, valid = _selected(query, kv_cache, layout, block_table, block_size, request, pos, settings, observed)
+    if groups is None:
+        groups = Contexts.build(request, pos, settings.approx, kv_cache)
+    positions, valid = _selected(query, kv_cache, layout, block_table, block_size, pos, settings, observed, groups)
     last = pos.to(positions.device)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
@@ -389,24 +393,45 @@ def _listed(starts: torch.Tensor, ends: torch.Tensor,
     return positions[:, None, :], None if bool(valid.all()) else valid[:, None, :]
 
 
+@dataclass(frozen=True)
+class Contexts:
+    """How a step's selecting rows read their requests' contexts: the requests (batch rows) and how far each is read,
+    in groups whose contexts fit :data:`CONTEXT_BUDGET` together (:func:`_chunks`), and per group which rows are its
+    and their index in it. Host work that depends on the step's rows and the cache's geometry alone: built once per
+    step (:class:`.verifiers.Gathered`), not at every layer."""
+
+    requests: torch.Tensor  # (r,) batch rows
+    lengths: torch.Tensor  # (r,) how many positions of each are read
+    groups: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per group: its requests, rows, local index
+
+    @classmethod
+    def build(cls, request: torch.Tensor, pos: torch.Tensor, approx: Any, kv_cache: torch.Tensor) -> "Contexts":
+        requests, inverse = request.cpu().unique(return_inverse=True)
+        lengths = torch.zeros(len(requests), dtype=torch.long).scatter_reduce(0, inverse, pos.cpu() + 1, "amax")
+        per_token = ((2 if approx.reads_layer else 1) * kv_cache.shape[1] * (kv_cache.shape[-1] // 2)
+                     * kv_cache.element_size())
+        groups = []
+        for group in _chunks(lengths, per_token, one_each=approx.prompt_keys):  # a prompt's observation is its own
+            local = torch.full((len(requests),), -1, dtype=torch.long)
+            local[group] = torch.arange(len(group))
+            mine = (local[inverse] >= 0).nonzero().squeeze(1)
+            groups.append((group, mine, local[inverse[mine]]))
+        return cls(requests, lengths, tuple(groups))
+
+
 def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
-              request: torch.Tensor, pos: torch.Tensor, settings: Settings,
-              observed: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+              pos: torch.Tensor, settings: Settings, observed: dict[int, Any],
+              contexts: Contexts) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them."""
     approx, window = settings.approx, settings.window
-    heads, dim = kv_cache.shape[1], kv_cache.shape[-1] // 2
+    heads = kv_cache.shape[1]
     positions = torch.zeros(len(pos), heads, 2 * window, dtype=torch.long, device=query.device)
     valid = torch.zeros(len(pos), heads, 2 * window, dtype=torch.bool, device=query.device)
-    requests, inverse = request.cpu().unique(return_inverse=True)
-    lengths = torch.zeros(len(requests), dtype=torch.long).scatter_reduce(0, inverse, pos.cpu() + 1, "amax")
-    per_token = (2 if approx.reads_layer else 1) * heads * dim * kv_cache.element_size()
-    for group in _chunks(lengths, per_token, one_each=approx.prompt_keys):  # a prompt's observation is its own
+    requests, lengths = contexts.requests, contexts.lengths
+    for group, mine, local in contexts.groups:
         keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group], lengths[group],
                                           approx.reads_layer)
-        local = torch.full((len(requests),), -1, dtype=torch.long)
-        local[group] = torch.arange(len(group))
-        mine = (local[inverse] >= 0).nonzero().squeeze(1)
-        rows, where = local[inverse[mine]].to(keys.device), pos[mine].to(keys.device)
+        rows, where = local.to(keys.device), pos[mine].to(keys.device)
         row_pad, mine = pad[rows], mine.to(keys.device)
         passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align)
         prepared = approx.prepare(keys, pad, window, observed.get(int(requests[group[0]])),
@@ -444,12 +469,12 @@ def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int |
 
 def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
              request: torch.Tensor, pos: torch.Tensor, settings: Settings, observed: dict[int, Any],
-             scale: float) -> torch.Tensor:
+             scale: float, groups: Contexts | None = None) -> torch.Tensor:
     """A~ (M, Hq, D) of rows whose queries are ``query`` (M, Hq, D): each row's selected keys and values gathered
     from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes. The path of
     drafts that select by content, and the reference the streamed path (:mod:`.tiled`) is tested against."""
     positions, valid = selected_positions(query, kv_cache, layout, block_table, block_size, request, pos, settings,
-                                          observed)
+                                          observed, groups)
     kv_heads, (rows, heads, dim) = kv_cache.shape[1], query.shape
     positions = positions.expand(-1, kv_heads, -1)
     if valid is not None:

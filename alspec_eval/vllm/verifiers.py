@@ -23,7 +23,7 @@ from .. import semantics
 from ..stats import ACCEPTED, REJECTED, TRIVIAL
 from . import native, tiled
 from .native import NativeRows
-from .paged import Settings, StepRows, gathered, position_keys, readable_ranges
+from .paged import Contexts, Settings, StepRows, gathered, position_keys, readable_ranges
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # a tensor-parallel sum over ranks
 
@@ -68,8 +68,9 @@ class Verifier:
         """Whether the platform and this cache (its layout, device, dtype) offer this way."""
         return True
 
-    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, device: torch.device,
-                block_size: int) -> Any:
+    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, layer: Layer) -> Any:
+        """What every layer of the step shares, built on the host at its first layer (``layer``: its cache's
+        geometry, the device)."""
         return None
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
@@ -117,9 +118,8 @@ class Native(Verifier):
     def offered(cls, layout: Any, kv_cache: torch.Tensor) -> bool:
         return native.usable(layout, kv_cache)
 
-    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, device: torch.device,
-                block_size: int) -> NativeRows:
-        return _native_rows(rows, live, settings, device)
+    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, layer: Layer) -> NativeRows:
+        return _native_rows(rows, live, settings, layer.output.device)
 
     def verify(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings, observed: dict[int, Any],
                lam: float, reduce: Reduce | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,9 +149,8 @@ class Triton(Verifier):
         return (layout.triton and kv_cache.is_cuda and kv_cache.dtype in TRITON_DTYPES and kv_cache.stride(-1) == 1
                 and _triton_installed())
 
-    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, device: torch.device,
-                block_size: int) -> NativeRows:
-        return _native_rows(rows, live, settings, device).to(device)
+    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, layer: Layer) -> NativeRows:
+        return _native_rows(rows, live, settings, layer.output.device).to(layer.output.device)
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
                     observed: dict[int, Any]) -> torch.Tensor:
@@ -168,13 +167,12 @@ class Tiles(Verifier):
 
     name = "tiles"
 
-    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, device: torch.device,
-                block_size: int) -> tiled.Tiles:
-        position_keys(settings, rows.pos[live], device)  # the breaches, counted as the other ways count them
+    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, layer: Layer) -> tiled.Tiles:
+        position_keys(settings, rows.pos[live], layer.output.device)  # the breaches, counted as the other ways do
         approx, window, align = settings.approx, settings.window, settings.window_align
         return tiled.Tiles.build(rows.token[live], rows.request[live], rows.pos[live], rows.prompt[live],
                                  lambda at: readable_ranges(approx, at, window, align), window, align,
-                                 block_size).to(device)
+                                 layer.block_size).to(layer.output.device)
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
                     observed: dict[int, Any]) -> torch.Tensor:
@@ -189,10 +187,16 @@ class Gathered(Verifier):
     name = "gathered"
     by_position = False
 
+    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, layer: Layer) -> Contexts | None:
+        """Which contexts the step's rows read, grouped (a draft fixed by position reads its ranges instead)."""
+        if settings.approx.keys_by_position:
+            return None
+        return Contexts.build(rows.request[live], rows.pos[live], settings.approx, layer.kv_cache)
+
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
                     observed: dict[int, Any]) -> torch.Tensor:
         return gathered(layer.query[plan.token], layer.kv_cache, layer.layout, layer.block_table, layer.block_size,
-                        rows.request[plan.live], rows.pos[plan.live], settings, observed, layer.scale)
+                        rows.request[plan.live], rows.pos[plan.live], settings, observed, layer.scale, plan.prepared)
 
 
 # by preference: the first a draft and a cache admit is the engine's
@@ -206,16 +210,20 @@ def choose(approx: Any, layout: Any, kv_cache: torch.Tensor) -> Verifier:
                 if (approx.keys_by_position or not v.by_position) and v.offered(layout, kv_cache))
 
 
-def plan(rows: StepRows, settings: Settings, device: torch.device, block_size: int, verifier: Verifier) -> Plan:
-    """The step's :class:`Plan` for ``verifier``, built on the step's first layer and kept with its rows."""
-    key = (settings.window, settings.window_align, settings.approx, str(device), block_size, verifier.name)
+def plan(rows: StepRows, settings: Settings, layer: Layer, verifier: Verifier) -> Plan:
+    """The step's :class:`Plan` for ``verifier``, built on the step's first layer and kept with its rows (the
+    layers of a step that share a cache's geometry share it)."""
+    cache = layer.kv_cache
+    key = (settings.window, settings.window_align, settings.approx, str(layer.output.device), layer.block_size,
+           tuple(cache.shape[1:]), cache.dtype, verifier.name)
     built = rows.plans.get(key)
     if built is None:
         trivial = semantics.is_trivial(rows.pos, settings.window)
         live = (~trivial).nonzero().squeeze(1)
         codes = torch.where(trivial, TRIVIAL, REJECTED).to(torch.int8)
         ratios = torch.full(rows.pos.shape, math.nan)
-        prepared = verifier.prepare(rows, live, settings, device, block_size) if len(live) else None
+        prepared = verifier.prepare(rows, live, settings, layer) if len(live) else None
+        device = layer.output.device
         built = rows.plans[key] = Plan(live, live.to(device), rows.token[live].to(device), codes.to(device),
                                        ratios.to(device), prepared)
     return built
@@ -237,8 +245,8 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
     if math.isnan(lam) or not len(rows.token):
         return None
     verifier = verifier or choose(settings.approx, layout, kv_cache)
-    step = plan(rows, settings, output.device, block_size, verifier)
+    layer_call = Layer(query, output, kv_cache, layout, block_table, block_size, scale)
+    step = plan(rows, settings, layer_call, verifier)
     if lam == -math.inf or not len(step.live):  # static's exact layers: decided, not measured
         return step.codes, step.ratios
-    return verifier.verify(Layer(query, output, kv_cache, layout, block_table, block_size, scale), rows, step,
-                           settings, observed or {}, lam, reduce)
+    return verifier.verify(layer_call, rows, step, settings, observed or {}, lam, reduce)

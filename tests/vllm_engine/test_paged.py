@@ -147,6 +147,13 @@ def split_lambda(ratios, gap=1e-3):
     return (r[i] + r[i + 1]) / 2
 
 
+def step_plan(step: dict, rows: StepRows, settings: Settings, verifier) -> verifiers.Plan:
+    """The step's plan for ``verifier``, as its first layer builds it."""
+    layer = verifiers.Layer(step["query"], step["output"], step["cache"], step["layout"], step["table"], step["N"],
+                            step["scale"])
+    return verifiers.plan(rows, settings, layer, verifier)
+
+
 def run(step, approx, align, lam, layer=1, **kw):
     """verify_layer on a copy of the step's output with thresholds (nan, lam), for layer 1 by default."""
     out = step["output"].clone()
@@ -367,9 +374,9 @@ def test_streamed_decides_as_gathered(layout, approx, S, align):
         rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
         got[path] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
                                  rows, settings, 0, step["scale"], verifier=VERIFIERS[path]()), out
-        plan = verifiers.plan(rows, settings, out.device, step["N"], VERIFIERS[path]())
+        plan = step_plan(step, rows, settings, VERIFIERS[path]())
         assert type(plan.prepared) is {"tiles": Tiles, "native": NativeRows, "triton": NativeRows}.get(path, type(None))
-    tiles = verifiers.plan(rows, settings, out.device, step["N"], VERIFIERS["tiles"]()).prepared
+    tiles = step_plan(step, rows, settings, VERIFIERS["tiles"]()).prepared
     assert [g.token.shape[1] for g in tiles.groups] == [1, tile_size(S)]
     (codes_ref, ratios_ref), out_ref = got.pop("gathered")
     for path, ((codes, ratios), out) in got.items():
@@ -489,7 +496,7 @@ def test_cpu_kernel_accepts_as_semantics_at_the_limit():
     step = build_step("cpu-vec", 8)
     rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
     settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=make_approximation("sink"))
-    plan = verifiers.plan(rows, settings, torch.device("cpu"), step["N"], verifiers.Native())
+    plan = step_plan(step, rows, settings, verifiers.Native())
     approx, d2, n2 = (t.clone() for t in native.verify(step["query"], step["output"], step["cache"], step["table"],
                                                        plan.prepared, step["scale"], native.Scratch()))
     d, n = d2.double().sqrt().float(), n2.double().sqrt().float()
@@ -532,7 +539,7 @@ def test_cpu_kernel_does_not_depend_on_the_thread_count():
     step = build_step("cpu-vec", 32)
     rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
     settings = Settings(thresholds=(0.5,), window=32, window_align=32, approx=make_approximation("sink"))
-    plan = verifiers.plan(rows, settings, torch.device("cpu"), step["N"], verifiers.Native())
+    plan = step_plan(step, rows, settings, verifiers.Native())
     threads = torch.get_num_threads()
     got = []
     try:
@@ -618,7 +625,9 @@ def test_verification_memory_is_bounded_by_the_budget(monkeypatch):
     for path in ("tiles", "gathered"):
         case["rows"].plans.clear()
         way = VERIFIERS[path]()
-        verifiers.plan(case["rows"], case["settings"], torch.device("cpu"), case["block"], way)  # built once
+        verifiers.plan(case["rows"], case["settings"], verifiers.Layer(
+            case["query"], case["out"], case["cache"], PlainLayout(), case["table"], case["block"], case["scale"]),
+            way)  # the step's plan, built once
         with PeakBytes() as peak:
             verify_layer(case["query"], case["out"].clone(), case["cache"], PlainLayout(), case["table"],
                          case["block"], case["rows"], case["settings"], 1, case["scale"], verifier=way)
@@ -671,6 +680,29 @@ def test_no_read_back_per_layer(layout, approx, tokens, monkeypatch):
     with ReadBacks() as reads:
         taken = state.take()
     assert reads.calls.count("cpu") == 1 and taken.codes.shape == (tokens, 4)
+
+
+@pytest.mark.parametrize("approx", ["topk", "quest"])
+def test_a_selecting_draft_groups_its_contexts_once_per_step(approx, monkeypatch):
+    """A draft that selects by content (gathered): which requests' contexts its rows read, and in which groups, is
+    host work done on the step's first layer only; the later layers decide from the same groups as a fresh step."""
+    import alspec_eval.vllm.paged as paged
+
+    built = []
+    original = paged.Contexts.build
+    monkeypatch.setattr(paged.Contexts, "build", lambda *a: built.append(1) or original(*a))
+    step = build_step("plain", 8)
+    settings = Settings(thresholds=(0.5,) * 3, window=8, window_align=1, approx=make_approximation(approx))
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+    way = choose(settings.approx, step["layout"], step["cache"])
+    assert way.name == "gathered"
+    got = [verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"], step["table"],
+                        step["N"], rows, settings, layer, step["scale"], verifier=way) for layer in range(3)]
+    assert built == [1]
+    fresh = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+    alone = verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"], step["table"],
+                         step["N"], fresh, settings, 2, step["scale"], verifier=way)
+    assert torch.equal(got[2][0], alone[0]) and torch.equal(got[2][1].nan_to_num(-1), alone[1].nan_to_num(-1))
 
 
 def test_scratch_addresses_follow_its_growth():
@@ -749,7 +781,7 @@ def test_a_draft_whose_ranges_outrun_the_probe_reads_what_the_step_needs(layout)
         rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
         got[path] = verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"],
                                  step["table"], step["N"], rows, settings, 0, step["scale"], verifier=VERIFIERS[path]())
-    tiles = verifiers.plan(rows, settings, torch.device("cpu"), step["N"], VERIFIERS["tiles"]()).prepared
+    tiles = step_plan(step, rows, settings, VERIFIERS["tiles"]()).prepared
     prompt_group = tiles.groups[1]
     probed = tiled._spans(lambda at: Jumpy().position_ranges(at, 8, 1), (24,), tiled.tile_size(8), 8, 1)
     width = prompt_group.width
