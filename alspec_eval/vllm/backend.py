@@ -3,8 +3,9 @@ into ``output``, then every speculating token of the step is verified and commit
 :func:`.verifiers.verify_layer` (:class:`SpeculatingImpl`, mixed into each backend's impl by :mod:`.backends`).
 
 Which tokens speculate comes from the requests: the driver tags each with ``SamplingParams.extra_args["alspec"]``
-(where its speculation starts, and its id), and the worker state reads the tags of the step's batch from the model
-runner once per step. A step without tags (vLLM's warm-up and profiling passes) runs the platform's backend alone.
+(where its speculation starts, and its id), and the speculating metadata builder (:mod:`.backends`) builds the
+step's rows once per step, where vLLM builds its attention metadata, and attaches them to it (``alspec``). A step
+without tags (vLLM's warm-up and profiling passes) runs the platform's backend alone.
 """
 
 from __future__ import annotations
@@ -32,45 +33,39 @@ class WorkerState:
     runner: Any = None
     settings: Settings | None = None
     records: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    step: Any = None
-    rows: StepRows | None = None
-    prompt_rows: PromptRows | None = None
     prompts: Prompts = field(default_factory=Prompts)  # a prompt-scoring draft's observations (paged.observe_layer)
     checked: set[str] = field(default_factory=set)  # layers whose cache layout was checked once
     dumps: list[dict[str, Any]] = field(default_factory=list)  # Settings.dump: what an outside reference reads
     backend: str | None = None  # the platform backend that gives A (provenance)
     verifier: Verifier | None = None  # how this engine verifies (verifiers.choose), chosen at its first layer call
 
-    def step_rows(self, metadata: Any) -> tuple[StepRows, PromptRows]:
-        """The step's speculating tokens and the tokens in an observation window, read once per forward pass (vLLM
-        makes a forward context per pass); observations of requests no longer in the engine are dropped."""
-        from vllm.forward_context import get_forward_context
-
-        context = get_forward_context()
-        if context is not self.step:
-            starts, tags, firsts, prompt_lens = self._tags(len(metadata.seq_lens))
-            self.step = context
-            query_start_loc, seq_lens = self.host_metadata(metadata)
-            self.rows = StepRows.build(query_start_loc, seq_lens, starts, tags, prompt_lens)
-            self.prompt_rows = PromptRows.build(query_start_loc, seq_lens, firsts, starts, tags)
-            if self.prompts.queries or self.prompts.observed:
-                self.prompts.prune({args[TAG][1] for args in map(_extra_args, self.runner.requests.values())
-                                    if TAG in args})
-        return self.rows, self.prompt_rows
-
-    def host_metadata(self, metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's ``query_start_loc`` and ``seq_lens`` from the host copies the model runner built them from
-        (nothing read back from the device), where it keeps them; else the attention metadata's."""
-        requests = len(metadata.seq_lens)
-        starts = getattr(getattr(self.runner, "query_start_loc", None), "cpu", None)
-        lens = getattr(self.runner, "optimistic_seq_lens_cpu", None)
-        if isinstance(starts, torch.Tensor) and isinstance(lens, torch.Tensor):
-            return starts[:requests + 1], lens[:requests]
-        return metadata.query_start_loc, metadata.seq_lens
+    def step(self, common: Any) -> Step | None:
+        """The step's speculating tokens and the tokens in an observation window, built once per step by the
+        speculating metadata builder (:mod:`.backends`) from vLLM's ``CommonAttentionMetadata`` (its host copies of
+        ``query_start_loc`` and the sequence lengths: nothing read back from the device) and the requests' tags
+        (:meth:`_tags`); None before the driver configures the engine. Observations of requests no longer in the
+        engine are dropped."""
+        if self.settings is None or self.runner is None:
+            return None
+        requests = common.num_reqs
+        query_start_loc, seq_lens = common.query_start_loc_cpu, common.seq_lens_cpu_upper_bound
+        if query_start_loc is None or seq_lens is None:
+            raise RuntimeError("alspec-vllm reads the step's host query_start_loc_cpu and seq_lens_cpu_upper_bound "
+                               "from vLLM's CommonAttentionMetadata, which this vLLM does not give; use a vLLM "
+                               "alspec-eval is tested with (the [vllm] extra)")
+        query_start_loc, seq_lens = query_start_loc[:requests + 1], seq_lens[:requests]
+        starts, tags, firsts, prompt_lens = self._tags(requests)
+        if self.prompts.queries or self.prompts.observed:
+            self.prompts.prune({args[TAG][1] for args in map(_extra_args, self.runner.requests.values())
+                                if TAG in args})
+        return Step(StepRows.build(query_start_loc, seq_lens, starts, tags, prompt_lens),
+                    PromptRows.build(query_start_loc, seq_lens, firsts, starts, tags), query_start_loc, seq_lens)
 
     def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per batch row: where its speculation starts, its tag, where its observation window begins (NEVER where
-        it has none) and its prompt's length."""
+        it has none) and its prompt's length. The one adapter to the model runner's state that no builder input
+        carries: the batch's request ids (``input_batch.req_ids``) and each request's sampling parameters and prompt
+        length (``requests``); tests/vllm_engine/test_backend_registration.py fails where vLLM stops giving them."""
         batch = self.runner.input_batch.req_ids
         starts, tags, firsts, prompts = [NEVER] * requests, [-1] * requests, [NEVER] * requests, [0] * requests
         for row, req_id in enumerate(batch[:requests]):
@@ -122,6 +117,16 @@ class WorkerState:
         first = torch.full((len(keys),), len(inverse)).scatter_reduce(0, inverse, order, "amin")
         again = int((torch.bincount(inverse, minlength=len(keys)) > 1).sum())
         return Taken(keys >> 32, keys & 0xFFFFFFFF, codes[first], ratios[first], again, count, last)
+
+
+class Step(NamedTuple):
+    """What the speculating metadata builder attaches to a step's attention metadata (``alspec``): the step's rows
+    and, for the layout check, its host ``query_start_loc`` and sequence lengths."""
+
+    rows: StepRows
+    prompt_rows: PromptRows
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
 
 
 class Taken(NamedTuple):
@@ -177,17 +182,17 @@ class SpeculatingImpl:
         if attn_metadata is None:  # vLLM's profiling and warm-up passes: the verification's peak, for the profiler
             reserve(query)
             return result
-        settings = STATE.settings
-        if settings is None or STATE.runner is None:
+        step, settings = getattr(attn_metadata, "alspec", None), STATE.settings
+        if step is None or settings is None:  # built before the driver configured the engine
             return result
-        rows, prompt_rows = STATE.step_rows(attn_metadata)
+        rows, prompt_rows = step.rows, step.prompt_rows
         if not len(rows.token) and not len(prompt_rows.token):
             return result
         layout = self._alspec_layout(layer)
         block_size = kv_cache.shape[2]
         if settings.check_layout or layer.layer_name not in STATE.checked:
             check_newest(kv_cache, layout, attn_metadata.block_table, block_size, key,
-                         *rows.newest(*STATE.host_metadata(attn_metadata)))
+                         *rows.newest(step.query_start_loc, step.seq_lens))
             STATE.checked.add(layer.layer_name)
         from vllm.distributed import get_tensor_model_parallel_world_size
 

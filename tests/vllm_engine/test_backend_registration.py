@@ -97,3 +97,68 @@ def test_the_block_hash_patch_keys_speculated_blocks_in_vllms_own_hasher(monkeyp
     assert ours[:2] == plain[:2] and ours[2] != plain[2]  # blocks 0-63 exact and shared; the block from 64 keyed
     assert other_rules[:2] == plain[:2] and other_rules[2] not in (ours[2], plain[2])
     assert other_start[0] == plain[0] and other_start[1] not in (ours[1], plain[1])
+
+
+def _common(query_start_loc: list[int], seq_lens: list[int]):
+    """vLLM's own CommonAttentionMetadata of a step, host copies and device tensors alike (on the CPU)."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl, lens = torch.tensor(query_start_loc, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=lens, num_reqs=len(lens),
+                                   num_actual_tokens=int(qsl[-1]), max_query_len=int((qsl[1:] - qsl[:-1]).max()),
+                                   max_seq_len=int(lens.max()), block_table_tensor=torch.zeros(len(lens), 4),
+                                   slot_mapping=torch.zeros(int(qsl[-1])), seq_lens_cpu_upper_bound=lens)
+
+
+def test_the_builder_attaches_the_step_built_from_what_vllm_gives_it(monkeypatch):
+    """The speculating builder builds the step's rows once, from vLLM's CommonAttentionMetadata (host copies) and the
+    requests' tags, and attaches them to the backend's own metadata; before the driver configures the engine it
+    attaches None. The runner state the one adapter reads (``input_batch.req_ids``, each request's
+    ``sampling_params`` and ``num_prompt_tokens``) is asserted on vLLM's own classes, so a vLLM that renames it fails
+    here, not silently in an engine."""
+    import dataclasses
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+    from alspec_eval.approximations import make_approximation
+    from alspec_eval.vllm import backend, backends
+    from alspec_eval.vllm.paged import Settings
+    from alspec_eval.vllm.prefix_cache import TAG
+
+    assert isinstance(inspect.getattr_static(InputBatch, "req_ids"), property)
+    assert "sampling_params" in {f.name for f in dataclasses.fields(CachedRequestState)}
+    assert "self.num_prompt_tokens" in inspect.getsource(CachedRequestState.__post_init__)
+
+    class Base:
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            return SimpleNamespace(built=common_attn_metadata.num_reqs)
+
+    class Builder(backends.SpeculatingBuilder, Base):
+        pass
+
+    state = backend.WorkerState()
+    monkeypatch.setattr(backends, "STATE", state)
+    common = _common([0, 5, 6], [5, 9])  # a 5-token prompt, and a decode step at position 8
+    assert Builder().build(0, common).alspec is None  # not configured yet
+
+    def request(start: int, tag: int, prompt: int):
+        return SimpleNamespace(sampling_params=SamplingParams(extra_args={TAG: [start, tag, None, None]}),
+                               num_prompt_tokens=prompt)
+
+    state.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]),
+                                   requests={"a": request(3, 7, 5), "b": request(6, 8, 6)})
+    state.settings = Settings((0.5,), 8, 1, make_approximation("sink"))
+    built = Builder().build(0, common)
+    assert built.built == 2
+    rows = built.alspec.rows
+    assert rows.token.tolist() == [3, 4, 5] and rows.pos.tolist() == [3, 4, 8] and rows.tag.tolist() == [7, 7, 8]
+    assert rows.prompt.tolist() == [True, True, False]
+    assert torch.equal(built.alspec.seq_lens, common.seq_lens_cpu_upper_bound)
+    monkeypatch.setattr(common, "seq_lens_cpu_upper_bound", None)
+    with pytest.raises(RuntimeError, match="seq_lens_cpu_upper_bound"):
+        Builder().build(0, common)

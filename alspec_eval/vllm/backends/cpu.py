@@ -4,14 +4,14 @@ from vllm.v1.attention.backends.cpu_attn import (CPUAttentionBackend, CPUAttenti
                                                  CPUAttentionMetadataBuilder)
 
 from ..backend import SpeculatingImpl
-from . import NoFullGraphs, Speculating
+from . import SpeculatingBuilder, Speculating
 
 
 class ALSpecCPUAttentionImpl(SpeculatingImpl, CPUAttentionBackendImpl):
     pass
 
 
-class ALSpecCPUAttentionMetadataBuilder(NoFullGraphs, CPUAttentionMetadataBuilder):
+class ALSpecCPUAttentionMetadataBuilder(SpeculatingBuilder, CPUAttentionMetadataBuilder):
     pass
 
 

@@ -4,14 +4,14 @@ from vllm.v1.attention.backends.flash_attn import (FlashAttentionBackend, FlashA
                                                    FlashAttentionMetadataBuilder)
 
 from ..backend import SpeculatingImpl
-from . import NoFullGraphs, Speculating
+from . import SpeculatingBuilder, Speculating
 
 
 class ALSpecFlashAttentionImpl(SpeculatingImpl, FlashAttentionImpl):
     pass
 
 
-class ALSpecFlashAttentionMetadataBuilder(NoFullGraphs, FlashAttentionMetadataBuilder):
+class ALSpecFlashAttentionMetadataBuilder(SpeculatingBuilder, FlashAttentionMetadataBuilder):
     pass
 
 

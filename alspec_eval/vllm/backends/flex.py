@@ -4,14 +4,14 @@ from vllm.v1.attention.backends.flex_attention import (FlexAttentionBackend, Fle
                                                        FlexAttentionMetadataBuilder)
 
 from ..backend import SpeculatingImpl
-from . import NoFullGraphs, Speculating
+from . import SpeculatingBuilder, Speculating
 
 
 class ALSpecFlexAttentionImpl(SpeculatingImpl, FlexAttentionImpl):
     pass
 
 
-class ALSpecFlexAttentionMetadataBuilder(NoFullGraphs, FlexAttentionMetadataBuilder):
+class ALSpecFlexAttentionMetadataBuilder(SpeculatingBuilder, FlexAttentionMetadataBuilder):
     pass
 
 

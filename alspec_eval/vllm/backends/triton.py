@@ -4,14 +4,14 @@ from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend, Trit
                                                     TritonAttentionMetadataBuilder)
 
 from ..backend import SpeculatingImpl
-from . import NoFullGraphs, Speculating
+from . import SpeculatingBuilder, Speculating
 
 
 class ALSpecTritonAttentionImpl(SpeculatingImpl, TritonAttentionImpl):
     pass
 
 
-class ALSpecTritonAttentionMetadataBuilder(NoFullGraphs, TritonAttentionMetadataBuilder):
+class ALSpecTritonAttentionMetadataBuilder(SpeculatingBuilder, TritonAttentionMetadataBuilder):
     pass
 
 
