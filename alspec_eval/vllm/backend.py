@@ -48,6 +48,7 @@ class WorkerState:
         if self.settings is None or self.runner is None:
             return None
         requests = common.num_reqs
+        # an upper bound only for async speculative decoding's rows, which checks.py refuses: here the lengths
         query_start_loc, seq_lens = common.query_start_loc_cpu, common.seq_lens_cpu_upper_bound
         if query_start_loc is None or seq_lens is None:
             raise RuntimeError("alspec-vllm reads the step's host query_start_loc_cpu and seq_lens_cpu_upper_bound "
