@@ -155,9 +155,6 @@ def _extra_args(state: Any) -> dict[str, Any]:
     return (params and params.extra_args) or {}
 
 
-STATE = WorkerState()
-
-
 @functools.cache
 def layer_index(name: str) -> int:
     """vLLM's index of an attention layer's decoder layer, parsed once per layer, not at every step."""
@@ -175,7 +172,11 @@ def _reduce(stacked: torch.Tensor) -> torch.Tensor:
 
 class SpeculatingImpl:
     """Mixed in before the platform's impl class: its forward computes A, then the step's speculating tokens of this
-    layer are verified and the accepted A~ committed into ``output``."""
+    layer are verified and the accepted A~ committed into ``output``. ``alspec_state`` is its worker's
+    :class:`WorkerState`, handed to every layer by the worker extension when the driver configures it (None before:
+    the platform's backend alone)."""
+
+    alspec_state: WorkerState | None = None
 
     def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any, output: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -183,18 +184,20 @@ class SpeculatingImpl:
         if attn_metadata is None:  # vLLM's profiling and warm-up passes: the verification's peak, for the profiler
             reserve(query)
             return result
-        step, settings = getattr(attn_metadata, "alspec", None), STATE.settings
-        if step is None or settings is None:  # built before the driver configured the engine
+        step, state = getattr(attn_metadata, "alspec", None), self.alspec_state
+        if step is None or state is None or state.settings is None:  # built before the driver configured the engine
             return result
+        settings = state.settings
         rows, prompt_rows = step.rows, step.prompt_rows
         if not len(rows.token) and not len(prompt_rows.token):
             return result
-        layout = self._alspec_layout(layer)
+        state.backend = layer.attn_backend.get_name()
+        layout = layout_for(state.backend, getattr(layer, "isa", None) if state.backend == "CPU_ATTN" else None)
         block_size = kv_cache.shape[2]
-        if settings.check_layout or layer.layer_name not in STATE.checked:
+        if settings.check_layout or layer.layer_name not in state.checked:
             check_newest(kv_cache, layout, attn_metadata.block_table, block_size, key,
                          *rows.newest(step.query_start_loc, step.seq_lens))
-            STATE.checked.add(layer.layer_name)
+            state.checked.add(layer.layer_name)
         from vllm.distributed import get_tensor_model_parallel_world_size
 
         index = layer_index(layer.layer_name)
@@ -202,28 +205,23 @@ class SpeculatingImpl:
         queries = query.view(query.shape[0], self.num_heads, -1)
         if len(prompt_rows.token):
             observe_layer(queries, kv_cache, layout, attn_metadata.block_table, block_size, prompt_rows, settings,
-                          index, self.scale, STATE.prompts)
+                          index, self.scale, state.prompts)
         exact = out[rows.token.to(out.device)].clone() if settings.dump else None
-        observed = {row: STATE.prompts.observed.get((tag, index)) for row, tag in
-                    zip(rows.request.tolist(), rows.tag.tolist())} if STATE.prompts.observed else None
-        if STATE.verifier is None:
-            STATE.verifier = choose(settings.approx, layout, kv_cache)
+        observed = {row: state.prompts.observed.get((tag, index)) for row, tag in
+                    zip(rows.request.tolist(), rows.tag.tolist())} if state.prompts.observed else None
+        if state.verifier is None:
+            state.verifier = choose(settings.approx, layout, kv_cache)
         decided = verify_layer(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,
                                settings, index, self.scale,
                                _reduce if get_tensor_model_parallel_world_size() > 1 else None, observed,
-                               STATE.verifier)
+                               state.verifier)
         if decided is not None:
-            STATE.records.append((rows.tag, rows.pos, index, *decided))
+            state.records.append((rows.tag, rows.pos, index, *decided))
             if settings.dump:
                 keys, values = contexts(kv_cache, layout, attn_metadata.block_table, block_size, rows)
                 token = rows.token.to(out.device)
-                STATE.dumps.append({"layer": index, "tag": rows.tag, "pos": rows.pos, "query": queries[token].cpu(),
+                state.dumps.append({"layer": index, "tag": rows.tag, "pos": rows.pos, "query": queries[token].cpu(),
                                     "exact": exact.cpu(), "committed": out[token].cpu(), "keys": keys.cpu(),
                                     "values": values.cpu(), "scale": self.scale, "code": decided[0],
                                     "ratio": decided[1]})
         return result
-
-    def _alspec_layout(self, layer: Any) -> Any:
-        name = layer.attn_backend.get_name()
-        STATE.backend = name
-        return layout_for(name, getattr(layer, "isa", None) if name == "CPU_ATTN" else None)

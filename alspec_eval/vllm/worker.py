@@ -9,43 +9,58 @@ import torch
 
 from ..approximations import make_approximation
 from . import native
-from .backend import STATE, SpeculatingImpl, Taken
+from .backend import SpeculatingImpl, Taken, WorkerState
 from .paged import Settings
 
 
 class ALSpecWorker:
-    """Mixed into vLLM's worker class; its methods are called by name from the driver."""
+    """Mixed into vLLM's worker class; its methods are called by name from the driver. What lasts the whole engine
+    (the settings, the decisions recorded, the verifier) is this worker's :class:`.backend.WorkerState`, which
+    :meth:`alspec_configure` hands to every speculating attention layer."""
+
+    alspec_state: WorkerState | None = None
 
     def alspec_configure(self, settings: dict[str, Any]) -> list[str]:
         """Speculate with ``settings`` from the next step on (the fields of :class:`.paged.Settings`, the approximation
         as its name and arguments); drops decisions not yet taken. Returns the backends of the model's attention
         layers that do not speculate (:mod:`.backends` wraps none of them), which the driver refuses."""
         approx = make_approximation(settings["approx"], settings["approx_args"])
-        STATE.runner = self.model_runner  # type: ignore[attr-defined]
-        STATE.settings = Settings(tuple(float(t) for t in settings["thresholds"]), int(settings["window"]),
+        state = self.alspec_state = self.alspec_state or WorkerState()
+        state.runner = self.model_runner  # type: ignore[attr-defined]
+        state.settings = Settings(tuple(float(t) for t in settings["thresholds"]), int(settings["window"]),
                                   int(settings["window_align"]), approx, bool(settings["check_layout"]),
                                   bool(settings.get("dump", False)))
-        STATE.records.clear()
-        STATE.dumps.clear()
-        STATE.verifier = None  # chosen again for this draft at the next speculating layer
+        state.records.clear()
+        state.dumps.clear()
+        state.verifier = None  # chosen again for this draft at the next speculating layer
         if self.device.type == "cpu":  # type: ignore[attr-defined]
             native.library()  # built (or found in the cache) here, so that no engine step pays the compiler
         layers = self.vllm_config.compilation_config.static_forward_context  # type: ignore[attr-defined]
-        return sorted({layer.attn_backend.get_name() for layer in layers.values()
-                       if hasattr(layer, "impl") and not isinstance(layer.impl, SpeculatingImpl)})
+        attention = [layer for layer in layers.values() if hasattr(layer, "impl")]
+        for layer in attention:
+            if isinstance(layer.impl, SpeculatingImpl):
+                layer.impl.alspec_state = state
+        return sorted({layer.attn_backend.get_name() for layer in attention
+                       if not isinstance(layer.impl, SpeculatingImpl)})
 
     def alspec_take(self) -> list[Any]:
         """The decisions since the last take, packed, and how many positions were decided again
         (:meth:`.backend.WorkerState.take`), as the RPC carries them (:func:`taken` makes them again)."""
-        return [packed(t) if isinstance(t, torch.Tensor) else t for t in STATE.take()]
+        return [packed(t) if isinstance(t, torch.Tensor) else t for t in self._alspec().take()]
 
     def alspec_dumps(self) -> list[dict[str, Any]]:
         """With ``dump`` set: every verified layer call's rows since the last call (for an outside reference)."""
-        dumps, STATE.dumps = STATE.dumps, []
+        state = self._alspec()
+        dumps, state.dumps = state.dumps, []
         return [{k: packed(v) if isinstance(v, torch.Tensor) else v for k, v in d.items()} for d in dumps]
 
     def alspec_backend(self) -> str | None:
-        return STATE.backend
+        return self._alspec().backend
+
+    def _alspec(self) -> WorkerState:
+        if self.alspec_state is None:
+            raise RuntimeError("alspec-vllm's worker was asked for decisions before alspec_configure")
+        return self.alspec_state
 
 
 def packed(tensor: torch.Tensor) -> dict[str, Any]:

@@ -113,8 +113,8 @@ def _common(query_start_loc: list[int], seq_lens: list[int]):
 
 def test_the_builder_attaches_the_step_built_from_what_vllm_gives_it(monkeypatch):
     """The speculating builder builds the step's rows once, from vLLM's CommonAttentionMetadata (host copies) and the
-    requests' tags, and attaches them to the backend's own metadata; before the driver configures the engine it
-    attaches None. The runner state the one adapter reads (``input_batch.req_ids``, each request's
+    requests' tags, and attaches them to the backend's own metadata, through the state the worker extension handed
+    its layers' impls; before the driver configures the engine it attaches None. The runner state the one adapter reads (``input_batch.req_ids``, each request's
     ``sampling_params`` and ``num_prompt_tokens``) is asserted on vLLM's own classes, so a vLLM that renames it fails
     here, not silently in an engine."""
     import dataclasses
@@ -125,10 +125,13 @@ def test_the_builder_attaches_the_step_built_from_what_vllm_gives_it(monkeypatch
     from vllm import SamplingParams
     from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-    from alspec_eval.approximations import make_approximation
+    from unittest.mock import Mock
+
+    from vllm.model_executor.layers.attention import Attention
+
     from alspec_eval.vllm import backend, backends
-    from alspec_eval.vllm.paged import Settings
     from alspec_eval.vllm.prefix_cache import TAG
+    from alspec_eval.vllm.worker import ALSpecWorker
 
     assert isinstance(inspect.getattr_static(InputBatch, "req_ids"), property)
     assert "sampling_params" in {f.name for f in dataclasses.fields(CachedRequestState)}
@@ -141,19 +144,24 @@ def test_the_builder_attaches_the_step_built_from_what_vllm_gives_it(monkeypatch
     class Builder(backends.SpeculatingBuilder, Base):
         pass
 
-    state = backend.WorkerState()
-    monkeypatch.setattr(backends, "STATE", state)
-    common = _common([0, 5, 6], [5, 9])  # a 5-token prompt, and a decode step at position 8
-    assert Builder().build(0, common).alspec is None  # not configured yet
-
     def request(start: int, tag: int, prompt: int):
         return SimpleNamespace(sampling_params=SamplingParams(extra_args={TAG: [start, tag, None, None]}),
                                num_prompt_tokens=prompt)
 
-    state.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]),
-                                   requests={"a": request(3, 7, 5), "b": request(6, 8, 6)})
-    state.settings = Settings((0.5,), 8, 1, make_approximation("sink"))
-    built = Builder().build(0, common)
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]),
+                             requests={"a": request(3, 7, 5), "b": request(6, 8, 6)})
+    impl = type("Impl", (backend.SpeculatingImpl,), {})()
+    layer = Mock(spec=Attention, impl=impl, attn_backend=SimpleNamespace(get_name=lambda: "CPU_ATTN"))
+    config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={"model.layers.0.attn": layer}))
+    worker = type("Worker", (ALSpecWorker,), {"device": torch.device("cuda"), "model_runner": runner,
+                                              "vllm_config": config})()
+    builder = Builder()
+    builder.vllm_config, builder.layer_names = config, ["model.layers.0.attn"]
+    common = _common([0, 5, 6], [5, 9])  # a 5-token prompt, and a decode step at position 8
+    assert builder.build(0, common).alspec is None  # not configured yet
+    worker.alspec_configure({"approx": "sink", "approx_args": {}, "thresholds": [0.5], "window": 8,
+                             "window_align": 1, "check_layout": False})
+    built = builder.build(0, common)
     assert built.built == 2
     rows = built.alspec.rows
     assert rows.token.tolist() == [3, 4, 5] and rows.pos.tolist() == [3, 4, 8] and rows.tag.tolist() == [7, 7, 8]
@@ -161,4 +169,4 @@ def test_the_builder_attaches_the_step_built_from_what_vllm_gives_it(monkeypatch
     assert torch.equal(built.alspec.seq_lens, common.seq_lens_cpu_upper_bound)
     monkeypatch.setattr(common, "seq_lens_cpu_upper_bound", None)
     with pytest.raises(RuntimeError, match="seq_lens_cpu_upper_bound"):
-        Builder().build(0, common)
+        builder.build(0, common)

@@ -109,15 +109,33 @@ def _impl(name: str, speculating: bool) -> object:
 def test_configuring_a_cpu_worker_builds_the_kernel_before_any_step(monkeypatch):
     """The C kernel is built (or found in the cache) by the driver's configure call, at engine start, so that no
     engine step pays the compiler; a CUDA worker builds nothing."""
-    from alspec_eval.vllm import native, worker as extension
+    from alspec_eval.vllm import native
 
     calls = []
     monkeypatch.setattr(native, "library", lambda: calls.append(1))
-    monkeypatch.setattr(extension, "STATE", WorkerState())  # this process's own state stays as it was
     for device, built in (("cuda", []), ("cpu", [1])):
-        extension.STATE.verifier = object()  # the last draft's: chosen again for the new one
         assert _worker(device, _impl("CPU_ATTN", True)).alspec_configure(SETTINGS) == []
-        assert calls == built and extension.STATE.verifier is None, device
+        assert calls == built, device
+
+
+def test_the_worker_owns_its_state_and_hands_it_to_its_speculating_layers():
+    """What lasts the engine lives on the worker extension's instance, not in a module: configure hands it to every
+    speculating impl (a plain one gets none), keeps it across configures with the records and the verifier reset,
+    and two workers in one process keep apart."""
+    speculating, plain = _impl("FLASH_ATTN", True), _impl("FLASHINFER", False)
+    worker, other = _worker("cuda", speculating, plain), _worker("cuda", _impl("FLASH_ATTN", True))
+    with pytest.raises(RuntimeError, match="before alspec_configure"):
+        worker.alspec_take()
+    worker.alspec_configure(SETTINGS)
+    other.alspec_configure({**SETTINGS, "window": 16})
+    state = worker.alspec_state
+    assert speculating.alspec_state is state and not hasattr(plain, "alspec_state")
+    assert state is not other.alspec_state and state.settings.window == 8
+    state.verifier = object()  # the last draft's: chosen again for the new one
+    state.records.append((torch.tensor([5]), torch.tensor([30]), 0, torch.tensor([3]), torch.tensor([0.1])))
+    worker.alspec_configure({**SETTINGS, "approx": "local"})
+    assert worker.alspec_state is state and state.verifier is None and not state.records
+    assert speculating.alspec_state is state and state.settings.approx.name == "local"
 
 
 @pytest.mark.slow  # the driver's module imports vLLM where it is installed (which starts a process)
@@ -126,11 +144,9 @@ def test_a_layer_whose_backend_does_not_speculate_is_named_and_refused_by_the_dr
     alspec-vllm does not wrap, or its registration replaced); the driver refuses them in one line."""
     pytest.importorskip("vllm")
     from alspec_eval.config import SpeculationConfig
-    from alspec_eval.vllm import worker as extension
     from alspec_eval.vllm.model import ALSpecVLLM
     from alspec_eval.vllm.paged import LayoutError
 
-    monkeypatch.setattr(extension, "STATE", WorkerState())
     worker = _worker("cuda", _impl("FLASH_ATTN", True), _impl("FLASHINFER", False), _impl("TRITON_ATTN", False))
     plain = worker.alspec_configure(SETTINGS)
     assert plain == ["FLASHINFER", "TRITON_ATTN"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm.v1.attention.backend import AttentionCGSupport
 
-from ..backend import STATE
+from ..backend import SpeculatingImpl, WorkerState
 
 # the backend each module wraps, by vLLM's AttentionBackendEnum name: module, class
 WRAPPED = {"CPU_ATTN": "cpu.ALSpecCPUAttentionBackend", "FLASH_ATTN": "flash.ALSpecFlashAttentionBackend",
@@ -19,7 +19,8 @@ WRAPPED = {"CPU_ATTN": "cpu.ALSpecCPUAttentionBackend", "FLASH_ATTN": "flash.ALS
 class SpeculatingBuilder:
     """Before a metadata builder: the step's speculating rows built once per step, where vLLM builds the step's
     attention metadata, from its ``CommonAttentionMetadata`` (:meth:`.backend.WorkerState.step`), and attached to
-    the metadata every layer of the step receives (``alspec``). No full CUDA-graph capture of the speculating
+    the metadata every layer of the step receives (``alspec``). The worker's state is the one the worker extension
+    handed its layers' impls, found as vLLM's own builders find their layers (``get_layers_from_vllm_config``). No full CUDA-graph capture of the speculating
     attention, whose Python runs every step (piecewise graphs leave attention out of the graph, so nothing stale is
     replayed)."""
 
@@ -31,8 +32,20 @@ class SpeculatingBuilder:
 
     def build(self, common_prefix_len: int, common_attn_metadata: Any, *args: Any, **kwargs: Any) -> Any:
         metadata = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)  # type: ignore[misc]
-        metadata.alspec = STATE.step(common_attn_metadata)
+        state = self._alspec_state()
+        metadata.alspec = state.step(common_attn_metadata) if state is not None else None
         return metadata
+
+    def _alspec_state(self) -> WorkerState | None:
+        """The worker's state, from the impl of the first of this builder's layers (None before the driver
+        configures the worker)."""
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+        first = self.layer_names[:1]  # type: ignore[attr-defined]
+        layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase, first)  # type: ignore[attr-defined]
+        impl = next((getattr(layer, "impl", None) for layer in layers.values()), None)
+        return impl.alspec_state if isinstance(impl, SpeculatingImpl) else None
 
 
 class Speculating:
