@@ -17,7 +17,6 @@ HF_ONLY = {"backend": "the tt backend is --model alspec's", "kernel": "the decod
            "tt_kv_dtype": "backend=tt is --model alspec's", "tt_kernel": "backend=tt is --model alspec's",
            "gamma": "policy=selfspec is --model alspec's"}
 POLICIES = ("dynamic", "always", "static", "exact")
-KNOWN_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN")  # CUDA backends whose cache layout alspec-vllm reads
 # vLLM settings that split the layers or a sequence's KV cache over ranks: no rank then holds every layer's
 # decisions, or the keys A~ reads
 SPLITS = {"pipeline_parallel_size": "each stage holds some of the layers, and decisions are read from one",
@@ -89,10 +88,12 @@ def check_engine_args(engine_args: dict[str, Any]) -> None:
     if cache_dtype.startswith("fp8"):
         raise ConfigError(f"kv_cache_dtype={cache_dtype} is not supported by --model alspec-vllm (A~ would read "
                           "quantized keys that A dequantizes otherwise); drop it")
+    from .paged import BACKENDS
+
     backend = engine_args.get("attention_backend")
-    if backend is not None and str(backend).upper() not in KNOWN_BACKENDS:
-        raise ConfigError(f"attention_backend={backend} is not supported by --model alspec-vllm: it reads the KV "
-                          f"cache of {', '.join(KNOWN_BACKENDS)} on CUDA and CPU_ATTN on the CPU; use one of those")
+    if backend is not None and str(backend).upper() not in BACKENDS:
+        raise ConfigError(f"attention_backend={backend} is not supported by --model alspec-vllm: it speculates on "
+                          f"{', '.join(BACKENDS)}; use one of those")
     if "worker_extension_cls" in engine_args:
         raise ConfigError("worker_extension_cls is set by --model alspec-vllm (it reads decisions back through its "
                           "own); drop it")
@@ -124,7 +125,7 @@ DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half"
 
 def check_cpu_cache(text: Any, engine_args: dict[str, Any]) -> None:
     """On a machine without CUDA, the cache layout CPU_ATTN will choose (its ISA, from the dtype, block size and
-    head size, as vLLM chooses it), refused before the engine starts where no adapter reads it (paged.LAYOUTS)."""
+    head size, as vLLM chooses it), refused before the engine starts where no adapter reads it (paged.BACKENDS)."""
     import torch
 
     if torch.cuda.is_available():

@@ -1,8 +1,8 @@
-"""ALSpec over a paged KV cache (vLLM): how each backend's cache is read (:data:`LAYOUTS`), which tokens of a step
+"""ALSpec over a paged KV cache (vLLM): the backends it wraps and how each one's cache is read (:data:`BACKENDS`), which tokens of a step
 speculate (:class:`StepRows`), and the keys a draft selects for them, read through the block table (:func:`gathered`,
 the reference every verifier of :mod:`.verifiers` is tested against).
 
-Torch only, no vLLM: the tests call it on synthetic caches in every layout :data:`LAYOUTS` reads. The rules
+Torch only, no vLLM: the tests call it on synthetic caches in every layout :data:`BACKENDS` reads. The rules
 (windows, trivial positions, d and n, acceptance, A~'s arithmetic) are :mod:`alspec_eval.semantics`'.
 """
 
@@ -135,24 +135,33 @@ class CpuVecLayout:
                                                                                            dim)
 
 
-# (the platform's attention backend, its ISA where it has one) -> how its cache is read
-LAYOUTS: dict[tuple[str, str | None], PlainLayout | CpuVecLayout] = {
-    ("CPU_ATTN", "vec"): CpuVecLayout(),
-    ("FLASH_ATTN", None): PlainLayout(),
-    ("FLEX_ATTENTION", None): PlainLayout(),
-    ("TRITON_ATTN", None): PlainLayout(),
+@dataclass(frozen=True)
+class Wrapped:
+    """A vLLM attention backend alspec-vllm speculates on: the class of :mod:`.backends` that wraps it (registered
+    over its name by :mod:`.plugin`) and how its cache is read, by the backend's ISA (None where it has none)."""
+
+    wrapper: str
+    layouts: dict[str | None, PlainLayout | CpuVecLayout]
+
+
+# the one list of the backends alspec-vllm wraps, by vLLM's AttentionBackendEnum name
+BACKENDS: dict[str, Wrapped] = {
+    "CPU_ATTN": Wrapped("cpu.ALSpecCPUAttentionBackend", {"vec": CpuVecLayout()}),
+    "FLASH_ATTN": Wrapped("flash.ALSpecFlashAttentionBackend", {None: PlainLayout()}),
+    "FLEX_ATTENTION": Wrapped("flex.ALSpecFlexAttentionBackend", {None: PlainLayout()}),
+    "TRITON_ATTN": Wrapped("triton.ALSpecTritonAttentionBackend", {None: PlainLayout()}),
 }
 
 
 def layout_for(backend: str, isa: str | None = None) -> PlainLayout | CpuVecLayout:
     """The adapter of a backend's cache, or one line refusing it (never read a cache wrongly)."""
-    layout = LAYOUTS.get((backend, isa))
+    layout = BACKENDS[backend].layouts.get(isa) if backend in BACKENDS else None
     if layout is None:
-        known = ", ".join(f"{b}" + (f" (isa {i})" if i else "") for b, i in LAYOUTS)
+        known = ", ".join(f"{b}" + (f" (isa {i})" if i else "") for b, w in BACKENDS.items() for i in w.layouts)
         raise LayoutError(f"alspec-vllm cannot read the KV cache of vLLM's {backend}"
                           + (f" with isa {isa}" if isa else "") + f": it reads {known}; on the CPU use dtype=float32 "
-                          "or float16 (bfloat16 on AMX packs keys otherwise), on CUDA attention_backend=FLASH_ATTN "
-                          "or TRITON_ATTN, and no fp8 kv_cache_dtype")
+                          "or float16 (bfloat16 on AMX packs keys otherwise), on CUDA attention_backend=FLASH_ATTN, "
+                          "TRITON_ATTN or FLEX_ATTENTION, and no fp8 kv_cache_dtype")
     return layout
 
 

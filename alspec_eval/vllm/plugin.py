@@ -10,7 +10,7 @@ ENGINE_FLAG = "ALSPEC_VLLM_ENGINE"
 
 
 def register() -> None:
-    """Register each speculating backend (:mod:`.backends`) over the name of the backend it wraps, with vLLM's
+    """Register each speculating backend (:mod:`.backends`, listed in :data:`.paged.BACKENDS`) over the name of the backend it wraps, with vLLM's
     ``register_backend``: whichever of them the platform chooses (the CPU platform always CPU_ATTN) then speculates.
     And key speculated blocks in the prefix cache by their rules (:mod:`.prefix_cache`)."""
     if os.environ.get(ENGINE_FLAG) != "1":
@@ -18,8 +18,9 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     from . import backends
+    from .paged import BACKENDS
     from .prefix_cache import install
 
     install()
-    for name, path in backends.WRAPPED.items():
-        register_backend(AttentionBackendEnum[name], f"{backends.__name__}.{path}")
+    for name, wrapped in BACKENDS.items():
+        register_backend(AttentionBackendEnum[name], f"{backends.__name__}.{wrapped.wrapper}")

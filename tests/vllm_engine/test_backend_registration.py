@@ -26,16 +26,16 @@ def test_the_plugin_registers_every_wrapped_backend_in_alspec_engines_only(regis
 
     from alspec_eval.vllm import plugin
     from alspec_eval.vllm.backend import SpeculatingImpl
-    from alspec_eval.vllm.backends import WRAPPED
+    from alspec_eval.vllm.paged import BACKENDS
 
     monkeypatch.delenv(plugin.ENGINE_FLAG, raising=False)
     plugin.register()  # a plain engine in the same environment
-    assert not any(registry.AttentionBackendEnum[name].is_overridden() for name in WRAPPED)
+    assert not any(registry.AttentionBackendEnum[name].is_overridden() for name in BACKENDS)
     monkeypatch.setenv(plugin.ENGINE_FLAG, "1")
     monkeypatch.setattr("alspec_eval.vllm.prefix_cache.install", lambda: None)  # tested on its own
     plugin.register()
-    assert set(WRAPPED) >= {"CPU_ATTN", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION"}
-    for name in WRAPPED:
+    assert set(BACKENDS) >= {"CPU_ATTN", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION"}
+    for name in BACKENDS:
         member = registry.AttentionBackendEnum[name]
         ours = member.get_class()
         base = ours.__mro__[2]  # after Speculating
@@ -47,7 +47,7 @@ def test_the_plugin_registers_every_wrapped_backend_in_alspec_engines_only(regis
     # the CPU platform's own choice, whatever attention_backend says, is now the speculating CPU_ATTN
     chosen = current_platform.get_attn_backend_cls(None, _selector(), num_heads=4)
     assert chosen == registry.AttentionBackendEnum.CPU_ATTN.get_path()
-    assert chosen == f"alspec_eval.vllm.backends.{WRAPPED['CPU_ATTN']}"
+    assert chosen == f"alspec_eval.vllm.backends.{BACKENDS['CPU_ATTN'].wrapper}"
 
 
 def _selector():

@@ -76,9 +76,12 @@ def test_engine_settings_it_cannot_run_with(args, named):
 
 
 def test_engine_settings_it_runs_with():
-    check_engine_args({"tensor_parallel_size": 2, "attention_backend": "FLASH_ATTN", "kv_cache_dtype": "auto",
-                       "data_parallel_size": 1, "pipeline_parallel_size": 1, "decode_context_parallel_size": 1,
-                       "prefill_context_parallel_size": None, "speculative_config": None})
+    from alspec_eval.vllm.paged import BACKENDS
+
+    for backend in BACKENDS:  # every backend it wraps may be named, in any case
+        check_engine_args({"tensor_parallel_size": 2, "attention_backend": backend.lower(), "kv_cache_dtype": "auto",
+                           "data_parallel_size": 1, "pipeline_parallel_size": 1, "decode_context_parallel_size": 1,
+                           "prefill_context_parallel_size": None, "speculative_config": None})
 
 
 @pytest.mark.parametrize("key", ["pipeline_parallel_size", "decode_context_parallel_size",

@@ -11,11 +11,6 @@ from vllm.v1.attention.backend import AttentionCGSupport
 
 from ..backend import SpeculatingImpl, WorkerState
 
-# the backend each module wraps, by vLLM's AttentionBackendEnum name: module, class
-WRAPPED = {"CPU_ATTN": "cpu.ALSpecCPUAttentionBackend", "FLASH_ATTN": "flash.ALSpecFlashAttentionBackend",
-           "TRITON_ATTN": "triton.ALSpecTritonAttentionBackend", "FLEX_ATTENTION": "flex.ALSpecFlexAttentionBackend"}
-
-
 class SpeculatingBuilder:
     """Before a metadata builder: the step's speculating rows built once per step, where vLLM builds the step's
     attention metadata, from its ``CommonAttentionMetadata`` (:meth:`.backend.WorkerState.step`), and attached to
