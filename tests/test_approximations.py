@@ -87,6 +87,7 @@ def test_fused_decode_is_the_sinks_only():
 
 # snapkv: ties between observation-window keys (all +inf) take the earlier key where the budget cuts through them
 def test_snapkv_ties_in_the_observation_window_take_the_earlier_keys():
+    from alspec_eval.approximations.prompt_scored import PromptRanking
     from alspec_eval.approximations.snapkv import SnapKV
 
     import approx_oracle as oracle
@@ -97,7 +98,7 @@ def test_snapkv_ties_in_the_observation_window_take_the_earlier_keys():
     scores[..., prompt - 8:] = torch.inf  # the observation window
     key = torch.zeros(1, 1, pos + 1, 4)
     index, valid = snapkv.select(torch.zeros(1, 1, 4), key, torch.tensor([0]), torch.tensor([pos]), torch.tensor([0]),
-                                 window, (), scores)
+                                 window, (), PromptRanking.of(scores))
     kept = sorted(index[0, 0][valid[0, 0]].tolist())
     expected = oracle.snapkv_kept_keys([scores[0, 0].tolist()], pos, prompt, window, 12)[0]
     assert kept == expected and kept[:4] == [22, 23, 24, 25]

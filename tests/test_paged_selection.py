@@ -13,6 +13,7 @@ from alspec_eval.approx_check import paged as check
 from alspec_eval.config import SpeculationConfig
 from alspec_eval.errors import ConfigError
 from alspec_eval.vllm import paged
+from alspec_eval.vllm.kept import allocate
 from alspec_eval.vllm.checks import check_runs_in_vllm
 from default_approximations import APPROXIMATIONS, approx_args
 from default_presses import PRESSES, press_args
@@ -66,10 +67,11 @@ def _other_request(read):
 
 
 @pytest.mark.parametrize("broken", [_shifted, _other_request])
-@pytest.mark.parametrize("name", ["quest", "topk", "snapkv", "KnormPress"])
+@pytest.mark.parametrize("name", ["topk", "snapkv", "KnormPress"])
 def test_a_reader_that_gets_the_cache_wrong_is_caught(monkeypatch, broken, name):
     monkeypatch.setattr(paged, "read_contexts", broken(paged.read_contexts))
-    found = check.paged_equals_contiguous(draft(name), 4, 2, 16, WINDOW)
+    found = [line for line in check.paged_equals_contiguous(draft(name), 4, 2, 16, WINDOW)
+             if "declares reads_keys" not in line]  # snapkv's hint: its prompt's keys were read wrong
     assert len(found) == 4 and all("positions select other keys" in line for line in found), found
 
 
@@ -106,3 +108,71 @@ def test_requests_share_a_read_up_to_the_budget():
     for group in groups:
         assert len(group) == 1 or int(lengths[group].max()) * per_token * len(group) <= paged_budget
     assert [len(g) for g in groups] == [3, 1]  # shortest first: 50, 100 and 200 padded to 200 fit, then 300
+
+
+def _reads(monkeypatch) -> list[int]:
+    """Counts the contexts read from the paged cache (each call's requests)."""
+    reads, read = [], paged.read_contexts
+    monkeypatch.setattr(paged, "read_contexts", lambda *a, **k: reads.append(len(a[4])) or read(*a, **k))
+    return reads
+
+
+@pytest.mark.parametrize("name", IN_VLLM)
+def test_only_drafts_that_read_keys_read_contexts_once_observed(monkeypatch, name):
+    """Past the prompt's observation, a draft that declares ``reads_keys = False`` (SnapKV's family: its keys come
+    from the prompt's scores and the position) reads no context from the paged cache, nor does one that keeps page
+    summaries beside it (Quest); every other selecting draft reads each request's once a layer, however many of its
+    positions speculate."""
+    approx = draft(name)
+    if approx.keys_by_position:
+        pytest.skip("its keys are its position_ranges: no context is read")
+    batch = check.Batch(4, 2, 16, WINDOW)
+    cache, table = batch.cache(check.LAYOUTS[0], 16, seed=1)
+    settings = paged.Settings((0.0,), WINDOW, 1, approx)
+    prompts = paged.Prompts()
+    if approx.prompt_keys:
+        batch._observe(approx, cache, check.LAYOUTS[0], table, 16, settings, prompts)
+    kept = allocate(approx, cache, check.LAYOUTS[0]) if approx.kept_page() else None
+    reads = _reads(monkeypatch)
+    request = torch.cat([torch.full((check.SPECULATED,), row) for row in range(len(batch.lengths))])
+    query = torch.cat([q[p] for q, p in zip(batch.queries, batch.pos)])
+    observed = {row: prompts.observed.get((row, 0)) for row in range(len(batch.lengths))}
+    paged.selected_positions(query, cache, check.LAYOUTS[0], table, 16, request, torch.cat(batch.pos), settings,
+                             observed, kept=kept)
+    assert approx.reads_keys == (name not in ("snapkv",)), "the drafts that declare reading no key"
+    assert (approx.kept_page() is not None) == (name == "quest"), "the drafts that keep page summaries"
+    assert sum(reads) == (len(batch.lengths) if approx.reads_keys and kept is None else 0), reads
+
+
+def test_a_draft_that_reads_keys_it_declares_unread_is_named():
+    """A draft that declares ``reads_keys = False`` and still ranks by the keys selects otherwise from vLLM's cache
+    (whose keys it is handed as NaN): alspec-check-approx's paged property names the declaration."""
+    import dataclasses
+
+    from alspec_eval.approximations.topk import TopK
+
+    liar = dataclasses.make_dataclass("Liar", [], bases=(TopK,), frozen=True, namespace={"reads_keys": False})()
+    found = check.paged_equals_contiguous(liar, 4, 2, 16, WINDOW)
+    assert "positions select other keys" in found[0] and "declares reads_keys = False" in found[-1], found
+
+
+def _pages_shifted(summaries):
+    """Page summaries read one part late."""
+    def page_summaries(kept, *args):
+        return summaries(kept.roll(-1, 1), *args)
+    return page_summaries
+
+
+def _pages_of_other_request(summaries):
+    def page_summaries(kept, approx, block_table, block_size, requests, length):
+        return summaries(kept, approx, block_table, block_size, (requests + 1) % len(block_table), length)
+    return page_summaries
+
+
+@pytest.mark.parametrize("broken", [_pages_shifted, _pages_of_other_request])
+def test_kept_pages_read_wrong_are_caught(monkeypatch, broken):
+    """Quest prepares from the page bounds kept beside the cache (vllm.kept): read from the wrong part or request,
+    it selects other keys than from a contiguous cache."""
+    monkeypatch.setattr(paged, "page_summaries", broken(paged.page_summaries))
+    found = check.paged_equals_contiguous(draft("quest"), 4, 2, 16, WINDOW)
+    assert len(found) == 4 and all("positions select other keys" in line for line in found), found

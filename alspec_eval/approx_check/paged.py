@@ -2,8 +2,9 @@
 selection from the contiguous, left-padded cache the HF engine holds, on the same keys, queries and prompts.
 
 The paged cache is laid out as vLLM lays it out: blocks of 16 and of 128 tokens in both layouts alspec-vllm reads,
-physical blocks in shuffled order, two requests sharing their common prefix's blocks, and a prompt observed over
-three steps (chunked prefill). Torch only: no vLLM, no model (random keys of a family's head geometry).
+physical blocks in shuffled order, two requests sharing their common prefix's blocks, a prompt observed over
+three steps (chunked prefill), and a draft's page summaries kept beside the cache (Quest's bounds) as the engine
+keeps them. Torch only: no vLLM, no model (random keys of a family's head geometry).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..approximations import Approximation, LayerInputs
+from ..vllm.kept import allocate
 from ..vllm.paged import (CpuVecLayout, PlainLayout, PromptRows, Prompts, Settings, observation_first, observe_layer,
                           selected_positions)
 
@@ -74,8 +76,9 @@ class Batch:
         pos = torch.cat(self.pos)
         query = torch.cat([q[p] for q, p in zip(self.queries, self.pos)])
         observed = {row: prompts.observed.get((row, 0)) for row in range(len(self.lengths))}
+        kept = allocate(approx, cache, layout) if approx.kept_page() else None  # as the engine keeps them
         positions, valid = selected_positions(query, cache, layout, table, block_size, request, pos, settings,
-                                              observed)
+                                              observed, kept=kept)
         return _sets(positions, valid, self.kv_heads)
 
     def cache(self, layout: PlainLayout | CpuVecLayout, block_size: int,
@@ -151,4 +154,7 @@ def paged_equals_contiguous(approx: Approximation, heads: int, kv_heads: int, di
             if wrong:
                 broken.append(f"{layout.name} cache, blocks of {block_size}: {len(wrong)} of {len(expected)} "
                               f"positions select other keys than from a contiguous cache")
+    if broken and not approx.reads_keys:
+        broken.append("the draft declares reads_keys = False, so vLLM reads no context for it (its keys are NaN "
+                      "there): declare reads_keys = True if prepare or select read the keys")
     return broken

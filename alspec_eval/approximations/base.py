@@ -50,6 +50,9 @@ class Approximation:
     window_aligns: ClassVar[tuple[int, ...]] = (1,)  # the window_align values it defines A~ for
     prompt_keys: ClassVar[bool] = False  # it scores the prompt once, at prefill (observe_prompt: SnapKV's family)
     reads_layer: ClassVar[bool] = False  # prepare and observe_prompt also get the layer (LayerInputs: kvpress's)
+    # prepare and select read the context's keys; False: only its shape, dtype and device (a prompt-time scorer's
+    # selection comes from what it observed), and vLLM then reads no context from its paged cache (keys of NaN)
+    reads_keys: ClassVar[bool] = True
     family_name: ClassVar[str] = ""  # the name a family's factory made it under ("kvpress:SnapKVPress")
     names_defaults: ClassVar[bool] = True  # labels and slugs name every parameter (False: those given otherwise)
     # what it reads that only the HF engine's layer has (its attention module, the layer's input): why it cannot run
@@ -151,6 +154,27 @@ class Approximation:
         (B, Hkv, L, D) cache and each batch row's left padding (B,); ``observed``: what :meth:`observe_prompt`
         returned for this layer; ``layer`` (``reads_layer`` approximations only): the module and its values."""
         return observed
+
+    def kept_page(self) -> int | None:
+        """Where :meth:`prepare` summarizes each page of this many keys, and page summaries merge (Quest's bounds:
+        the minimum of minima), so that a paged cache (vLLM) keeps them per block as its keys are written and
+        prepares from them without reading a key (:meth:`summarize`, :meth:`merge`, :meth:`prepare_pages`; select
+        then gets the keys' shape only, as where ``reads_keys`` is False). None (the default): nothing is kept."""
+        return None
+
+    def summarize(self, keys: torch.Tensor) -> torch.Tensor:
+        """Consecutive keys of one page, (..., n, Hkv, D), summarized: (..., Hkv, F)."""
+        raise NotImplementedError
+
+    def merge(self, parts: torch.Tensor) -> torch.Tensor:
+        """The summaries of consecutive parts of a page, (..., m, Hkv, F), as one: (..., Hkv, F), bit for bit the
+        summary of all their keys."""
+        raise NotImplementedError
+
+    def prepare_pages(self, pages: torch.Tensor) -> Any:
+        """Every full page's summary of each row, (B, Hkv, pages, F), as :meth:`prepare` makes it from the keys,
+        bit for bit."""
+        raise NotImplementedError
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple[torch.Tensor | None, ...], prepared: Any) -> Selected:

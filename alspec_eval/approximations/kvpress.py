@@ -29,7 +29,7 @@ import torch
 
 from ..errors import ConfigError
 from .base import Approximation, LayerInputs, Selected, scores_bytes
-from .prompt_scored import PromptScored
+from .prompt_scored import PromptRanking, PromptScored
 
 INSTALL = "pip install 'alspec-eval[kvpress]' && pip install --no-deps kvpress==0.5.5"
 REFUSED = {
@@ -254,7 +254,7 @@ class _Prompt:
     module: torch.nn.Module
     shape: tuple[int, int, int]  # the (B, Hkv, L) of the scores
     rows: list[tuple]
-    scores: torch.Tensor | None = None
+    ranking: PromptRanking | None = None
 
 
 @dataclass(frozen=True)
@@ -293,13 +293,13 @@ class PromptScoredPress(_PressDraft, PromptScored):
         return _Prompt(press_view(layer), tuple(key.shape[:3]), rows)
 
     def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: _Prompt | None = None,
-                layer: LayerInputs | None = None) -> torch.Tensor:
-        """Each prompt key's score (B, Hkv, L), -inf past the prompt and on padding: the press's, at a compression
-        ratio that keeps the 2S - recent keys this draft takes of the prompt."""
+                layer: LayerInputs | None = None) -> PromptRanking:
+        """Each prompt key's score (B, Hkv, L), -inf past the prompt and on padding, ranked: the press's, at a
+        compression ratio that keeps the 2S - recent keys this draft takes of the prompt."""
         if observed is None:
             raise RuntimeError(f"kvpress:{self.press_name} scored no prompt: no forward pass of this call held the "
                                "whole prompt (a prompt prefilled outside the call)")
-        if observed.scores is None:
+        if observed.ranking is None:
             scores = torch.full(observed.shape, -math.inf, device=key.device)
             shortest = self.shortest()
             for row, (a, s, hidden, keys, values, terms) in enumerate(observed.rows):
@@ -309,8 +309,8 @@ class PromptScoredPress(_PressDraft, PromptScored):
                 press = self.make_press(2 * window - self.recent, s - a)
                 scored = score(press, observed.module, hidden, keys, values, {"position_embeddings": terms})
                 scores[row, :, a:s] = scored[0].float().nan_to_num(nan=-math.inf)
-            observed.scores, observed.rows = scores, []  # the prompt's inputs are no longer held
-        return observed.scores
+            observed.ranking, observed.rows = PromptRanking.of(scores), []  # the prompt's inputs are no longer held
+        return observed.ranking
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import ConfigError
 from .base import Approximation, Selected, scores_bytes
@@ -18,6 +17,7 @@ from .base import Approximation, Selected, scores_bytes
 @dataclass(frozen=True)
 class PromptScored(Approximation):
     prompt_keys = True
+    reads_keys = False  # the decode step's keys come from the prompt's scores and the position
 
     def check(self, window: int) -> None:
         if not 1 <= self.recent < 2 * window:
@@ -29,28 +29,46 @@ class PromptScored(Approximation):
         return min(2 * window, context)  # the prompt is scored once, at prefill: no cost per decode step
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-               pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
+               pad: torch.Tensor, window: int, passed: tuple, prepared: PromptRanking) -> Selected:
         return newest_and_top(prepared, key, rows, pos, pad, window, self.recent)
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         return scores_bytes(key)
 
 
-def newest_and_top(scores: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
-                   window: int, recent: int) -> Selected:
+@dataclass(frozen=True)
+class PromptRanking:
+    """A prompt's key scores ranked once, when the prompt is scored: per row and KV head the key indices best first
+    (ties: the earlier key) and their scores, (B, Hkv, L_prompt) each, so that a decode step keeps its keys without a
+    sort (:func:`newest_and_top`)."""
+
+    order: torch.Tensor
+    scores: torch.Tensor
+
+    @classmethod
+    def of(cls, scores: torch.Tensor) -> "PromptRanking":
+        """``scores`` (B, Hkv, L_prompt; physical, -inf where no key) ranked."""
+        top = scores.sort(dim=-1, descending=True, stable=True)
+        return cls(top.indices, top.values)
+
+
+def newest_and_top(ranking: PromptRanking, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+                   pad: torch.Tensor, window: int, recent: int) -> Selected:
     """SnapKV's rule for every prompt-time scorer (kvpress's too): at each position the newest ``recent`` tokens,
-    then the 2S - recent prompt keys of highest ``scores`` (B, Hkv, L_prompt; physical, -inf where none) older than
-    them, ties to the earlier key."""
+    then the 2S - recent prompt keys of highest score older than them (a prompt key among the newest is kept as one
+    of them), ties to the earlier key: the first 2S - recent of the prompt's ranking that are older and scored."""
     newest = pad[:, None] + pos[:, None] - recent + 1 + torch.arange(recent, device=pos.device)
-    scores = scores[rows]
-    t = torch.arange(scores.shape[-1], device=pos.device)
-    older = t[None, :] < (newest[:, :1])  # a prompt key among the newest R is kept as one of them
-    ranked = scores.masked_fill(~older[:, None, :], -math.inf)
     budget = 2 * window - recent
-    if ranked.shape[-1] < budget:  # fewer prompt keys than the budget: the rest never count
-        ranked = F.pad(ranked, (0, budget - ranked.shape[-1]), value=-math.inf)
-    top = ranked.sort(dim=-1, descending=True, stable=True)
-    chosen, valid = top.indices[..., :budget], top.values[..., :budget] > -math.inf
-    heads = scores.shape[1]
+    # at most ``recent`` prompt keys are among the newest, and unscored keys rank last: the first 2S of the ranking
+    # hold every key a position keeps, so a step reads 2S of them per KV head, not the prompt's L
+    order, scores = ranking.order[..., :2 * window][rows], ranking.scores[..., :2 * window][rows]  # (r, Hkv, <= 2S)
+    kept = (order < newest[:, :1, None]) & (scores > -math.inf)
+    rank = kept.cumsum(-1) - 1
+    slot = torch.where(kept & (rank < budget), rank, budget)  # the first budget kept keys, in ranking order
+    chosen = torch.zeros(*order.shape[:2], budget + 1, dtype=order.dtype, device=order.device)
+    chosen = chosen.scatter(-1, slot, order)[..., :budget]
+    valid = torch.arange(budget, device=pos.device) < kept.sum(-1, keepdim=True).clamp(max=budget)
+    chosen = torch.where(valid, chosen, 0)
+    heads = order.shape[1]
     index = torch.cat([newest[:, None, :].expand(-1, heads, -1), chosen], -1).clamp_max(key.shape[2] - 1)
     return index, torch.cat([torch.ones_like(newest, dtype=torch.bool)[:, None, :].expand(-1, heads, -1), valid], -1)

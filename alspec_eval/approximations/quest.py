@@ -1,5 +1,6 @@
 """Quest (Tang et al., ICML 2024): pages of ``page`` tokens, each bounded by its keys' element-wise minimum and
-maximum; page 0 and the current page always, the rest by bound up to 2S tokens (semantics.quest_positions)."""
+maximum; page 0 and the current page always, the rest by bound up to 2S tokens (semantics.quest_positions). The
+bounds merge (the minimum of minima), so a paged cache keeps them per block as keys are written (``kept_page``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,20 @@ class Quest(Approximation):
         keys = key.transpose(1, 2)[torch.arange(batch, device=key.device)[:, None], phys]  # (B, pages P, Hkv, D)
         keys = keys.view(batch, pages, self.page, heads, dim)
         return keys.amin(2).transpose(1, 2), keys.amax(2).transpose(1, 2)
+
+    def kept_page(self) -> int:
+        return self.page
+
+    def summarize(self, keys: torch.Tensor) -> torch.Tensor:
+        return torch.cat([keys.amin(-3), keys.amax(-3)], -1)
+
+    def merge(self, parts: torch.Tensor) -> torch.Tensor:
+        dim = parts.shape[-1] // 2
+        return torch.cat([parts[..., :dim].amin(-3), parts[..., dim:].amax(-3)], -1)
+
+    def prepare_pages(self, pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dim = pages.shape[-1] // 2
+        return pages[..., :dim], pages[..., dim:]
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: tuple[torch.Tensor, torch.Tensor]) -> Selected:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .prompt_scored import PromptScored
+from .prompt_scored import PromptRanking, PromptScored
 
 
 @dataclass(frozen=True)
@@ -36,16 +36,16 @@ class SnapKV(PromptScored):
     def prompt_window(self) -> int:
         return self.observe
 
-    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: PromptRanking | None = None
+                ) -> PromptRanking:
         if observed is None:
             raise RuntimeError("snapkv scored no prompt: no forward pass of this call held the prompts' last "
                                f"{self.observe} positions (a prompt prefilled outside the call)")
         return observed
 
     def observe_prompt(self, query: torch.Tensor, key: torch.Tensor, scaling: float, start: torch.Tensor,
-                       pad: torch.Tensor, offset: int) -> torch.Tensor:
-        """Each prompt key's score (B, Hkv, L): -inf past the prompt and on padding, +inf in the observation
+                       pad: torch.Tensor, offset: int) -> PromptRanking:
+        """Each prompt key's score (B, Hkv, L), ranked: -inf past the prompt and on padding, +inf in the observation
         window. ``query`` (B, Hq, q_len, D) holds physical positions from ``offset``; ``start`` (B,): where each
         row's prompt ends (its first speculated position, physical)."""
         batch, heads, _, dim = query.shape
@@ -69,4 +69,4 @@ class SnapKV(PromptScored):
                               count_include_pad=True).view(batch, kv_heads, length)
         observed = (t[None, :] >= (start - window)[:, None]) & (t[None, :] < start[:, None])
         scores = torch.where(observed[:, None, :], math.inf, pooled)
-        return scores.masked_fill(~(prefix | observed)[:, None, :], -math.inf)
+        return PromptRanking.of(scores.masked_fill(~(prefix | observed)[:, None, :], -math.inf))

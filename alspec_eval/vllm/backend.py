@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from . import kept
 from .prefix_cache import TAG
 from .paged import PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observe_layer
 from .tiled import reserve
@@ -38,6 +39,7 @@ class WorkerState:
     dumps: list[dict[str, Any]] = field(default_factory=list)  # Settings.dump: what an outside reference reads
     backend: str | None = None  # the platform backend that gives A (provenance)
     verifier: Verifier | None = None  # how this engine verifies (verifiers.choose), chosen at its first layer call
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)  # per layer, a draft's page summaries (kept.py)
 
     def step(self, common: Any) -> Step | None:
         """The step's speculating tokens and the tokens in an observation window, built once per step by the
@@ -78,6 +80,25 @@ class WorkerState:
                 if len(args[TAG]) > 3 and args[TAG][3] is not None:
                     firsts[row] = args[TAG][3]
         return torch.tensor(starts), torch.tensor(tags), torch.tensor(firsts), torch.tensor(prompts)
+
+    def layout(self, layer: Any) -> Any:
+        """How ``layer``'s cache is read (its backend's adapter), the backend kept for provenance."""
+        self.backend = layer.attn_backend.get_name()
+        return layout_for(self.backend, getattr(layer, "isa", None) if self.backend == "CPU_ATTN" else None)
+
+    def keep(self, layer: Any, kv_cache: torch.Tensor, block_table: torch.Tensor, step: Step) -> torch.Tensor:
+        """The layer's page summaries of a draft that keeps them (:mod:`.kept`), with the blocks this step wrote
+        summarized again: made, from the whole cache, at the layer's first step after the driver configured it."""
+        approx, name = self.settings.approx, layer.layer_name
+        if name not in self.kept:
+            self.kept[name] = kept.allocate(approx, kv_cache, self.layout(layer))
+            return self.kept[name]
+        written = step.rows.plans.get(("written", kv_cache.shape[2]))
+        if written is None:
+            written = step.rows.plans[("written", kv_cache.shape[2])] = kept.written_blocks(
+                step.query_start_loc, step.seq_lens, kv_cache.shape[2])
+        kept.keep_written(self.kept[name], approx, kv_cache, self.layout(layer), block_table, written)
+        return self.kept[name]
 
     def take(self) -> Taken:
         """The decisions since the last take, packed (:class:`Taken`): one row per (request id, position), sorted,
@@ -189,10 +210,10 @@ class SpeculatingImpl:
             return result
         settings = state.settings
         rows, prompt_rows = step.rows, step.prompt_rows
+        pages = state.keep(layer, kv_cache, attn_metadata.block_table, step) if settings.approx.kept_page() else None
         if not len(rows.token) and not len(prompt_rows.token):
             return result
-        state.backend = layer.attn_backend.get_name()
-        layout = layout_for(state.backend, getattr(layer, "isa", None) if state.backend == "CPU_ATTN" else None)
+        layout = state.layout(layer)
         block_size = kv_cache.shape[2]
         if settings.check_layout or layer.layer_name not in state.checked:
             check_newest(kv_cache, layout, attn_metadata.block_table, block_size, key,
@@ -214,7 +235,7 @@ class SpeculatingImpl:
         decided = verify_layer(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,
                                settings, index, self.scale,
                                _reduce if get_tensor_model_parallel_world_size() > 1 else None, observed,
-                               state.verifier)
+                               state.verifier, pages)
         if decided is not None:
             state.records.append((rows.tag, rows.pos, index, *decided))
             if settings.dump:

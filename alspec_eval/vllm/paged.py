@@ -1,6 +1,6 @@
-"""ALSpec over a paged KV cache (vLLM): the backends it wraps and how each one's cache is read (:data:`BACKENDS`), which tokens of a step
-speculate (:class:`StepRows`), and the keys a draft selects for them, read through the block table (:func:`gathered`,
-the reference every verifier of :mod:`.verifiers` is tested against).
+"""ALSpec over a paged KV cache (vLLM): the backends it wraps and how each one's cache is read (:data:`BACKENDS`),
+which tokens of a step speculate (:class:`StepRows`), and the keys a draft selects for them, read through the block
+table (:func:`gathered`, the reference every verifier of :mod:`.verifiers` is tested against).
 
 Torch only, no vLLM: the tests call it on synthetic caches in every layout :data:`BACKENDS` reads. The rules
 (windows, trivial positions, d and n, acceptance, A~'s arithmetic) are :mod:`alspec_eval.semantics`'.
@@ -18,6 +18,7 @@ from .. import semantics
 from ..approximations.base import Ranges
 from ..bounds import Breaches
 from ..errors import ConfigError
+from .kept import page_summaries
 from .tiled import VERIFY_BUDGET
 
 # vLLM's caches arrive in the attention call as (num_blocks, Hkv, N, 2D): per block and KV head, N keys and their
@@ -329,6 +330,15 @@ def read_contexts(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor
     return keys[:, :, :most], None if held is None else held[:, :, :most], torch.zeros_like(ids[:, 0])
 
 
+def unread_contexts(kv_cache: torch.Tensor, count: int, length: int,
+                    values: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """What :func:`read_contexts` returns, for a draft that reads no key (``reads_keys = False``): its shape, dtype
+    and device, every element NaN and nothing read or allocated (one element, broadcast)."""
+    heads, dim = kv_cache.shape[1], kv_cache.shape[-1] // 2
+    nothing = kv_cache.new_full((), math.nan).expand(count, heads, length, dim)
+    return nothing, nothing if values else None, torch.zeros(count, dtype=torch.long, device=kv_cache.device)
+
+
 def _layer_inputs(approx: Any, values: torch.Tensor | None) -> dict[str, Any]:
     """What a draft that reads the layer gets inside vLLM: the values, and no HF module (``hf_only`` drafts are
     refused before the engine starts)."""
@@ -371,8 +381,8 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
 
 def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
-                       observed: dict[int, Any],
-                       groups: Contexts | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       observed: dict[int, Any], groups: Contexts | None = None,
+                       kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
     (M, Hkv or 1, n) and which count (None: all). Where they depend on the position alone (``position_ranges``),
     its ranges listed, as the other paths read them (cut to [0, pos]: :func:`.semantics.readable_ranges`); else each
@@ -380,12 +390,14 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     draft selects as on the HF engine (``per_pass``, ``prepare``, ``select``) and its keys are moved into [0, pos]
     (:func:`.semantics.readable_keys`). What reached outside is counted in ``settings.breaches``. ``observed``: per
     batch row, what a prompt-scoring draft kept of its prompt at this layer. ``groups``: the rows' requests grouped
-    for reading (:class:`Contexts`), where the step built them once for all its layers."""
+    for reading (:class:`Contexts`), where the step built them once for all its layers. ``kept``: the layer's page
+    summaries of a draft that keeps them (:mod:`.kept`), prepared from instead of the keys."""
     if settings.approx.keys_by_position:
         return _listed(*position_keys(settings, pos, query.device))
     if groups is None:
         groups = Contexts.build(request, pos, settings.approx, kv_cache)
-    positions, valid = _selected(query, kv_cache, layout, block_table, block_size, pos, settings, observed, groups)
+    positions, valid = _selected(query, kv_cache, layout, block_table, block_size, pos, settings, observed, groups,
+                                 kept)
     last = pos.to(positions.device)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
@@ -429,8 +441,8 @@ class Contexts:
 
 
 def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
-              pos: torch.Tensor, settings: Settings, observed: dict[int, Any],
-              contexts: Contexts) -> tuple[torch.Tensor, torch.Tensor]:
+              pos: torch.Tensor, settings: Settings, observed: dict[int, Any], contexts: Contexts,
+              kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them."""
     approx, window = settings.approx, settings.window
     heads = kv_cache.shape[1]
@@ -438,13 +450,20 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
     valid = torch.zeros(len(pos), heads, 2 * window, dtype=torch.bool, device=query.device)
     requests, lengths = contexts.requests, contexts.lengths
     for group, mine, local in contexts.groups:
-        keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group], lengths[group],
-                                          approx.reads_layer)
+        if approx.reads_keys and kept is None:
+            keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group],
+                                              lengths[group], approx.reads_layer)
+        else:
+            keys, values, pad = unread_contexts(kv_cache, len(group), int(lengths[group].max()), approx.reads_layer)
         rows, where = local.to(keys.device), pos[mine].to(keys.device)
         row_pad, mine = pad[rows], mine.to(keys.device)
         passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align)
-        prepared = approx.prepare(keys, pad, window, observed.get(int(requests[group[0]])),
-                                  **_layer_inputs(approx, values))
+        if kept is not None:  # the pages' summaries, kept beside the cache
+            prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests[group],
+                                                           keys.shape[2]))
+        else:
+            prepared = approx.prepare(keys, pad, window, observed.get(int(requests[group[0]])),
+                                      **_layer_inputs(approx, values))
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
@@ -478,12 +497,12 @@ def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int |
 
 def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
              request: torch.Tensor, pos: torch.Tensor, settings: Settings, observed: dict[int, Any],
-             scale: float, groups: Contexts | None = None) -> torch.Tensor:
+             scale: float, groups: Contexts | None = None, kept: torch.Tensor | None = None) -> torch.Tensor:
     """A~ (M, Hq, D) of rows whose queries are ``query`` (M, Hq, D): each row's selected keys and values gathered
     from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes. The path of
     drafts that select by content, and the reference the streamed path (:mod:`.tiled`) is tested against."""
     positions, valid = selected_positions(query, kv_cache, layout, block_table, block_size, request, pos, settings,
-                                          observed, groups)
+                                          observed, groups, kept)
     kv_heads, (rows, heads, dim) = kv_cache.shape[1], query.shape
     positions = positions.expand(-1, kv_heads, -1)
     if valid is not None:

@@ -10,9 +10,10 @@ ENGINE_FLAG = "ALSPEC_VLLM_ENGINE"
 
 
 def register() -> None:
-    """Register each speculating backend (:mod:`.backends`, listed in :data:`.paged.BACKENDS`) over the name of the backend it wraps, with vLLM's
-    ``register_backend``: whichever of them the platform chooses (the CPU platform always CPU_ATTN) then speculates.
-    And key speculated blocks in the prefix cache by their rules (:mod:`.prefix_cache`)."""
+    """Register each speculating backend (:mod:`.backends`, listed in :data:`.paged.BACKENDS`) over the name of the
+    backend it wraps, with vLLM's ``register_backend``: whichever of them the platform chooses (the CPU platform
+    always CPU_ATTN) then speculates. And key speculated blocks in the prefix cache by their rules
+    (:mod:`.prefix_cache`)."""
     if os.environ.get(ENGINE_FLAG) != "1":
         return
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend

@@ -40,6 +40,7 @@ class Layer:
     block_table: torch.Tensor
     block_size: int
     scale: float
+    kept: torch.Tensor | None = None  # the page summaries of a draft that keeps them (:mod:`.kept`)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,8 @@ class Gathered(Verifier):
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
                     observed: dict[int, Any]) -> torch.Tensor:
         return gathered(layer.query[plan.token], layer.kv_cache, layer.layout, layer.block_table, layer.block_size,
-                        rows.request[plan.live], rows.pos[plan.live], settings, observed, layer.scale, plan.prepared)
+                        rows.request[plan.live], rows.pos[plan.live], settings, observed, layer.scale, plan.prepared,
+                        layer.kept)
 
 
 # by preference: the first a draft and a cache admit is the engine's
@@ -232,10 +234,11 @@ def plan(rows: StepRows, settings: Settings, layer: Layer, verifier: Verifier) -
 def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
                  block_table: torch.Tensor, block_size: int, rows: StepRows, settings: Settings, layer: int,
                  scale: float, reduce: Reduce | None = None, observed: dict[int, Any] | None = None,
-                 verifier: Verifier | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 verifier: Verifier | None = None,
+                 kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Verify one layer's speculating tokens and commit the accepted A~ into ``output`` (A, (T, Hq, D)), in place.
     ``observed``: per batch row, what a prompt-scoring draft kept of the row's prompt at this layer. ``verifier``:
-    the engine's (None: :func:`choose`).
+    the engine's (None: :func:`choose`). ``kept``: the layer's page summaries of a draft that keeps them.
 
     Returns each row's decision code and d/n (NaN where not measured) on the output's device, nothing read back,
     or None where the layer does not speculate (threshold OFF). Under tensor parallelism each rank holds some heads:
@@ -245,7 +248,7 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
     if math.isnan(lam) or not len(rows.token):
         return None
     verifier = verifier or choose(settings.approx, layout, kv_cache)
-    layer_call = Layer(query, output, kv_cache, layout, block_table, block_size, scale)
+    layer_call = Layer(query, output, kv_cache, layout, block_table, block_size, scale, kept)
     step = plan(rows, settings, layer_call, verifier)
     if lam == -math.inf or not len(step.live):  # static's exact layers: decided, not measured
         return step.codes, step.ratios

@@ -1,0 +1,86 @@
+"""What a draft keeps of each page of keys beside vLLM's paged cache (``Approximation.kept_page``: Quest's bounds), so
+that a decode step reads each page's summary instead of its keys.
+
+A layer's summaries are one tensor, (num_blocks, N / g, Hkv, F): per physical block of N keys, one summary per part
+of g = gcd(page, N) keys; a page is page / g parts, within a block or across blocks, merged when read. They follow
+the cache: the blocks a step writes are summarized again after the platform's backend has written them
+(:func:`keep_written`), so prefix-shared blocks share their summaries, and a block vLLM frees and hands to another
+request is summarized again when that request writes it. A part only counts once all its keys are written, which is
+true of every page a draft reads (full pages before the current one). Torch only, no vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .tiled import VERIFY_BUDGET
+
+
+def part_size(approx: Any, block_size: int) -> int:
+    """Keys per kept part: the largest run that divides both the draft's page and the cache's block."""
+    return math.gcd(approx.kept_page(), block_size)
+
+
+def summarize_blocks(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any,
+                     blocks: torch.Tensor) -> None:
+    """Summarize every part of physical ``blocks`` (n,) from the keys the cache holds now, into ``kept``; a part
+    whose keys are not all written yet gets a summary no read uses."""
+    heads, size, dim = kv_cache.shape[1], kv_cache.shape[2], kv_cache.shape[-1] // 2
+    parts = kept.shape[1]
+    step = max(1, VERIFY_BUDGET // (2 * heads * size * dim * kv_cache.element_size()))  # keys and a copy
+    for lo in range(0, len(blocks), step):
+        ids = blocks[lo:lo + step]
+        keys, _ = layout.blocks(kv_cache, ids[:, None], False)  # (n, Hkv, N, D)
+        keys = keys.view(len(ids), heads, parts, size // parts, dim).permute(0, 2, 3, 1, 4)  # (n, parts, g, Hkv, D)
+        kept[ids] = approx.summarize(keys)
+
+
+def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any) -> torch.Tensor:
+    """A layer's summaries, every block of its cache summarized as it holds it now (what vLLM wrote before the draft
+    was configured, prefix-cached blocks among it)."""
+    blocks, heads, size = kv_cache.shape[:3]
+    g = part_size(approx, size)
+    probe = approx.summarize(kv_cache.new_zeros(1, g, heads, kv_cache.shape[-1] // 2))  # (1, Hkv, F)
+    kept = kv_cache.new_empty(blocks, size // g, heads, probe.shape[-1])
+    summarize_blocks(kept, approx, kv_cache, layout, torch.arange(blocks, device=kv_cache.device))
+    return kept
+
+
+def written_blocks(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                   block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks a step writes, as (batch row, logical block) pairs (host): every block that holds one of its
+    tokens."""
+    requests = len(seq_lens)
+    lengths = (query_start_loc[1:requests + 1] - query_start_loc[:requests]).long()
+    ends = seq_lens.long()
+    first, last = (ends - lengths) // block_size, (ends - 1) // block_size
+    count = (last - first + 1).clamp(min=0) * (lengths > 0)
+    row = torch.repeat_interleave(torch.arange(requests), count)
+    offset = torch.arange(int(count.sum())) - torch.repeat_interleave(count.cumsum(0) - count, count)
+    return row, first[row] + offset
+
+
+def keep_written(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
+                 written: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Summarize again the blocks the step wrote (:func:`written_blocks`), found through the block table on its
+    device (nothing read back)."""
+    row, block = written
+    if len(row):
+        ids = block_table[row.to(block_table.device), block.to(block_table.device)].long()
+        summarize_blocks(kept, approx, kv_cache, layout, ids)
+
+
+def page_summaries(kept: torch.Tensor, approx: Any, block_table: torch.Tensor, block_size: int,
+                   requests: torch.Tensor, length: int) -> torch.Tensor:
+    """Every full page's summary of batch rows ``requests`` (b,) up to ``length`` keys, merged from its parts:
+    (b, Hkv, length // page, F), what ``prepare_pages`` takes."""
+    page, g = approx.kept_page(), block_size // kept.shape[1]
+    pages = length // page
+    starts = torch.arange(pages * page // g, device=block_table.device) * g  # every part's first position
+    ids = block_table[requests.to(block_table.device)[:, None], starts // block_size].long()  # (b, parts)
+    parts = kept[ids, starts % block_size // g]  # (b, pages P / g, Hkv, F)
+    merged = approx.merge(parts.view(len(requests), pages, page // g, *parts.shape[2:]))  # (b, pages, Hkv, F)
+    return merged.transpose(1, 2)

@@ -1,0 +1,108 @@
+"""Quest's page bounds kept beside a paged cache (alspec_eval.vllm.kept) as an engine keeps them: made from the whole
+cache when the draft is configured, then the blocks each step writes summarized again. After every step, every
+request's full pages have the bounds Quest's own ``prepare`` computes from its contiguous keys, bit for bit: through
+prompts prefilled in chunks, decode steps, a prefix shared by two requests, a block freed and written by another
+request, pages within a block and across blocks, in both layouts. Torch only, no vLLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alspec_eval.approx_check.paged import _write
+from alspec_eval.config import SpeculationConfig
+from alspec_eval.vllm import kept
+from alspec_eval.vllm.paged import CpuVecLayout, PlainLayout
+
+HEADS, DIM = 2, 8
+
+
+class Engine:
+    """A paged cache of junk, requests written step by step through a block table, and the kept summaries."""
+
+    def __init__(self, approx, layout, block_size: int, blocks: int = 40, seed: int = 0) -> None:
+        self.g = torch.Generator().manual_seed(seed)
+        self.approx, self.layout, self.block_size = approx, layout, block_size
+        self.cache = torch.randn(blocks, HEADS, block_size, 2 * DIM, generator=self.g)  # junk nothing wrote
+        self.free = torch.randperm(blocks, generator=self.g).tolist()
+        self.table = torch.zeros(4, blocks, dtype=torch.int32)
+        self.keys: list[torch.Tensor] = [torch.empty(HEADS, 0, DIM) for _ in range(4)]
+        self.kept = kept.allocate(approx, self.cache, layout)
+
+    def share(self, row: int, source: int, blocks: int) -> None:
+        """Row ``row`` starts with the first full ``blocks`` of ``source`` (the prefix cache)."""
+        self.table[row, :blocks] = self.table[source, :blocks]
+        self.keys[row] = self.keys[source][:, :blocks * self.block_size].clone()
+
+    def release(self, row: int) -> None:
+        """Row ``row`` leaves; its blocks go back to the free list (first to be handed out again)."""
+        count = -(-self.keys[row].shape[1] // self.block_size)
+        self.free = self.table[row, :count].tolist() + self.free
+        self.keys[row] = torch.empty(HEADS, 0, DIM)
+
+    def step(self, tokens: dict[int, int]) -> None:
+        """One engine step: ``tokens[row]`` new keys for each row, written, then the written blocks summarized."""
+        rows = sorted(tokens)
+        for row in rows:
+            start = self.keys[row].shape[1]
+            new = torch.randn(HEADS, tokens[row], DIM, generator=self.g)
+            for t in range(start, start + tokens[row]):
+                if t % self.block_size == 0:
+                    self.table[row, t // self.block_size] = self.free.pop(0)
+                block = int(self.table[row, t // self.block_size])
+                _write(self.cache, self.layout, block, t % self.block_size, new[:, t - start], new[:, t - start])
+            self.keys[row] = torch.cat([self.keys[row], new], 1)
+        lengths = torch.tensor([tokens.get(r, 0) for r in range(4)])
+        seq_lens = torch.tensor([self.keys[r].shape[1] for r in range(4)])
+        query_start_loc = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        written = kept.written_blocks(query_start_loc, seq_lens, self.block_size)
+        kept.keep_written(self.kept, self.approx, self.cache, self.layout, self.table, written)
+
+    def check(self) -> None:
+        """Every row's full pages: the kept bounds equal Quest's prepare on its contiguous keys, bit for bit."""
+        for row in range(4):
+            length = self.keys[row].shape[1]
+            if length < self.approx.page:
+                continue
+            got = self.approx.prepare_pages(kept.page_summaries(self.kept, self.approx, self.table, self.block_size,
+                                                                torch.tensor([row]), length))
+            want = self.approx.prepare(self.keys[row][None], torch.zeros(1, dtype=torch.long), 16)
+            for g, w in zip(got, want):
+                assert torch.equal(g, w), (row, length)
+
+
+@pytest.mark.parametrize("layout", [PlainLayout(), CpuVecLayout()], ids=lambda layout: layout.name)
+@pytest.mark.parametrize("block_size, page", [(16, 1), (16, 4), (16, 16), (8, 24), (16, 32)])
+def test_kept_bounds_follow_the_cache_step_by_step(layout, block_size, page):
+    approx = SpeculationConfig(window=max(page, 16), approx="quest", approx_args=f"page:{page}").approx
+    engine = Engine(approx, layout, block_size)
+    engine.step({0: 37, 1: 5})  # a prompt's first chunk, and a short one
+    engine.check()
+    engine.step({0: 50, 1: 1})  # its second chunk, a decode step
+    engine.check()
+    engine.share(2, 0, 87 // block_size)  # a request that starts from row 0's full blocks
+    engine.step({2: 11, 0: 1, 1: 1})
+    engine.check()
+    for _ in range(block_size + 3):  # decode steps across block ends
+        engine.step({0: 1, 1: 1, 2: 1})
+        engine.check()
+    engine.release(1)  # its blocks go to a new request, which writes other keys into them
+    engine.step({3: 3 * block_size + 5, 0: 1})
+    engine.check()
+
+
+def test_bounds_of_blocks_written_before_they_were_kept_are_made_from_the_cache():
+    """A draft configured on an engine whose cache already holds requests (the prefix cache) keeps their bounds from
+    the start: allocate summarizes every block as the cache holds it."""
+    approx = SpeculationConfig(window=16, approx="quest", approx_args="page:8").approx
+    engine = Engine(approx, PlainLayout(), 16)
+    engine.step({0: 70, 1: 33})
+    engine.kept = kept.allocate(approx, engine.cache, engine.layout)  # configured now
+    engine.check()
+
+
+def test_written_blocks_are_every_block_holding_a_token_of_the_step():
+    query_start_loc = torch.tensor([0, 1, 1, 21, 53])
+    seq_lens = torch.tensor([16, 9, 40, 32])  # a decode at a block's last slot; none; a chunk over two; one whole
+    row, block = kept.written_blocks(query_start_loc, seq_lens, 16)
+    assert list(zip(row.tolist(), block.tolist())) == [(0, 0), (2, 1), (2, 2), (3, 0), (3, 1)]
