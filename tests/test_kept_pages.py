@@ -1,5 +1,5 @@
 """Quest's page bounds kept beside a paged cache (alspec_eval.vllm.kept) as an engine keeps them: made from the whole
-cache when the draft is configured, then the blocks each step writes summarized again. After every step, every
+cache when the draft is configured, then the parts each step writes summarized again. After every step, every
 request's full pages have the bounds Quest's own ``prepare`` computes from its contiguous keys, bit for bit: through
 prompts prefilled in chunks, decode steps, a prefix shared by two requests, a block freed and written by another
 request, pages within a block and across blocks, in both layouts. Torch only, no vLLM."""
@@ -55,7 +55,7 @@ class Engine:
         lengths = torch.tensor([tokens.get(r, 0) for r in range(4)])
         seq_lens = torch.tensor([self.keys[r].shape[1] for r in range(4)])
         query_start_loc = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        written = kept.written_blocks(query_start_loc, seq_lens, self.block_size)
+        written = kept.written_parts(query_start_loc, seq_lens, kept.part_size(self.approx, self.block_size))
         kept.keep_written(self.kept, self.approx, self.cache, self.layout, self.table, written)
 
     def check(self) -> None:
@@ -101,8 +101,8 @@ def test_bounds_of_blocks_written_before_they_were_kept_are_made_from_the_cache(
     engine.check()
 
 
-def test_written_blocks_are_every_block_holding_a_token_of_the_step():
+def test_written_parts_are_every_part_holding_a_token_of_the_step():
     query_start_loc = torch.tensor([0, 1, 1, 21, 53])
-    seq_lens = torch.tensor([16, 9, 40, 32])  # a decode at a block's last slot; none; a chunk over two; one whole
-    row, block = kept.written_blocks(query_start_loc, seq_lens, 16)
+    seq_lens = torch.tensor([16, 9, 40, 32])  # a decode at a part's last slot; none; a chunk over two; one whole
+    row, block = kept.written_parts(query_start_loc, seq_lens, 16)
     assert list(zip(row.tolist(), block.tolist())) == [(0, 0), (2, 1), (2, 2), (3, 0), (3, 1)]

@@ -87,16 +87,17 @@ class WorkerState:
         return layout_for(self.backend, getattr(layer, "isa", None) if self.backend == "CPU_ATTN" else None)
 
     def keep(self, layer: Any, kv_cache: torch.Tensor, block_table: torch.Tensor, step: Step) -> torch.Tensor:
-        """The layer's page summaries of a draft that keeps them (:mod:`.kept`), with the blocks this step wrote
+        """The layer's page summaries of a draft that keeps them (:mod:`.kept`), with the parts this step wrote
         summarized again: made, from the whole cache, at the layer's first step after the driver configured it."""
         approx, name = self.settings.approx, layer.layer_name
         if name not in self.kept:
             self.kept[name] = kept.allocate(approx, kv_cache, self.layout(layer))
             return self.kept[name]
-        written = step.rows.plans.get(("written", kv_cache.shape[2]))
+        size = kept.part_size(approx, kv_cache.shape[2])
+        written = step.rows.plans.get(("written", size))
         if written is None:
-            written = step.rows.plans[("written", kv_cache.shape[2])] = kept.written_blocks(
-                step.query_start_loc, step.seq_lens, kv_cache.shape[2])
+            written = step.rows.plans[("written", size)] = kept.written_parts(step.query_start_loc, step.seq_lens,
+                                                                               size)
         kept.keep_written(self.kept[name], approx, kv_cache, self.layout(layer), block_table, written)
         return self.kept[name]
 

@@ -3,7 +3,7 @@ that a decode step reads each page's summary instead of its keys.
 
 A layer's summaries are one tensor, (num_blocks, N / g, Hkv, F): per physical block of N keys, one summary per part
 of g = gcd(page, N) keys; a page is page / g parts, within a block or across blocks, merged when read. They follow
-the cache: the blocks a step writes are summarized again after the platform's backend has written them
+the cache: the parts a step writes are summarized again after the platform's backend has written them
 (:func:`keep_written`), so prefix-shared blocks share their summaries, and a block vLLM frees and hands to another
 request is summarized again when that request writes it. A part only counts once all its keys are written, which is
 true of every page a draft reads (full pages before the current one). Torch only, no vLLM.
@@ -24,39 +24,38 @@ def part_size(approx: Any, block_size: int) -> int:
     return math.gcd(approx.kept_page(), block_size)
 
 
-def summarize_blocks(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any,
-                     blocks: torch.Tensor) -> None:
-    """Summarize every part of physical ``blocks`` (n,) from the keys the cache holds now, into ``kept``; a part
-    whose keys are not all written yet gets a summary no read uses."""
-    heads, size, dim = kv_cache.shape[1], kv_cache.shape[2], kv_cache.shape[-1] // 2
-    parts = kept.shape[1]
-    step = max(1, VERIFY_BUDGET // (2 * heads * size * dim * kv_cache.element_size()))  # keys and a copy
-    for lo in range(0, len(blocks), step):
-        ids = blocks[lo:lo + step]
-        keys, _ = layout.blocks(kv_cache, ids[:, None], False)  # (n, Hkv, N, D)
-        keys = keys.view(len(ids), heads, parts, size // parts, dim).permute(0, 2, 3, 1, 4)  # (n, parts, g, Hkv, D)
-        kept[ids] = approx.summarize(keys)
+def summarize_parts(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any, block: torch.Tensor,
+                    part: torch.Tensor) -> None:
+    """Summarize parts ``part`` (n,) of physical blocks ``block`` (n,) from the keys the cache holds now, into
+    ``kept``; a part whose keys are not all written yet gets a summary no read uses."""
+    heads, dim = kv_cache.shape[1], kv_cache.shape[-1] // 2
+    size = kv_cache.shape[2] // kept.shape[1]
+    step = max(1, VERIFY_BUDGET // (2 * size * heads * dim * kv_cache.element_size()))  # keys and a copy
+    for lo in range(0, len(block), step):
+        ids, at = block[lo:lo + step], part[lo:lo + step]
+        kept[ids, at] = approx.summarize(layout.parts(kv_cache, ids, at, size))
 
 
 def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any) -> torch.Tensor:
-    """A layer's summaries, every block of its cache summarized as it holds it now (what vLLM wrote before the draft
+    """A layer's summaries, every part of its cache summarized as it holds it now (what vLLM wrote before the draft
     was configured, prefix-cached blocks among it)."""
     blocks, heads, size = kv_cache.shape[:3]
     g = part_size(approx, size)
     probe = approx.summarize(kv_cache.new_zeros(1, g, heads, kv_cache.shape[-1] // 2))  # (1, Hkv, F)
     kept = kv_cache.new_empty(blocks, size // g, heads, probe.shape[-1])
-    summarize_blocks(kept, approx, kv_cache, layout, torch.arange(blocks, device=kv_cache.device))
+    every = torch.arange(blocks * (size // g), device=kv_cache.device)
+    summarize_parts(kept, approx, kv_cache, layout, every // (size // g), every % (size // g))
     return kept
 
 
-def written_blocks(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                   block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The blocks a step writes, as (batch row, logical block) pairs (host): every block that holds one of its
-    tokens."""
+def written_parts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                  size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The parts of ``size`` keys a step writes, as (batch row, logical part) pairs (host): every part that holds
+    one of its tokens."""
     requests = len(seq_lens)
     lengths = (query_start_loc[1:requests + 1] - query_start_loc[:requests]).long()
     ends = seq_lens.long()
-    first, last = (ends - lengths) // block_size, (ends - 1) // block_size
+    first, last = (ends - lengths) // size, (ends - 1) // size
     count = (last - first + 1).clamp(min=0) * (lengths > 0)
     row = torch.repeat_interleave(torch.arange(requests), count)
     offset = torch.arange(int(count.sum())) - torch.repeat_interleave(count.cumsum(0) - count, count)
@@ -65,12 +64,14 @@ def written_blocks(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
 
 def keep_written(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                  written: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Summarize again the blocks the step wrote (:func:`written_blocks`), found through the block table on its
+    """Summarize again the parts the step wrote (:func:`written_parts`), found through the block table on its
     device (nothing read back)."""
-    row, block = written
+    row, part = written
     if len(row):
-        ids = block_table[row.to(block_table.device), block.to(block_table.device)].long()
-        summarize_blocks(kept, approx, kv_cache, layout, ids)
+        per_block = kept.shape[1]
+        part = part.to(block_table.device)
+        block = block_table[row.to(block_table.device), part // per_block].long()
+        summarize_parts(kept, approx, kv_cache, layout, block, part % per_block)
 
 
 def page_summaries(kept: torch.Tensor, approx: Any, block_table: torch.Tensor, block_size: int,
@@ -82,5 +83,6 @@ def page_summaries(kept: torch.Tensor, approx: Any, block_table: torch.Tensor, b
     starts = torch.arange(pages * page // g, device=block_table.device) * g  # every part's first position
     ids = block_table[requests.to(block_table.device)[:, None], starts // block_size].long()  # (b, parts)
     parts = kept[ids, starts % block_size // g]  # (b, pages P / g, Hkv, F)
-    merged = approx.merge(parts.view(len(requests), pages, page // g, *parts.shape[2:]))  # (b, pages, Hkv, F)
-    return merged.transpose(1, 2)
+    if page > g:  # a page of several parts (a page of one part is that part's summary)
+        parts = approx.merge(parts.view(len(requests), pages, page // g, *parts.shape[2:]))  # (b, pages, Hkv, F)
+    return parts.transpose(1, 2)

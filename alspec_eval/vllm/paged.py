@@ -65,6 +65,11 @@ class PlainLayout:
 
         return read(kv_cache[..., :dim]), read(kv_cache[..., dim:]) if values else None
 
+    def parts(self, kv_cache: torch.Tensor, block: torch.Tensor, part: torch.Tensor, size: int) -> torch.Tensor:
+        """The keys of part ``part`` (n,) of ``size`` keys of blocks ``block`` (n,): (n, size, Hkv, D)."""
+        dim = kv_cache.shape[-1] // 2
+        return kv_cache[..., :dim].unflatten(2, (-1, size))[block, :, part].transpose(1, 2)
+
     def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Where the ``width`` consecutive slots from ``start`` of blocks ``block`` (both (T, c)) are, for
@@ -113,6 +118,12 @@ class CpuVecLayout:
             return keys, None
         picked = flat[..., size * dim:][ids].view(rows, count, heads, size, dim).transpose(1, 2)
         return keys, picked.reshape(rows, heads, count * size, dim)
+
+    def parts(self, kv_cache: torch.Tensor, block: torch.Tensor, part: torch.Tensor, size: int) -> torch.Tensor:
+        blocks, heads, length, twice = kv_cache.shape
+        dim = twice // 2
+        keys_t = kv_cache.view(blocks, heads, length * twice)[..., :length * dim].view(blocks, heads, dim, -1, size)
+        return keys_t[block, :, :, part].permute(0, 3, 1, 2)
 
     def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
