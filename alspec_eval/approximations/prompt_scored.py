@@ -39,17 +39,19 @@ class PromptScored(Approximation):
 @dataclass(frozen=True)
 class PromptRanking:
     """A prompt's key scores ranked once, when the prompt is scored: per row and KV head the key indices best first
-    (ties: the earlier key) and their scores, (B, Hkv, L_prompt) each, so that a decode step keeps its keys without a
-    sort (:func:`newest_and_top`)."""
+    (ties: the earlier key), (B, Hkv, L_prompt) int32, and how many of them are scored (B, Hkv) (the rest are -inf:
+    past the prompt, padding), so that a decode step keeps its keys without a sort (:func:`newest_and_top`). As
+    much memory as the scores it replaces."""
 
     order: torch.Tensor
-    scores: torch.Tensor
+    scored: torch.Tensor
 
     @classmethod
     def of(cls, scores: torch.Tensor) -> "PromptRanking":
         """``scores`` (B, Hkv, L_prompt; physical, -inf where no key) ranked."""
-        top = scores.sort(dim=-1, descending=True, stable=True)
-        return cls(top.indices, top.values)
+        scores = torch.where(scores.isnan(), -math.inf, scores)  # unscored, as -inf (a sort puts NaN first)
+        order = scores.sort(dim=-1, descending=True, stable=True).indices
+        return cls(order.to(torch.int32), (scores > -math.inf).sum(-1))
 
 
 def newest_and_top(ranking: PromptRanking, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
@@ -61,8 +63,9 @@ def newest_and_top(ranking: PromptRanking, key: torch.Tensor, rows: torch.Tensor
     budget = 2 * window - recent
     # at most ``recent`` prompt keys are among the newest, and unscored keys rank last: the first 2S of the ranking
     # hold every key a position keeps, so a step reads 2S of them per KV head, not the prompt's L
-    order, scores = ranking.order[..., :2 * window][rows], ranking.scores[..., :2 * window][rows]  # (r, Hkv, <= 2S)
-    kept = (order < newest[:, :1, None]) & (scores > -math.inf)
+    order = ranking.order[..., :2 * window][rows].long()  # (r, Hkv, <= 2S)
+    scored = torch.arange(order.shape[-1], device=order.device) < ranking.scored[rows][..., None]
+    kept = (order < newest[:, :1, None]) & scored
     rank = kept.cumsum(-1) - 1
     slot = torch.where(kept & (rank < budget), rank, budget)  # the first budget kept keys, in ranking order
     chosen = torch.zeros(*order.shape[:2], budget + 1, dtype=order.dtype, device=order.device)
