@@ -213,6 +213,27 @@ class KeyScoredPress(_PressDraft):
 
 
 @dataclass(frozen=True)
+class KeyAlonePress(KeyScoredPress):
+    """A key-only press whose score of a key reads that key alone (Knorm: its norm): each row's keys are scored
+    once, up to its last speculated position, and every position ranks its own keys' scores (a prompt's positions
+    cost one scoring, not one each)."""
+
+    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+               pad: torch.Tensor, window: int, passed: tuple, prepared: LayerInputs) -> Selected:
+        last: dict[int, int] = {}
+        for row, p in zip(rows.tolist(), pos.tolist()):
+            last[row] = max(last.get(row, -1), p)
+        scored, chosen = {}, []
+        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):
+            if row not in scored:  # the row's own unpadded keys up to its last position
+                end = a + last[row] + 1
+                keys, values = key[row:row + 1, :, a:end], prepared.value[row:row + 1, :, a:end]
+                scored[row] = score(self.make_press(2 * window, end - a), prepared.module, None, keys, values, {})[0]
+            chosen.append(ranked(scored[row][..., :p + 1], 2 * window) + a)
+        return torch.stack(chosen), None
+
+
+@dataclass(frozen=True)
 class PositionRankedPress(KeyScoredPress):
     """A key-only press that ranks by position or by chance: it reads no key to rank, so a step costs 2S."""
 
@@ -339,7 +360,7 @@ class TwoSinkPromptPress(PromptScoredPress):
 
 # Every press alspec-eval runs, by kvpress's name, with the kind of draft it runs as; the order is the reports'.
 PRESSES: dict[str, type[_PressDraft]] = {
-    "KnormPress": KeyScoredPress, "KeyDiffPress": KeyScoredPress, "CURPress": KeyScoredPress,
+    "KnormPress": KeyAlonePress, "KeyDiffPress": KeyScoredPress, "CURPress": KeyScoredPress,
     "LagKVPress": KeyScoredPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": PositionRankedPress,
     "CriticalKVPress": WrappingPress,
     "SnapKVPress": WindowedPromptPress, "PyramidKVPress": WindowedPromptPress,
