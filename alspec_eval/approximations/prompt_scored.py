@@ -39,19 +39,21 @@ class PromptScored(Approximation):
 @dataclass(frozen=True)
 class PromptRanking:
     """A prompt's key scores ranked once, when the prompt is scored: per row and KV head the key indices best first
-    (ties: the earlier key), (B, Hkv, L_prompt) int32, and how many of them are scored (B, Hkv) (the rest are -inf:
-    past the prompt, padding), so that a decode step keeps its keys without a sort (:func:`newest_and_top`). As
+    (ties: the earlier key), (B, Hkv, L_prompt) int32, unscored keys (-inf: past the prompt, padding) marked past any
+    position (:data:`UNSCORED`), so that a decode step keeps its keys without a sort (:func:`newest_and_top`). As
     much memory as the scores it replaces."""
 
     order: torch.Tensor
-    scored: torch.Tensor
 
     @classmethod
     def of(cls, scores: torch.Tensor) -> "PromptRanking":
-        """``scores`` (B, Hkv, L_prompt; physical, -inf where no key) ranked."""
-        scores = torch.where(scores.isnan(), -math.inf, scores)  # unscored, as -inf (a sort puts NaN first)
-        order = scores.sort(dim=-1, descending=True, stable=True).indices
-        return cls(order.to(torch.int32), (scores > -math.inf).sum(-1))
+        """``scores`` (B, Hkv, L_prompt; physical, -inf or NaN where no key) ranked."""
+        scored = scores > -math.inf  # NaN is not
+        order = torch.where(scored, scores, -math.inf).sort(dim=-1, descending=True, stable=True).indices
+        return cls(torch.where(scored.gather(-1, order), order, UNSCORED).to(torch.int32))
+
+
+UNSCORED = 2**31 - 1  # the order's mark of an unscored key: no position is older than it
 
 
 def newest_and_top(ranking: PromptRanking, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
@@ -59,19 +61,17 @@ def newest_and_top(ranking: PromptRanking, key: torch.Tensor, rows: torch.Tensor
     """SnapKV's rule for every prompt-time scorer (kvpress's too): at each position the newest ``recent`` tokens,
     then the 2S - recent prompt keys of highest score older than them (a prompt key among the newest is kept as one
     of them), ties to the earlier key: the first 2S - recent of the prompt's ranking that are older and scored."""
-    newest = pad[:, None] + pos[:, None] - recent + 1 + torch.arange(recent, device=pos.device)
+    newest = (pad + pos + (1 - recent))[:, None] + torch.arange(recent, device=pos.device)
     budget = 2 * window - recent
     # at most ``recent`` prompt keys are among the newest, and unscored keys rank last: the first 2S of the ranking
     # hold every key a position keeps, so a step reads 2S of them per KV head, not the prompt's L
     order = ranking.order[..., :2 * window][rows].long()  # (r, Hkv, <= 2S)
-    scored = torch.arange(order.shape[-1], device=order.device) < ranking.scored[rows][..., None]
-    kept = (order < newest[:, :1, None]) & scored
-    rank = kept.cumsum(-1) - 1
-    slot = torch.where(kept & (rank < budget), rank, budget)  # the first budget kept keys, in ranking order
-    chosen = torch.zeros(*order.shape[:2], budget + 1, dtype=order.dtype, device=order.device)
-    chosen = chosen.scatter(-1, slot, order)[..., :budget]
-    valid = torch.arange(budget, device=pos.device) < kept.sum(-1, keepdim=True).clamp(max=budget)
-    chosen = torch.where(valid, chosen, 0)
+    kept = order < newest[:, :1, None]  # older, and scored
+    rank = kept.cumsum(-1)  # from 1
+    slot = (rank * kept).clamp_(max=budget + 1)  # 1..budget: the first budget kept; 0 and budget + 1: none
+    chosen = torch.zeros(*order.shape[:2], budget + 2, dtype=order.dtype, device=order.device)
+    chosen = chosen.scatter(-1, slot, order)[..., 1:budget + 1]  # invalid slots stay 0
+    valid = torch.arange(1, budget + 1, device=pos.device) <= rank[..., -1:]
     heads = order.shape[1]
     index = torch.cat([newest[:, None, :].expand(-1, heads, -1), chosen], -1).clamp_max(key.shape[2] - 1)
     return index, torch.cat([torch.ones_like(newest, dtype=torch.bool)[:, None, :].expand(-1, heads, -1), valid], -1)
