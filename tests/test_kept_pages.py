@@ -2,7 +2,8 @@
 cache when the draft is configured, then the parts each step writes summarized again. After every step, every
 request's full pages have the bounds Quest's own ``prepare`` computes from its contiguous keys, bit for bit: through
 prompts prefilled in chunks, decode steps, a prefix shared by two requests, a block freed and written by another
-request, pages within a block and across blocks, in both layouts. Torch only, no vLLM."""
+request, pages within a block and across blocks, in both layouts (the plain one also as the non-contiguous view of
+an NHD allocation, FlashAttention's default on CUDA). Torch only, no vLLM."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ HEADS, DIM = 2, 8
 class Engine:
     """A paged cache of junk, requests written step by step through a block table, and the kept summaries."""
 
-    def __init__(self, approx, layout, block_size: int, blocks: int = 40, seed: int = 0) -> None:
+    def __init__(self, approx, layout, block_size: int, blocks: int = 40, seed: int = 0, nhd: bool = False) -> None:
         self.g = torch.Generator().manual_seed(seed)
         self.approx, self.layout, self.block_size = approx, layout, block_size
         self.cache = torch.randn(blocks, HEADS, block_size, 2 * DIM, generator=self.g)  # junk nothing wrote
+        if nhd:  # FlashAttention's default on CUDA: the (blocks, Hkv, N, 2D) view of an NHD allocation
+            self.cache = self.cache.transpose(1, 2).contiguous().transpose(1, 2)
         self.free = torch.randperm(blocks, generator=self.g).tolist()
         self.table = torch.zeros(4, blocks, dtype=torch.int32)
         self.keys: list[torch.Tensor] = [torch.empty(HEADS, 0, DIM) for _ in range(4)]
@@ -71,11 +74,13 @@ class Engine:
                 assert torch.equal(g, w), (row, length)
 
 
-@pytest.mark.parametrize("layout", [PlainLayout(), CpuVecLayout()], ids=lambda layout: layout.name)
+@pytest.mark.parametrize("layout, nhd", [(PlainLayout(), False), (PlainLayout(), True), (CpuVecLayout(), False)],
+                         ids=["plain", "plain-nhd", "cpu-vec"])
 @pytest.mark.parametrize("block_size, page", [(16, 1), (16, 4), (16, 16), (8, 24), (16, 32)])
-def test_kept_bounds_follow_the_cache_step_by_step(layout, block_size, page):
+def test_kept_bounds_follow_the_cache_step_by_step(layout, nhd, block_size, page):
     approx = SpeculationConfig(window=max(page, 16), approx="quest", approx_args=f"page:{page}").approx
-    engine = Engine(approx, layout, block_size)
+    engine = Engine(approx, layout, block_size, nhd=nhd)
+    assert engine.cache.is_contiguous() != nhd
     engine.step({0: 37, 1: 5})  # a prompt's first chunk, and a short one
     engine.check()
     engine.step({0: 50, 1: 1})  # its second chunk, a decode step

@@ -86,19 +86,22 @@ class WorkerState:
         self.backend = layer.attn_backend.get_name()
         return layout_for(self.backend, getattr(layer, "isa", None) if self.backend == "CPU_ATTN" else None)
 
-    def keep(self, layer: Any, kv_cache: torch.Tensor, block_table: torch.Tensor, step: Step) -> torch.Tensor:
-        """The layer's page summaries of a draft that keeps them (:mod:`.kept`), with the parts this step wrote
-        summarized again: made, from the whole cache, at the layer's first step after the driver configured it."""
-        approx, name = self.settings.approx, layer.layer_name
+    def keep(self, name: str, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
+             step: Step) -> torch.Tensor:
+        """Layer ``name``'s page summaries of a draft that keeps them (:mod:`.kept`), with the parts this step wrote
+        summarized again: made, from the whole cache, at the layer's first step after the driver configured it. The
+        parts written are found once per step and copied to the device once."""
+        approx = self.settings.approx
         if name not in self.kept:
-            self.kept[name] = kept.allocate(approx, kv_cache, self.layout(layer))
+            self.kept[name] = kept.allocate(approx, kv_cache, layout)
             return self.kept[name]
         size = kept.part_size(approx, kv_cache.shape[2])
-        written = step.rows.plans.get(("written", size))
+        written = step.rows.plans.get(("written", size, str(block_table.device)))
         if written is None:
-            written = step.rows.plans[("written", size)] = kept.written_parts(step.query_start_loc, step.seq_lens,
-                                                                               size)
-        kept.keep_written(self.kept[name], approx, kv_cache, self.layout(layer), block_table, written)
+            found = kept.written_parts(step.query_start_loc, step.seq_lens, size)
+            written = step.rows.plans[("written", size, str(block_table.device))] = tuple(
+                t.to(block_table.device) for t in found)
+        kept.keep_written(self.kept[name], approx, kv_cache, layout, block_table, written)
         return self.kept[name]
 
     def take(self) -> Taken:
@@ -211,10 +214,11 @@ class SpeculatingImpl:
             return result
         settings = state.settings
         rows, prompt_rows = step.rows, step.prompt_rows
-        pages = state.keep(layer, kv_cache, attn_metadata.block_table, step) if settings.approx.kept_page() else None
+        layout = state.layout(layer)
+        pages = (state.keep(layer.layer_name, kv_cache, layout, attn_metadata.block_table, step)
+                 if settings.approx.kept_page() else None)
         if not len(rows.token) and not len(prompt_rows.token):
             return result
-        layout = state.layout(layer)
         block_size = kv_cache.shape[2]
         if settings.check_layout or layer.layer_name not in state.checked:
             check_newest(kv_cache, layout, attn_metadata.block_table, block_size, key,

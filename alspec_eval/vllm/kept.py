@@ -64,13 +64,12 @@ def written_parts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
 
 def keep_written(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                  written: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Summarize again the parts the step wrote (:func:`written_parts`), found through the block table on its
-    device (nothing read back)."""
+    """Summarize again the parts the step wrote (:func:`written_parts`, on the block table's device), found through
+    the block table (nothing read back)."""
     row, part = written
     if len(row):
         per_block = kept.shape[1]
-        part = part.to(block_table.device)
-        block = block_table[row.to(block_table.device), part // per_block].long()
+        block = block_table[row, part // per_block].long()
         summarize_parts(kept, approx, kv_cache, layout, block, part % per_block)
 
 

@@ -15,9 +15,9 @@ class SpeculatingBuilder:
     """Before a metadata builder: the step's speculating rows built once per step, where vLLM builds the step's
     attention metadata, from its ``CommonAttentionMetadata`` (:meth:`.backend.WorkerState.step`), and attached to
     the metadata every layer of the step receives (``alspec``). The worker's state is the one the worker extension
-    handed its layers' impls, found as vLLM's own builders find their layers (``get_layers_from_vllm_config``). No full CUDA-graph capture of the speculating
-    attention, whose Python runs every step (piecewise graphs leave attention out of the graph, so nothing stale is
-    replayed)."""
+    handed its layers' impls, found as vLLM's own builders find their layers (``get_layers_from_vllm_config``). No
+    full CUDA-graph capture of the speculating attention, whose Python runs every step (piecewise graphs leave
+    attention out of the graph, so nothing stale is replayed)."""
 
     _cudagraph_support = AttentionCGSupport.NEVER
 
