@@ -20,7 +20,7 @@ from ..approximations import Approximation
 from ..ruler import split_unit
 from .cells import BASELINE, Sweep
 from .figures import _figure
-from .frames import CHANCE, args_text, baseline_interval, not_worse
+from .frames import CHANCE, ROUTINES, args_text, baseline_interval, not_worse
 from .styles import ORACLE_MARK, approx_label, oracle_note
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ TITLE = "Which draft buys the most verified speed"
 NOTE = ("Per task and context length, each draft's best verified point: its cell (any λ and S) with the largest "
         "projected speedup (an ESTIMATE of the latency model, {model}) whose score is not significantly below the "
         "baseline's on the same documents (paired 95% bootstrap interval of the difference reaching 0; McNemar's "
-        "exact test for 0/1 scores). Drafts are ranked by it; an oracle ({mark}) is shown, not ranked.")
+        "exact test for 0/1 scores). Drafts are ranked by it; an oracle ({mark}) is shown, not ranked. " + ROUTINES)
 
 
 def _heading(unit: Unit) -> str:

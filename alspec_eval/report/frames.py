@@ -21,17 +21,23 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from alspec_eval.approximations import names
 from alspec_eval.report.cells import BASELINE, Cell, load_sweep
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
-Z95 = 1.959963984540054  # two-sided 95% normal quantile
+Z95 = float(stats.norm.ppf(0.975))  # two-sided 95% normal quantile
+ROUTINES = ("Intervals and tests from scipy.stats: bootstrap intervals by `bootstrap` (percentile, "
+            f"{BOOTSTRAP_RESAMPLES:,} resamples of documents, seeded), Wilson intervals by "
+            "`binomtest(...).proportion_ci(method='wilson')`, McNemar's exact test by `binomtest` on the discordant "
+            "documents.")
 
 
 class Frames(NamedTuple):
@@ -40,14 +46,24 @@ class Frames(NamedTuple):
     documents: pd.DataFrame
 
 
-def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (NaN, NaN without trials)."""
+def wilson(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (``scipy.stats.binomtest``; NaN, NaN without trials)."""
     if trials == 0:
         return math.nan, math.nan
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    interval = stats.binomtest(successes, trials).proportion_ci(level, method="wilson")
+    return float(interval.low), float(interval.high)
+
+
+def _percentile_bootstrap(data: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray], resamples: int,
+                          seed: int, level: float) -> tuple[float, float]:
+    """``scipy.stats.bootstrap``'s percentile interval of ``statistic`` over the rows of ``data`` resampled together
+    (documents), seeded; one document gives its own value (nothing to resample)."""
+    if len(data[0]) < 2:
+        value = float(statistic(*data, axis=-1))
+        return value, value
+    result = stats.bootstrap(data, statistic, n_resamples=resamples, paired=True, vectorized=True, batch=500,
+                             confidence_level=level, method="percentile", rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def paired_bootstrap(differences: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
@@ -56,50 +72,44 @@ def paired_bootstrap(differences: np.ndarray, resamples: int = BOOTSTRAP_RESAMPL
     differences = np.asarray(differences, dtype=float)
     if len(differences) == 0:
         return math.nan, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = differences[rng.integers(0, len(differences), size=(resamples, len(differences)))].mean(axis=1)
-    tail = (1 - level) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return float(differences.mean()), float(low), float(high)
+    return (float(differences.mean()),
+            *_percentile_bootstrap((differences,), np.mean, resamples, seed, level))
+
+
+def _ratio(accepted: np.ndarray, speculated: np.ndarray, axis: int = -1) -> np.ndarray:
+    return accepted.sum(axis) / speculated.sum(axis)
 
 
 def cluster_bootstrap_ratio(accepted: np.ndarray, speculated: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
                             seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of sum(accepted) / sum(speculated), resampling documents (the clusters)."""
+    """Percentile bootstrap interval of sum(accepted) / sum(speculated), resampling the documents (the clusters)
+    that speculated: one without a decision adds nothing to either sum, and a resample of only such would have no
+    ratio."""
     accepted, speculated = np.asarray(accepted, dtype=float), np.asarray(speculated, dtype=float)
-    n = len(speculated)
-    if n == 0 or speculated.sum() == 0:
+    decided = speculated > 0
+    if not decided.any():
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    ratios = []
-    for start in range(0, resamples, 500):  # chunks keep the index matrix small for tasks with many documents
-        index = rng.integers(0, n, size=(min(500, resamples - start), n))
-        den = speculated[index].sum(1)
-        ratios.append(accepted[index].sum(1)[den > 0] / den[den > 0])
-    tail = (1 - level) / 2
-    low, high = np.quantile(np.concatenate(ratios), [tail, 1 - tail])
-    return float(low), float(high)
+    return _percentile_bootstrap((accepted[decided], speculated[decided]), _ratio, resamples, seed, level)
 
 
 def paired_ratio_difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
                             resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                             level: float = 0.95) -> tuple[float, float, float]:
     """sum(accepted) / sum(speculated) of ``a`` minus that of ``b`` (each (accepted, speculated) per document, the
-    same documents in the same order) and its percentile bootstrap interval, resampling documents for both at once."""
+    same documents in the same order) and its percentile bootstrap interval, resampling the documents both cells
+    speculated on (where both ratios exist in every resample) for both at once; the difference itself is over
+    every document."""
     (acc_a, spec_a), (acc_b, spec_b) = ((np.asarray(x, dtype=float) for x in pair) for pair in (a, b))
-    n = len(spec_a)
-    if n == 0 or spec_a.sum() == 0 or spec_b.sum() == 0:
+    both = (spec_a > 0) & (spec_b > 0)
+    if not both.any():
         return math.nan, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    differences = []
-    for start in range(0, resamples, 500):  # chunks keep the index matrix small for tasks with many documents
-        index = rng.integers(0, n, size=(min(500, resamples - start), n))
-        den_a, den_b = spec_a[index].sum(1), spec_b[index].sum(1)
-        kept = (den_a > 0) & (den_b > 0)
-        differences.append(acc_a[index].sum(1)[kept] / den_a[kept] - acc_b[index].sum(1)[kept] / den_b[kept])
-    tail = (1 - level) / 2
-    low, high = np.quantile(np.concatenate(differences), [tail, 1 - tail])
-    return float(acc_a.sum() / spec_a.sum() - acc_b.sum() / spec_b.sum()), float(low), float(high)
+
+    def difference(acc_a, spec_a, acc_b, spec_b, axis=-1):
+        return _ratio(acc_a, spec_a, axis) - _ratio(acc_b, spec_b, axis)
+
+    data = tuple(x[both] for x in (acc_a, spec_a, acc_b, spec_b))
+    return (float(difference(acc_a, spec_a, acc_b, spec_b)),
+            *_percentile_bootstrap(data, difference, resamples, seed, level))
 
 
 def decisions_by_document(cell: Cell) -> dict[Any, tuple[int, int]]:
@@ -117,12 +127,10 @@ def document_decisions(cell: Cell) -> tuple[np.ndarray, np.ndarray]:
 
 
 def mcnemar_exact(only_baseline: int, only_cell: int) -> float:
-    """Two-sided exact McNemar p-value from the discordant pairs (documents right in one run only)."""
+    """Two-sided exact McNemar p-value from the discordant pairs (documents right in one run only): a binomial test
+    of one side's count against half of them (``scipy.stats.binomtest``)."""
     n = only_baseline + only_cell
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(only_baseline, only_cell) + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    return 1.0 if n == 0 else float(stats.binomtest(only_cell, n, 0.5).pvalue)
 
 
 def document_scores(cell: Cell) -> pd.Series:

@@ -15,7 +15,7 @@ import numpy as np
 from ..approximations import Approximation
 from ..latency import Projection
 from .cells import Row, Sweep
-from .frames import decisions_by_document, document_scores, paired_bootstrap, paired_ratio_difference
+from .frames import ROUTINES, decisions_by_document, document_scores, paired_bootstrap, paired_ratio_difference
 from .styles import ORACLE_MARK, oracle_note
 
 
@@ -74,7 +74,7 @@ def _points(x: float) -> str:
 TITLE = "Beside the sink: other approximations at the same lambda and 2S keys"
 NOTE = ("Hit rate and score of each approximation minus the sink's at the same lambda and window, in percentage "
         "points, and the speedup the latency model projects for each (an ESTIMATE beyond the sink's 2S keys), with "
-        "paired 95% bootstrap intervals over the documents (n).")
+        "paired 95% bootstrap intervals over the documents (n). " + ROUTINES)
 
 
 def gains_rows(gains: list[Gain]) -> list[list[str]]:

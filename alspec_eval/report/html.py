@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 from alspec_eval.report.latency import SweepProjection, projection_note, projection_rows
 from alspec_eval.report.cells import Sweep
+from alspec_eval.report.frames import ROUTINES
 from alspec_eval.report.gains import NOTE as GAINS_NOTE, TITLE as GAINS_TITLE, Gain, gains_notes, gains_rows
 from alspec_eval.report.paper import NOTE, PaperSection
 from alspec_eval.report.table import approximation_notes, beyond_sink, table1_rows
@@ -62,6 +63,7 @@ def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Seque
              f"replaced by {replaced_by}. – marks a cell not (yet) run.</p>",
              html_table(table1_rows(sweep, cells)),
              *(f"<p class='note'>{html.escape(line)}</p>" for line in approximation_notes(sweep)),
+             f"<p class='note'>{html.escape(ROUTINES)}</p>",
              *(f"<p>{html.escape(c)}</p>" for c in choices)]
     if gains:
         parts += [f"<h2>{html.escape(GAINS_TITLE)}</h2><p class='note'>{html.escape(GAINS_NOTE)}</p>",

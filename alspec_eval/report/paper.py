@@ -20,7 +20,7 @@ from importlib import resources
 import pandas as pd
 
 from alspec_eval.report.cells import BASELINE, Row, Sweep
-from alspec_eval.report.frames import Z95, paired_bootstrap
+from alspec_eval.report.frames import ROUTINES, Z95, paired_bootstrap
 from alspec_eval.report.table import MISSING, markdown_table
 
 TABLES = {"table1": "llama-3.1-8b", "table2": "llama-3.1-70b"}
@@ -190,7 +190,7 @@ class PaperSection:
     def markdown(self) -> str:
         if self.rows is None:
             return self.line + "\n"
-        return (f"{self.line} {NOTE}\n\n{markdown_table(self.rows)}\n"
+        return (f"{self.line} {NOTE} {ROUTINES}\n\n{markdown_table(self.rows)}\n"
                 + "".join(f"- {s}\n" for s in self.sentences))
 
 

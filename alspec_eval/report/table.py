@@ -10,6 +10,7 @@ import pandas as pd
 
 from alspec_eval.approximations import default_approximation
 from alspec_eval.report.cells import BASELINE, Row, Sweep
+from alspec_eval.report.frames import ROUTINES
 from alspec_eval.report.styles import ORACLE_MARK, oracle_note, row_columns, table_label
 
 MISSING = "–"
@@ -81,7 +82,8 @@ def table1_markdown(sweep: Sweep, cells: pd.DataFrame | None = None) -> str:
                     "tokens per verification step, the verifier's own token included (– for a task that only scores: "
                     "loglikelihood is exact under self-speculation).")
     notes = "".join(f"{line}\n" for line in approximation_notes(sweep))
-    return f"{caption}\n\n{markdown_table(table1_rows(sweep, cells))}\n{notes}Metrics: {'; '.join(metrics)}\n"
+    return (f"{caption}\n\n{markdown_table(table1_rows(sweep, cells))}\n{notes}Metrics: {'; '.join(metrics)}\n"
+            f"{ROUTINES}\n")
 
 
 def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None) -> Path:
