@@ -24,7 +24,7 @@ class TopK(Approximation):
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:
         logical = torch.arange(key.shape[2], device=key.device) - pad[:, None]
         allowed = (logical >= 0) & (logical <= pos[:, None])  # the row's own keys up to the current token
-        scores = semantics.key_scores(query, key[rows]).masked_fill(~allowed[:, None, :], -torch.inf)
+        scores = semantics.key_scores(query, key.index_select(0, rows)).masked_fill(~allowed[:, None, :], -torch.inf)
         return semantics.topk_positions(scores, window), None
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:

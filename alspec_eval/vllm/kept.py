@@ -81,7 +81,8 @@ def page_summaries(kept: torch.Tensor, approx: Any, block_table: torch.Tensor, b
     pages = length // page
     starts = torch.arange(pages * page // g, device=block_table.device) * g  # every part's first position
     ids = block_table[requests.to(block_table.device)[:, None], starts // block_size].long()  # (b, parts)
-    parts = kept[ids, starts % block_size // g]  # (b, pages P / g, Hkv, F)
+    rows = (ids * kept.shape[1] + starts % block_size // g).flatten()  # each part's row of the flattened summaries
+    parts = kept.flatten(0, 1).index_select(0, rows).view(len(requests), -1, *kept.shape[2:])  # (b, pages P / g, ..)
     if page > g:  # a page of several parts (a page of one part is that part's summary)
         parts = approx.merge(parts.view(len(requests), pages, page // g, *parts.shape[2:]))  # (b, pages, Hkv, F)
-    return parts.transpose(1, 2)
+    return parts.transpose(1, 2).contiguous()  # a page's summary whole: the bounds' products read no strided copy

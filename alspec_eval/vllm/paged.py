@@ -112,11 +112,12 @@ class CpuVecLayout:
         _, heads, size, twice = kv_cache.shape
         dim, (rows, count) = twice // 2, ids.shape
         flat = kv_cache.view(-1, heads, size * twice)
-        keys = flat[..., :size * dim][ids].view(rows, count, heads, dim, size).permute(0, 2, 1, 4, 3)
+        ids = ids.flatten()  # whole rows of blocks selected (a copy of each), not element by element
+        keys = flat[..., :size * dim].index_select(0, ids).view(rows, count, heads, dim, size).permute(0, 2, 1, 4, 3)
         keys = keys.reshape(rows, heads, count * size, dim)
         if not values:
             return keys, None
-        picked = flat[..., size * dim:][ids].view(rows, count, heads, size, dim).transpose(1, 2)
+        picked = flat[..., size * dim:].index_select(0, ids).view(rows, count, heads, size, dim).transpose(1, 2)
         return keys, picked.reshape(rows, heads, count * size, dim)
 
     def parts(self, kv_cache: torch.Tensor, block: torch.Tensor, part: torch.Tensor, size: int) -> torch.Tensor:
