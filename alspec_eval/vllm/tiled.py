@@ -69,18 +69,19 @@ class Tiles:
 
     @classmethod
     def build(cls, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor, prompt: torch.Tensor,
-              ranges: Callable[[torch.Tensor], Ranges], window: int, window_align: int, block_size: int) -> "Tiles":
+              ranges: Callable[[torch.Tensor], Ranges], window: int, block_size: int) -> "Tiles":
         """Prompt positions (``prompt``: a prefill's, teacher-forced) go in tiles of :func:`tile_size` positions
         fixed by position (tile pos // Q of its request); a generated position (a decode step) is a tile of one.
-        Which tile a query is in, where its keys lie in the tile's read and how many keys the tile reads depend on
-        its position alone, so its A~ is the same bits whatever else the step holds (how vLLM chunked the prompt,
-        the other requests, what the prefix cache held). ``ranges``: the draft's ``position_ranges`` at positions.
-        Each range is read :data:`READ` keys at a time (aligned, within a block)."""
+        A tile reads, per range, from the earliest start to the latest end of the ranges of all its Q positions past
+        the trivial edge (whether the step holds them or not), so which keys a query's tile reads, where its own lie
+        in them and so its A~'s bits depend on its position alone: not on how vLLM chunked the prompt, the other
+        requests or what the prefix cache held. ``ranges``: the draft's ``position_ranges`` at positions. Each range
+        is read :data:`READ` keys at a time (aligned, within a block); tiles that read as many keys go together."""
         width = math.gcd(READ, block_size)
-        groups = []
+        groups: list[TileGroup] = []
         for size, rows in ((1, (~prompt).nonzero().squeeze(1)), (tile_size(window), prompt.nonzero().squeeze(1))):
             if len(rows):
-                groups.append(_group(rows, size, token, request, pos, ranges, window, window_align, width))
+                groups += _groups(rows, size, token, request, pos, ranges, window, width)
         return cls(tuple(groups), len(pos))
 
     def to(self, device: torch.device) -> "Tiles":
@@ -97,36 +98,49 @@ class Tiles:
         return self.found[key]
 
 
-def _spans(ranges: Callable[[torch.Tensor], Ranges], widths: tuple[int, ...], size: int, window: int,
-           window_align: int) -> list[int]:
-    """How many keys each range of a tile of ``size`` positions reads, from its first position's start: the range's
-    width and how far its start moves over the tile, found once on probe positions past the trivial edge (so the
-    same for every tile, every step)."""
-    if size == 1:
-        return list(widths)
-    base = 4 * (2 * window + size) * window_align
-    starts = ranges(base + torch.arange(size + window_align))[0]
-    spread = torch.stack([starts[o:o + size].amax(0) - starts[o] for o in range(window_align)]).amax(0)
-    return [w + int(m) for w, m in zip(widths, spread)]
+def _reads(ranges: Callable[[torch.Tensor], Ranges], tile_index: torch.Tensor, size: int,
+           window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per tile of ``size`` positions (its index in its request) and range: the first key it reads and how many,
+    the union of that range over the tile's positions past the trivial edge, (T, K) each."""
+    at = (tile_index[:, None] * size + torch.arange(size)).clamp(min=2 * window)  # (T, Q): past the trivial edge
+    starts, ends, _ = ranges(at.flatten())
+    starts, ends = (x.view(*at.shape, -1) for x in (starts, ends))  # (T, Q, K)
+    nonempty = ends > starts
+    lo = torch.where(nonempty, starts, 1 << 62).amin(1)
+    hi = torch.where(nonempty, ends, -(1 << 62)).amax(1)
+    empty = hi < lo  # a range no position of the tile reads: one aligned read, masked
+    return torch.where(empty, 0, lo), torch.where(empty, 1, hi - lo)
 
 
-def _group(rows: torch.Tensor, size: int, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor,
-           ranges: Callable[[torch.Tensor], Ranges], window: int, window_align: int, width: int) -> TileGroup:
-    """The tiles of ``rows``, ``size`` positions each: the tile of position p is p // size of its request, and reads
-    each range from its first position past the trivial edge on (a fixed number of keys, :func:`_spans`), in reads
-    of ``width`` aligned positions."""
+def _groups(rows: torch.Tensor, size: int, token: torch.Tensor, request: torch.Tensor, pos: torch.Tensor,
+            ranges: Callable[[torch.Tensor], Ranges], window: int, width: int) -> list[TileGroup]:
+    """The tiles of ``rows``, ``size`` positions each (the tile of position p is p // size of its request), in
+    groups of tiles that make as many reads of ``width`` aligned positions per range (:func:`_reads`)."""
     row_pos, row_request = pos[rows], request[rows]
     (tile_request, tile_index), tile = torch.stack([row_request, row_pos // size]).unique(dim=1, return_inverse=True)
-    count = len(tile_request)
     starts, ends, widths = ranges(row_pos)
-    lo = ranges((tile_index * size).clamp(min=2 * window))[0] if size > 1 else starts  # (T, K)
-    spans = _spans(ranges, widths, size, window, window_align)
-    nonempty = ends > starts
-    inside = ((starts >= lo[tile]) & (ends - lo[tile] <= torch.tensor(spans))) | ~nonempty
-    if not bool(inside.all()):  # a draft whose ranges move faster than its probe showed: read what this step needs
-        lo = torch.full_like(lo, 1 << 62).scatter_reduce(0, tile[:, None].expand_as(starts), starts, "amin")
-        spans = (ends - lo[tile]).amax(0).clamp(min=1).tolist()
-    reads = [(w + 2 * width - 2) // width for w in spans]  # aligned reads that cover w keys from any start
+    if size == 1:  # a tile of one reads its own ranges, as wide as the draft declares (or wider where they are)
+        lo, spans = starts, (ends - starts).clamp(min=torch.tensor(widths))
+    else:
+        lo, spans = _reads(ranges, tile_index, size, window)
+    reads = (spans + 2 * width - 2) // width  # aligned reads that cover a span from any start
+    shapes, shape_of = reads.unique(dim=0, return_inverse=True)
+    groups = []
+    for kind, counts in enumerate(shapes.tolist()):
+        tiles = (shape_of == kind).nonzero().squeeze(1)
+        local = torch.full((len(tile_request),), -1).index_put((tiles,), torch.arange(len(tiles)))
+        mine = (local[tile] >= 0).nonzero().squeeze(1)
+        groups.append(_group(rows[mine], local[tile[mine]], tile_request[tiles], lo[tiles], counts, size,
+                             token, row_pos[mine], starts[mine], ends[mine], width))
+    return groups
+
+
+def _group(rows: torch.Tensor, tile: torch.Tensor, tile_request: torch.Tensor, lo: torch.Tensor, reads: list[int],
+           size: int, token: torch.Tensor, row_pos: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+           width: int) -> TileGroup:
+    """One group's tiles (per verified row its tile, per tile its request and the first key of each range), each
+    range read in ``reads[k]`` aligned reads of ``width`` positions from its first key."""
+    count = len(tile_request)
     base = lo // width * width
     chunks = torch.cat([base[:, k, None] + width * torch.arange(c) for k, c in enumerate(reads)], 1)  # (T, c)
     key_pos = (chunks[:, :, None] + torch.arange(width)).flatten(1)  # (T, n)

@@ -172,7 +172,7 @@ class Tiles(Verifier):
         position_keys(settings, rows.pos[live], layer.output.device)  # the breaches, counted as the other ways do
         approx, window, align = settings.approx, settings.window, settings.window_align
         return tiled.Tiles.build(rows.token[live], rows.request[live], rows.pos[live], rows.prompt[live],
-                                 lambda at: readable_ranges(approx, at, window, align), window, align,
+                                 lambda at: readable_ranges(approx, at, window, align), window,
                                  layer.block_size).to(layer.output.device)
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
