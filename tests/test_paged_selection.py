@@ -88,7 +88,19 @@ def test_quest_pages_across_blocks_select_as_from_a_contiguous_cache(window, pag
         assert batch.paged(approx, layout, 16) == batch.contiguous(approx)
 
 
-@pytest.mark.parametrize("name", ["quest", "topk", "KnormPress"])
+def test_snapkv_selects_for_the_rows_of_several_requests_at_once():
+    """SnapKV's prompts are observed one request at a time inside vLLM; their rankings stack
+    (``stack_prepared``), so a step selects for every request's rows in one group (the keys: the paged property
+    above, and alone past the budget below)."""
+    approx = draft("snapkv")
+    batch = check.Batch(4, 2, 16, WINDOW)
+    cache, _ = batch.cache(check.LAYOUTS[0], 16, seed=1)
+    request = torch.cat([torch.full((check.SPECULATED,), row) for row in range(len(batch.lengths))])
+    groups = paged.Contexts.build(request, torch.cat(batch.pos), approx, cache).groups
+    assert approx.stacks_prepared and [len(group) for group, _, _ in groups] == [4]
+
+
+@pytest.mark.parametrize("name", ["quest", "topk", "KnormPress", "snapkv"])
 def test_requests_read_one_at_a_time_where_their_contexts_exceed_the_budget(monkeypatch, name):
     """With a budget smaller than any context, each request's context is read alone: the same keys."""
     groups = []
@@ -120,7 +132,7 @@ def _reads(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("name", IN_VLLM)
 def test_only_drafts_that_read_keys_read_contexts_once_observed(monkeypatch, name):
     """Past the prompt's observation, a draft that declares ``reads_keys = False`` (SnapKV's family: its keys come
-    from the prompt's scores and the position) reads no context from the paged cache, nor does one that keeps page
+    from the prompt's scores and the position; the presses that rank by position or by chance) reads no context from the paged cache, nor does one that keeps page
     summaries beside it (Quest); every other selecting draft reads each request's once a layer, however many of its
     positions speculate."""
     approx = draft(name)
@@ -139,7 +151,8 @@ def test_only_drafts_that_read_keys_read_contexts_once_observed(monkeypatch, nam
     observed = {row: prompts.observed.get((row, 0)) for row in range(len(batch.lengths))}
     paged.selected_positions(query, cache, check.LAYOUTS[0], table, 16, request, torch.cat(batch.pos), settings,
                              observed, kept=kept)
-    assert approx.reads_keys == (name not in ("snapkv",)), "the drafts that declare reading no key"
+    assert approx.reads_keys == (name not in ("snapkv", "RandomPress", "StreamingLLMPress")), \
+        "the drafts that declare reading no key"
     assert (approx.kept_page() is not None) == (name == "quest"), "the drafts that keep page summaries"
     assert sum(reads) == (len(batch.lengths) if approx.reads_keys and kept is None else 0), reads
 

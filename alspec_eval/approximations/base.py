@@ -49,6 +49,9 @@ class Approximation:
     tt_op: ClassVar[bool] = False  # the authors' TT op computes its A~ (backend=tt)
     window_aligns: ClassVar[tuple[int, ...]] = (1,)  # the window_align values it defines A~ for
     prompt_keys: ClassVar[bool] = False  # it scores the prompt once, at prefill (observe_prompt: SnapKV's family)
+    # a prompt_keys draft whose prepare results of several prompts observed apart stack into one (stack_prepared),
+    # so that vLLM, which observes each request's prompt alone, selects for their rows at once
+    stacks_prepared: ClassVar[bool] = False
     reads_layer: ClassVar[bool] = False  # prepare and observe_prompt also get the layer (LayerInputs: kvpress's)
     # prepare and select read the context's keys; False: only its shape, dtype and device (a prompt-time scorer's
     # selection comes from what it observed), and vLLM then reads no context from its paged cache (keys of NaN)
@@ -154,6 +157,11 @@ class Approximation:
         (B, Hkv, L, D) cache and each batch row's left padding (B,); ``observed``: what :meth:`observe_prompt`
         returned for this layer; ``layer`` (``reads_layer`` approximations only): the module and its values."""
         return observed
+
+    def stack_prepared(self, prepared: list[Any], window: int) -> Any:
+        """``prepare``'s results for prompts observed one at a time (one row each), as one for those rows in order
+        (``stacks_prepared`` drafts): what select reads for a row must be what it read from that row's own."""
+        raise NotImplementedError(f"{self.name} does not stack its prepared prompts (stacks_prepared is False)")
 
     def kept_page(self) -> int | None:
         """Where :meth:`prepare` summarizes each page of this many keys, and page summaries merge (Quest's bounds:

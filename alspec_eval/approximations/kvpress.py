@@ -235,7 +235,10 @@ class KeyAlonePress(KeyScoredPress):
 
 @dataclass(frozen=True)
 class PositionRankedPress(KeyScoredPress):
-    """A key-only press that ranks by position or by chance: it reads no key to rank, so a step costs 2S."""
+    """A key-only press that ranks by position or by chance: it reads no key to rank (only the keys' shape), so a
+    step costs 2S and vLLM reads no context for it."""
+
+    reads_keys = False
 
     def keys_read(self, context: int, window: int) -> float:
         return min(2 * window, context)

@@ -18,6 +18,7 @@ from .base import Approximation, Selected, scores_bytes
 class PromptScored(Approximation):
     prompt_keys = True
     reads_keys = False  # the decode step's keys come from the prompt's scores and the position
+    stacks_prepared = True
 
     def check(self, window: int) -> None:
         if not 1 <= self.recent < 2 * window:
@@ -34,6 +35,13 @@ class PromptScored(Approximation):
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         return scores_bytes(key)
+
+    def stack_prepared(self, prepared: list[PromptRanking], window: int) -> PromptRanking:
+        """The rankings' first 2S entries, which hold every key a step keeps (:func:`newest_and_top`), a row each,
+        a shorter one filled with unscored marks."""
+        first = [r.order[..., :2 * window] for r in prepared]
+        return PromptRanking(torch.cat([torch.nn.functional.pad(o, (0, 2 * window - o.shape[-1]), value=UNSCORED)
+                                        for o in first]))
 
 
 @dataclass(frozen=True)

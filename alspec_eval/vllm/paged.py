@@ -444,7 +444,8 @@ class Contexts:
         per_token = ((2 if approx.reads_layer else 1) * kv_cache.shape[1] * (kv_cache.shape[-1] // 2)
                      * kv_cache.element_size())
         groups = []
-        for group in _chunks(lengths, per_token, one_each=approx.prompt_keys):  # a prompt's observation is its own
+        # a prompt's observation is its own, unless the draft stacks what it prepared of several
+        for group in _chunks(lengths, per_token, one_each=approx.prompt_keys and not approx.stacks_prepared):
             local = torch.full((len(requests),), -1, dtype=torch.long)
             local[group] = torch.arange(len(group))
             mine = (local[inverse] >= 0).nonzero().squeeze(1)
@@ -473,9 +474,13 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         if kept is not None:  # the pages' summaries, kept beside the cache
             prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests[group],
                                                            keys.shape[2]))
+        elif approx.prompt_keys:  # each request's prompt prepared from its own observation, then stacked
+            each = [approx.prepare(keys[i:i + 1], pad[i:i + 1], window, observed.get(request),
+                                   **_layer_inputs(approx, None if values is None else values[i:i + 1]))
+                    for i, request in enumerate(requests[group].tolist())]
+            prepared = each[0] if len(each) == 1 else approx.stack_prepared(each, window)
         else:
-            prepared = approx.prepare(keys, pad, window, observed.get(int(requests[group[0]])),
-                                      **_layer_inputs(approx, values))
+            prepared = approx.prepare(keys, pad, window, None, **_layer_inputs(approx, values))
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
