@@ -92,7 +92,9 @@ def test_the_bootstraps_agree_with_an_independent_one_within_resampling_noise():
     assert (low, high) == pytest.approx(tuple(_numpy_bootstrap(lambda d: d.mean(1), (diffs,), 1)), abs=0.02)
     speculated = rng.integers(5, 200, size=60).astype(float)
     accepted = np.floor(speculated * rng.beta(2, 5, size=60))
-    ratio = lambda a, s: a.sum(1) / s.sum(1)  # noqa: E731
+    def ratio(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+        return a.sum(1) / s.sum(1)
+
     assert cluster_bootstrap_ratio(accepted, speculated) == pytest.approx(
         tuple(_numpy_bootstrap(ratio, (accepted, speculated), 2)), abs=0.02)
     other = np.floor(speculated * rng.beta(3, 4, size=60))
