@@ -20,8 +20,8 @@ Every table and figure of the report reads from these frames.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
