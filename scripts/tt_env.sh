@@ -19,5 +19,6 @@ fi
 pip() { .venv-tt/bin/python -m pip --disable-pip-version-check -q "$@"; }
 .venv-tt/bin/python -c "import torch" 2>/dev/null || pip install torch
 .venv-tt/bin/python -c "import ttnn" 2>/dev/null || pip install ttnn
-# ttnn needs numpy<2; pyarrow>=21 (pulled by datasets>=4.1) needs numpy>=2, so both are held back.
-pip install -e ".[tt]" pytest pytest-xdist "pyarrow<21" "datasets<4.1"
+# ttnn needs numpy<2, said here too: otherwise pip meets scipy>=1.18 (numpy>=2) first and backtracks through pandas
+# to an sdist that no longer builds. pyarrow>=21 (pulled by datasets>=4.1) needs numpy>=2, so both are held back.
+pip install -e ".[tt]" pytest pytest-xdist "numpy<2" "pyarrow<21" "datasets<4.1"
