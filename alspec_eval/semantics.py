@@ -84,7 +84,7 @@ def readable_keys(keys: torch.Tensor, valid: torch.Tensor | None, low: torch.Ten
 
 
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor | None,
-           scale: float) -> torch.Tensor:
+           scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
     """A~'s arithmetic, one definition for every engine that computes it outside the model's attention function:
     the scores q.k accumulate in float32 (from the inputs' own values), the softmax's max, exponentials and sum
     are float32, the unnormalised probabilities are rounded to the values' dtype and P @ V accumulates in float32,
@@ -92,12 +92,16 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid:
     nothing is rounded). Grouped-query heads as HF's repeat_kv: query head h reads KV head h // (Hq / Hkv).
 
     query (B, Q, Hq, D); keys, values (B, Hkv, n, D); valid (B, Hkv or 1, Q, n), which keys each query reads
-    (None: all); returns (B, Q, Hq, D). A query with no valid key gives NaN."""
+    (None: all); bias (B, Hkv or 1, Q, n), a weighted draft's log-weights, added to the float32 scores (None: none);
+    returns (B, Q, Hq, D). A query with no valid key gives NaN."""
     b, q_len, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     q = query.float().view(b, q_len, kv_heads, group, dim).permute(0, 2, 1, 3, 4).reshape(b, kv_heads, -1, dim)
     scores = (q @ keys.float().transpose(-1, -2)) * scale  # (B, Hkv, Q g, n)
+    if bias is not None:
+        scores = (scores.view(b, kv_heads, q_len, group, -1) + bias.float()[:, :, :, None, :]).view(b, kv_heads,
+                                                                                                 q_len * group, -1)
     if valid is not None:
         scores = scores.view(b, kv_heads, q_len, group, -1).masked_fill(~valid[:, :, :, None, :], -math.inf)
         scores = scores.view(b, kv_heads, q_len * group, -1)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import semantics
+from .approximations import selection
 from .bounds import refuse
 from .config import SpeculationConfig
 from .kernels import DecodeKernel, SpecDecodeOutput
@@ -229,7 +230,8 @@ class Speculator:
         chunk's selected keys at a time."""
         cfg = self.session.config
         shared = self.prompts.prepare(self.session, module, key, value, self.session.on(key.device)[0])
-        chunk = gather_chunk(key, 2 * cfg.window, query.shape[1], cfg.approx.position_bytes(key, query.shape[1]))
+        budget = cfg.approx.max_keys(cfg.window) or key.shape[2]  # None: up to the whole context
+        chunk = gather_chunk(key, budget, query.shape[1], cfg.approx.position_bytes(key, query.shape[1]))
         parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs, shared)
                  for lo in range(0, len(step.rows), chunk)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -245,14 +247,18 @@ class Speculator:
         q = query if whole else query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query a position
         cfg = self.session.config
         passed = tuple(None if t is None else t[part] for t in step.keys)
-        index, valid = cfg.approx.select(q[:, :, 0], key, rows, step.pos[part], step.pad[part], cfg.window, passed,
-                                         shared)
+        index, valid, log_weight = selection(cfg.approx, cfg.approx.select(q[:, :, 0], key, rows, step.pos[part],
+                                                                           step.pad[part], cfg.window, passed, shared))
         index = step.readable(index, valid, part)  # never a key outside [0, pos]
         k, v = selected(key, rows, index, whole), selected(value, rows, index, whole)  # (r, Hkv, 2S, D)
         mask = None if valid is None else valid[:, :, None, :]  # (r, 1, 1, 2S) holds for every head
+        if log_weight is not None:  # a weighted draft's keys: its log-weights as an additive mask, in the model dtype
+            mask = torch.ones_like(log_weight, dtype=torch.bool)[:, :, None, :] if mask is None else mask
+            weights = log_weight.to(q.dtype)[:, :, None, :].expand(mask.shape)
+            mask = weights.masked_fill(~mask, torch.finfo(q.dtype).min)
         if mask is not None and mask.shape[1] > 1:  # a KV head's mask for each of its query heads
             mask = mask.repeat_interleave(query.shape[1] // key.shape[1], 1)
-        if mask is not None and self.additive_mask:
+        if mask is not None and mask.dtype == torch.bool and self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
         out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **kwargs)
         return out[:, 0]  # the base returns (r, 1, Hq, D)

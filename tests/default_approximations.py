@@ -16,6 +16,10 @@ DEFAULT_APPROXIMATIONS: dict[str, Callable[[int], dict]] = {
     "quest": lambda window: {"page": max(1, window // 2)},
     "topk": lambda window: {},
     "snapkv": lambda window: {"observe": 8, "pool": 3, "recent": max(1, window // 2)},
+    # sinks, local and top keys of S/2 each, a base sample of 1/4 of the rest, and a promise loose enough that the
+    # sample stays below the whole rest on a tiny model's short prompts (where it reaches it, A~ is A up to rounding)
+    "vattention": lambda window: {"sink": 2, "local": max(1, window // 2), "top": max(1, window // 2),
+                                  "base_rate": 0.25, "epsilon": 0.5, "delta": 0.3},
 }
 APPROXIMATIONS = list(DEFAULT_APPROXIMATIONS)
 BEYOND_SINK = [a for a in APPROXIMATIONS if not approximation_class(a).fused_kernel]  # no fused kernel computes them

@@ -32,8 +32,22 @@ def test_every_registered_approximation_keeps_the_contract(name, capsys):
     approx = SpeculationConfig(window=8, **approx_args(name, 8)).approx
     assert check(approx, 8, ["llama", "qwen2", "gemma2"])
     lines = capsys.readouterr().out.splitlines()[1:]
-    assert len(lines) == 3 * 6 and all(line.endswith(": ok") for line in lines), lines
+    assert len(lines) == 3 * 7 and all(line.endswith(": ok") for line in lines), lines
     assert sum("a paged cache (vLLM) selects as a contiguous one: ok" in line for line in lines) == 3
+
+
+def test_an_engine_that_drops_the_weights_breaks_the_weights_property(monkeypatch, capsys):
+    """The float64 recomputation of A~ from each selection's keys and weights: the HF engine with a weighted draft's
+    log-weights dropped (its keys kept) computes another A~, and the property says so in its one line."""
+    from alspec_eval import speculator
+    from alspec_eval.approximations import selection
+
+    monkeypatch.setattr(speculator, "selection", lambda approx, selected: (*selection(approx, selected)[:2], None))
+    approx = SpeculationConfig(window=8, **approx_args("vattention", 8)).approx
+    assert not check(approx, 8, ["llama"])
+    broken = [line for line in capsys.readouterr().out.splitlines() if "BROKEN" in line]
+    assert len(broken) == 1 and broken[0].startswith("llama: A~ attends to the selected keys with their weights: "
+                                                     "BROKEN: A~ differs from the softmax"), broken
 
 
 def test_the_documented_example_keeps_the_contract(monkeypatch, capsys):
@@ -69,8 +83,8 @@ def test_a_draft_of_2s_plus_1_keys_is_one_broken_line_not_a_traceback():
     run = _run("bounds_drafts:OneMore", "--families", "llama")
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert [line for line in run.stdout.splitlines() if ": BROKEN: " in line] == [
-        "llama: never a future or padding key, at most 2S keys, none twice: BROKEN: more than 2S = 16 keys: up to 17 "
-        "per KV head"]
+        "llama: never a future or padding key, at most max_keys (2S) keys, none twice: BROKEN: more than max_keys = 16 "
+        "keys: up to 17 per KV head"]
     assert "llama: a paged cache (vLLM) selects as a contiguous one: ok" in run.stdout
 
 

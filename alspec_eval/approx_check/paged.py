@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..approximations import Approximation, LayerInputs
+from ..approximations import Approximation, LayerInputs, selection
 from ..vllm.kept import allocate
 from ..vllm.paged import (CpuVecLayout, PlainLayout, PromptRows, Prompts, Settings, observation_first, observe_layer,
                           selected_positions)
@@ -59,9 +59,9 @@ class Batch:
         pos = torch.cat(self.pos)
         passed = approx.per_pass(pos, pad[rows], longest, self.window, 1)
         prepared = approx.prepare(key, pad, self.window, observed, **extra)
-        index, valid = approx.select(query[rows, :, pos + pad[rows]], key, rows, pos, pad[rows], self.window, passed,
-                                     prepared)
-        return _sets(index - pad[rows][:, None, None], valid, self.kv_heads)
+        index, valid, log_weight = selection(approx, approx.select(query[rows, :, pos + pad[rows]], key, rows, pos,
+                                                                   pad[rows], self.window, passed, prepared))
+        return _sets(index - pad[rows][:, None, None], valid, self.kv_heads, log_weight)
 
     def paged(self, approx: Approximation, layout: PlainLayout | CpuVecLayout, block_size: int,
               seed: int = 1) -> list[list[list[int]]]:
@@ -77,9 +77,9 @@ class Batch:
         query = torch.cat([q[p] for q, p in zip(self.queries, self.pos)])
         observed = {row: prompts.observed.get((row, 0)) for row in range(len(self.lengths))}
         kept = allocate(approx, cache, layout) if approx.kept_page() else None  # as the engine keeps them
-        positions, valid = selected_positions(query, cache, layout, table, block_size, request, pos, settings,
-                                              observed, kept=kept)
-        return _sets(positions, valid, self.kv_heads)
+        positions, valid, log_weight = selected_positions(query, cache, layout, table, block_size, request, pos,
+                                                          settings, observed, kept=kept)
+        return _sets(positions, valid, self.kv_heads, log_weight)
 
     def cache(self, layout: PlainLayout | CpuVecLayout, block_size: int,
               seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,10 +135,14 @@ def _write(cache: torch.Tensor, layout: PlainLayout | CpuVecLayout, block: int, 
         cache[block, :, offset, :dim], cache[block, :, offset, dim:] = key, value
 
 
-def _sets(index: torch.Tensor, valid: torch.Tensor | None, kv_heads: int) -> list[list[list[int]]]:
+def _sets(index: torch.Tensor, valid: torch.Tensor | None, kv_heads: int,
+          log_weight: torch.Tensor | None = None) -> list[list[list]]:
+    """Per position and KV head, the sorted keys counted, each with its log-weight where the draft weights them."""
     index = index.expand(-1, kv_heads, -1)
     keep = torch.ones_like(index, dtype=torch.bool) if valid is None else valid.expand_as(index)
-    return [[sorted(index[m, h][keep[m, h]].tolist()) for h in range(kv_heads)] for m in range(index.shape[0])]
+    weight = torch.zeros(index.shape) if log_weight is None else log_weight.float().expand(index.shape)
+    return [[sorted(zip(index[m, h][keep[m, h]].tolist(), weight[m, h][keep[m, h]].tolist()))
+             for h in range(kv_heads)] for m in range(index.shape[0])]
 
 
 def paged_equals_contiguous(approx: Approximation, heads: int, kv_heads: int, dim: int, window: int) -> list[str]:

@@ -35,6 +35,7 @@ class Contract:
                  window: int) -> None:
         self.approx, self.model, self.tokenizer, self.window = approx, model, tokenizer, window
         self.broken_keys: list[str] = []
+        self.selections: list = []  # every selection the watched draft made (selections_are_attended)
         self.lam = 0.0
         try:
             self.lam = median_ratio(self.lm(), CONTEXT + CONTINUATION)
@@ -45,7 +46,7 @@ class Contract:
         """The adapter on a copy of the model, the approximation watched (key_rules)."""
         args = {"lambda": self.lam, "window": self.window, "device": "cpu", **args}
         return ALSpecLM(pretrained=copy.deepcopy(self.model), tokenizer=self.tokenizer, batch_size=batch_size,
-                        max_length=1024, approx=watched(self.approx, self.broken_keys), **args)
+                        max_length=1024, approx=watched(self.approx, self.broken_keys, self.selections), **args)
 
 
 def median_ratio(lm: ALSpecLM, text: str) -> float:
@@ -180,11 +181,62 @@ def ranges_lie_in_the_context(c: Contract) -> list[str]:
     return broken
 
 
+def selections_are_attended(c: Contract) -> list[str]:
+    """A~ as the engine computed it is the softmax over the keys each selection counted, of the family's scores (its
+    scaling and soft-capping) plus the selection's log-weights, recomputed in float64 position by position: an
+    engine that dropped a weighted draft's weights, or read other keys than it selected, breaks it."""
+    lm, recomputed = c.lm(), []
+    speculator = lm.speculator
+    rows_of = speculator._approximate_rows
+
+    def spied(module: torch.nn.Module, step: Any, part: slice, query: torch.Tensor, key: torch.Tensor,
+              value: torch.Tensor, scaling: float, kwargs: dict, shared: Any = None) -> torch.Tensor:
+        out = rows_of(module, step, part, query, key, value, scaling, kwargs, shared)
+        recomputed.append((out, _attended(query, key, value, step, part, scaling, kwargs.get("softcap"),
+                                          c.selections[-1])))
+        return out
+
+    speculator._approximate_rows = spied
+    ids = torch.tensor([lm.tokenizer(CONTEXT + CONTINUATION)["input_ids"]])
+    with torch.no_grad(), speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3]), lm.spec_config):
+        lm.model(ids)
+    if not recomputed:
+        return ["no position speculated (the text is longer than 2S)"]
+    worst = max(float(((out.double() - want).norm(dim=-1) / want.norm(dim=-1)).max()) for out, want in recomputed)
+    return [] if worst <= 1e-4 else [f"A~ differs from the softmax over the selected keys and their weights by "
+                                     f"{worst:.2e} of its norm"]
+
+
+def _attended(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, step: Any, part: slice, scaling: float,
+              softcap: float | None, selected: tuple) -> torch.Tensor:
+    """The float64 softmax of each speculated position's selected keys: (r, Hq, D)."""
+    index, valid, log_weight = selected
+    rows, cols = step.rows[part], step.cols[part]
+    out = []
+    for r in range(len(rows)):
+        q = query[rows[r], :, cols[r]].double()  # (Hq, D)
+        group = q.shape[0] // key.shape[1]
+        heads = []
+        for h in range(q.shape[0]):
+            kv = h // group if index.shape[1] > 1 else 0
+            keep = torch.ones(index.shape[2], dtype=torch.bool) if valid is None else valid[r, kv]
+            at = index[r, kv][keep]
+            scores = (key[rows[r], h // group, at].double() @ q[h]) * scaling
+            if softcap:
+                scores = softcap * torch.tanh(scores / softcap)
+            if log_weight is not None:
+                scores = scores + log_weight[r, kv][keep].double()
+            heads.append(scores.softmax(0) @ value[rows[r], h // group, at].double())
+        out.append(torch.stack(heads))
+    return torch.stack(out)
+
+
 PROPERTIES: dict[str, Callable[[Contract], list[str]]] = {
     "lambda 0 is --model hf": lambda_zero_is_the_model,
     "teacher forcing is token-by-token decoding": teacher_forcing_is_token_by_token,
     "batch size and left padding change nothing": batch_and_padding_change_nothing,
     PAGED: paged_cache_selects_as_contiguous,
     RANGES: ranges_lie_in_the_context,
+    "A~ attends to the selected keys with their weights": selections_are_attended,
 }
-KEY_RULES = "never a future or padding key, at most 2S keys, none twice"
+KEY_RULES = "never a future or padding key, at most max_keys (2S) keys, none twice"

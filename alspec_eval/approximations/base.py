@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     import torch
 
 # What ``select`` returns: per speculated position and KV head (or one row for every head), physical key indices
-# into the layer's (B, Hkv, L, D) cache, (r, Hkv or 1, at most 2S), and which of them count (None: all of them).
-Selected = tuple["torch.Tensor", "torch.Tensor | None"]
+# into the layer's (B, Hkv, L, D) cache, (r, Hkv or 1, at most max_keys), and which of them count (None: all of them);
+# a ``weighted`` draft adds each key's log-weight (float32, the indices' shape), added to its score.
+Selected = tuple["torch.Tensor", "torch.Tensor | None"] | tuple["torch.Tensor", "torch.Tensor | None", "torch.Tensor"]
 # What ``position_ranges`` returns: per query K ranges of logical key positions, [starts, ends), (R, K) each, and the
 # most keys each range holds (fixed by the window: a paged read of them has the same shape whatever the batch).
 Ranges = tuple["torch.Tensor", "torch.Tensor", tuple[int, ...]]
@@ -61,6 +62,15 @@ class Approximation:
     # what it reads that only the HF engine's layer has (its attention module, the layer's input): why it cannot run
     # inside vLLM, whose attention sees queries, keys and values only; "" where it reads nothing else
     hf_only: ClassVar[str] = ""
+    # select returns a log-weight per key, added to its score (sampling estimators: vAttention); such a draft selects
+    # by content (no keys_by_position, fused_kernel or tt_op: those paths read no weights)
+    weighted: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.weighted and (fixed := [a for a in ("keys_by_position", "fused_kernel", "tt_op") if getattr(cls, a)]):
+            raise TypeError(f"{cls.__qualname__} declares weighted and {', '.join(fixed)}: the tiles, the kernels and "
+                            "the TT op read no weights; a weighted draft selects its keys in select")
 
     # ------------------------------------------------------------------ settings
 
@@ -107,6 +117,11 @@ class Approximation:
         return f"{self.label}: {self.description.format(**self.args())}"
 
     # ------------------------------------------------------------------ the cost (the latency model)
+
+    def max_keys(self, window: int) -> int | None:
+        """The most keys one position's selection counts per KV head: the paper's 2S, or None where the budget varies
+        per head and query up to the whole context (vAttention's). Buffers and ``alspec-check-approx`` read it."""
+        return 2 * window
 
     def keys_read(self, context: int, window: int) -> float:
         """Keys and values A~ reads per KV head and decode step at context ``context`` (L), in units of one key
@@ -195,6 +210,16 @@ class Approximation:
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         """Bytes one speculated position's selection holds at its peak (the speculator sizes its chunks by it)."""
         return 0
+
+
+def selection(approx: Approximation, selected: Selected) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                  torch.Tensor | None]:
+    """What ``select`` returned as (index, valid, log_weight), log_weight None for an unweighted draft; a draft that
+    returns weights without declaring ``weighted`` (or the reverse) is told so."""
+    if len(selected) != (3 if approx.weighted else 2):
+        raise TypeError(f"{approx.name}.select returned {len(selected)} tensors: a draft returns (index, valid), and "
+                        "(index, valid, log_weight) exactly where it declares weighted = True")
+    return (*selected, None) if len(selected) == 2 else tuple(selected)
 
 
 def scores_bytes(key: torch.Tensor) -> int:

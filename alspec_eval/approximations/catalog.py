@@ -13,6 +13,7 @@ APPROXIMATIONS = LazyRegistry("approximation", {
     "quest": "alspec_eval.approximations.quest:Quest",
     "topk": "alspec_eval.approximations.topk:TopK",
     "snapkv": "alspec_eval.approximations.snapkv:SnapKV",
+    "vattention": "alspec_eval.approximations.vattention:VAttention",
 })
 # The default approximation, named here only: the paper's sink windows. Its rows keep the paper's names ("lambda_0.1",
 # "sink": Approximation.is_default); every other name of it (config, cells, CLIs) is this constant.

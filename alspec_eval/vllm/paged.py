@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import semantics
-from ..approximations.base import Ranges
+from ..approximations.base import Ranges, selection
 from ..bounds import Breaches
 from ..errors import ConfigError
 from .kept import page_summaries
@@ -394,9 +394,10 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
 def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
                        observed: dict[int, Any], groups: Contexts | None = None,
-                       kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                  torch.Tensor | None]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
-    (M, Hkv or 1, n) and which count (None: all). Where they depend on the position alone (``position_ranges``),
+    (M, Hkv or 1, n), which count (None: all), and a weighted draft's log-weights (None: none). Where they depend on the position alone (``position_ranges``),
     its ranges listed, as the other paths read them (cut to [0, pos]: :func:`.semantics.readable_ranges`); else each
     request's context is read from the cache (:func:`read_contexts`, requests chunked to :data:`CONTEXT_BUDGET`), the
     draft selects as on the HF engine (``per_pass``, ``prepare``, ``select``) and its keys are moved into [0, pos]
@@ -405,15 +406,15 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     for reading (:class:`Contexts`), where the step built them once for all its layers. ``kept``: the layer's page
     summaries of a draft that keeps them (:mod:`.kept`), prepared from instead of the keys."""
     if settings.approx.keys_by_position:
-        return _listed(*position_keys(settings, pos, query.device))
+        return *_listed(*position_keys(settings, pos, query.device)), None
     if groups is None:
         groups = Contexts.build(request, pos, settings.approx, kv_cache)
-    positions, valid = _selected(query, kv_cache, layout, block_table, block_size, pos, settings, observed, groups,
-                                 kept)
+    positions, valid, log_weight = _selected(query, kv_cache, layout, block_table, block_size, pos, settings,
+                                             observed, groups, kept)
     last = pos.to(positions.device)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
-    return positions, valid
+    return positions, valid, log_weight
 
 
 def _listed(starts: torch.Tensor, ends: torch.Tensor,
@@ -455,12 +456,14 @@ class Contexts:
 
 def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
               pos: torch.Tensor, settings: Settings, observed: dict[int, Any], contexts: Contexts,
-              kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+              kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them."""
     approx, window = settings.approx, settings.window
     heads = kv_cache.shape[1]
-    positions = torch.zeros(len(pos), heads, 2 * window, dtype=torch.long, device=query.device)
-    valid = torch.zeros(len(pos), heads, 2 * window, dtype=torch.bool, device=query.device)
+    width = approx.max_keys(window) or 2 * window  # None (a budget up to the context): widened as selections come
+    positions = torch.zeros(len(pos), heads, width, dtype=torch.long, device=query.device)
+    valid = torch.zeros(len(pos), heads, width, dtype=torch.bool, device=query.device)
+    log_weight = torch.zeros(len(pos), heads, width, device=query.device) if approx.weighted else None
     requests, lengths = contexts.requests, contexts.lengths
     for group, mine, local in contexts.groups:
         if approx.reads_keys and kept is None:
@@ -484,15 +487,19 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
-            index, chosen = approx.select(query[mine[part]], keys, rows[part], where[part], row_pad[part], window,
-                                          tuple(None if t is None else t[part] for t in passed), prepared)
+            index, chosen, weight = selection(approx, approx.select(
+                query[mine[part]], keys, rows[part], where[part], row_pad[part], window,
+                tuple(None if t is None else t[part] for t in passed), prepared))
             width = index.shape[-1]
-            if width > positions.shape[-1]:  # more than 2S keys (alspec-check-approx says so): read, as hf does
-                positions = torch.nn.functional.pad(positions, (0, width - positions.shape[-1]))
-                valid = torch.nn.functional.pad(valid, (0, width - valid.shape[-1]))
+            if width > positions.shape[-1]:  # more keys than declared (alspec-check-approx says so): read, as hf does
+                more = (0, width - positions.shape[-1])
+                positions, valid = torch.nn.functional.pad(positions, more), torch.nn.functional.pad(valid, more)
+                log_weight = None if log_weight is None else torch.nn.functional.pad(log_weight, more)
             positions[mine[part], :, :width] = index - row_pad[part, None, None]
             valid[mine[part], :, :width] = True if chosen is None else chosen
-    return positions, valid
+            if log_weight is not None:
+                log_weight[mine[part], :, :width] = weight.float()
+    return positions, valid, log_weight
 
 
 def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int | None = None) -> list[torch.Tensor]:
@@ -518,8 +525,8 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
     """A~ (M, Hq, D) of rows whose queries are ``query`` (M, Hq, D): each row's selected keys and values gathered
     from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes. The path of
     drafts that select by content, and the reference the streamed path (:mod:`.tiled`) is tested against."""
-    positions, valid = selected_positions(query, kv_cache, layout, block_table, block_size, request, pos, settings,
-                                          observed, groups, kept)
+    positions, valid, log_weight = selected_positions(query, kv_cache, layout, block_table, block_size, request, pos,
+                                                      settings, observed, groups, kept)
     kv_heads, (rows, heads, dim) = kv_cache.shape[1], query.shape
     positions = positions.expand(-1, kv_heads, -1)
     if valid is not None:
@@ -527,7 +534,7 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
         valid = valid.to(kv_cache.device)[:, :, None, :]
     n = positions.shape[-1]
     element = kv_cache.element_size()
-    per_row = 2 * kv_heads * n * dim * (element + (4 if element != 4 else 0)) + 3 * heads * n * 4
+    per_row = 2 * kv_heads * n * dim * (element + (4 if element != 4 else 0)) + (3 * heads + kv_heads) * n * 4
     step = max(1, VERIFY_BUDGET // per_row)
     request_at = request.to(block_table.device)
     parts = []
@@ -536,6 +543,7 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
         block, offset = slots(block_table, request_at[part, None, None], positions[part].to(block_table.device),
                               block_size)
         keys, values = layout.gather(kv_cache, block, offset)
+        bias = None if log_weight is None else log_weight[part, :, None, :].to(kv_cache.device)
         parts.append(semantics.attend(query[part, None], keys, values, None if valid is None else valid[part],
-                                      scale)[:, 0])
+                                      scale, bias)[:, 0])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
