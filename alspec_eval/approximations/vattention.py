@@ -104,7 +104,7 @@ class VAttention(Approximation):
         spread = (torch.where(in_base, e - mean[..., None], 0.0).square().sum(-1)
                   / (base - 1).clamp(min=1)[..., None]).sqrt()
         denominator = torch.where(fixed.unsqueeze(2), e, 0.0).sum(-1) + m64[..., None] * mean  # D^ per query head
-        z = float(torch.special.ndtri(torch.tensor(1 - self.delta, dtype=torch.float64)))
+        z = float(torch.special.ndtri(torch.tensor(1 - self.delta / 2, dtype=torch.float64)))  # two-sided
         wanted = (z * spread * m64[..., None] / (self.epsilon * denominator)).square().ceil().amax(-1)
         return torch.minimum(m64, torch.maximum(base, wanted.nan_to_num(nan=0.0))).long()
 

@@ -20,7 +20,7 @@ from lm_eval.api.instance import Instance
 from alspec_eval.config import SpeculationConfig
 from alspec_eval.stats import AcceptanceStats
 from conftest import ENGINE, speculating
-from default_approximations import approx_args
+from default_approximations import APPROXIMATIONS, approx_args
 from default_presses import PRESSES, press_args
 
 pytestmark = pytest.mark.slow
@@ -48,8 +48,8 @@ def _runs_in_vllm(name: str) -> bool:
 # (found by running --model alspec at a lambda, moving it into a wide gap between measured ratios, and again)
 LAMBDAS = {"sink": 0.10217, "local": 0.29602, "quest": 0.12267, "topk": 0.04207, "snapkv": 0.13323,
            "KnormPress": 0.50863, "KeyDiffPress": 0.3332, "CURPress": 0.43839, "LagKVPress": 0.24066,
-           "RandomPress": 0.76046, "StreamingLLMPress": 0.07684}
-DRAFTS = ["sink", "local", "quest", "topk", "snapkv"] + [p for p in PRESSES if _runs_in_vllm(p)]
+           "RandomPress": 0.76046, "StreamingLLMPress": 0.07684, "vattention": 0.05265}
+DRAFTS = APPROXIMATIONS + [p for p in PRESSES if _runs_in_vllm(p)]
 
 
 def passage(start: int, length: int) -> str:
