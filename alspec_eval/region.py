@@ -61,7 +61,7 @@ class Trace:
     ratios: torch.Tensor
     offset: int = 0
     pad: torch.Tensor | None = None  # (B,) each row's left padding, on the host: logical positions for densities
-    window: int = 0  # the S the decisions were made with
+    budget: int | None = 0  # the keys A~ attends to (the draft's max_keys: 2S), for densities; None: it varies
 
     def row_stats(self, row: int, start: int, end: int) -> AcceptanceStats:
         """Statistics of batch row ``row`` over physical positions [start, end)."""
@@ -70,7 +70,7 @@ class Trace:
         pos = None
         if self.pad is not None:
             pos = torch.arange(lo, lo + len(codes)) + self.offset - int(self.pad[row])
-        return AcceptanceStats.from_trace(codes, self.ratios[row, lo:hi], pos, self.window)
+        return AcceptanceStats.from_trace(codes, self.ratios[row, lo:hi], pos, self.budget)
 
     def accepted_layers(self, row: int, start: int, end: int) -> list[int]:
         """Number of accepted layers at each position in [start, end): the per-token trace. Positions the trace

@@ -97,7 +97,7 @@ class Speculator:
             passes = [p for p in session.passes if p is not None]
             session.trace.codes, session.trace.ratios = assemble(session.plan, passes, self.num_layers)
             session.trace.offset = passes[0].offset if passes else 0
-            session.trace.pad, session.trace.window = region.pad.cpu(), config.window
+            session.trace.pad, session.trace.budget = region.pad.cpu(), config.approx.max_keys(config.window)
         refuse(config.approx, *out_of_bounds(passes))  # once the call is done: a draft that read outside
 
     @property

@@ -20,7 +20,7 @@ from . import semantics
 SCHEMA_VERSION = 2
 # Per layer, beside the counts (added within version 2; files without them read as before): sparse-attention-hub's
 # names where the meaning is the same. Means over the layer's non-trivial decisions.
-DENSITY = "research_attention_density"  # the share of the context A~ reads: 2S / (pos + 1)
+DENSITY = "research_attention_density"  # the share of the context A~ reads: 2S / (pos + 1) (null: it varies)
 EFFECTIVE_DENSITY = "effective_density"  # what a step reads once rejections fall back to A: the above, or 1
 OUTPUT_ERROR = "research_attention_output_error"  # ||A~ - A|| / ||A||: d / n
 DIGITS = 9  # significant digits the float means are written with (sums over ranks may differ in the last bit)
@@ -105,9 +105,11 @@ class AcceptanceStats:
 
     @classmethod
     def from_trace(cls, codes: torch.Tensor, ratios: torch.Tensor, pos: torch.Tensor | None = None,
-                   window: int = 0) -> "AcceptanceStats":
+                   budget: int | None = 0) -> "AcceptanceStats":
         """Reduce one row's (positions, layers) codes and ratios; NaN ratios (not measured) stay out of the histogram.
-        ``pos``: each position's logical position and ``window`` the S it ran with, for the densities."""
+        ``pos``: each position's logical position and ``budget`` the keys A~ attends to (2S: the draft's
+        ``max_keys``), for the densities; None, a budget that varies per head and query (vAttention's): the
+        densities are not measured (NaN sums, reported as null)."""
         codes, ratios = codes.cpu(), ratios.cpu()
         num_layers = codes.shape[-1]
         decided = (codes == ACCEPTED) | (codes == REJECTED)
@@ -116,8 +118,10 @@ class AcceptanceStats:
         flat = layer_idx * NUM_BINS + ratio_bins(ratios[measured].float())
         hist = torch.bincount(flat, minlength=num_layers * NUM_BINS).view(num_layers, NUM_BINS)
         density = effective = None
-        if pos is not None:
-            share = (2 * window / (pos.double() + 1)).clamp(max=1.0)[:, None].expand_as(codes)
+        if pos is not None and budget is None:  # a budget that varies: not measured (reported as null)
+            density = effective = torch.full((num_layers,), math.nan, dtype=torch.float64)
+        elif pos is not None:
+            share = (budget / (pos.double() + 1)).clamp(max=1.0)[:, None].expand_as(codes)
             density = torch.where(decided, share, 0.0).sum(0)
             effective = torch.where(codes == ACCEPTED, share, torch.where(decided, 1.0, 0.0)).sum(0)
         return cls(
@@ -196,7 +200,8 @@ def run_statistics(config: dict[str, Any], num_layers: int, skipped_layers: dict
 
 
 def _mean(total: float, count: int) -> float | None:
-    return float(f"{total / count:.{DIGITS}g}") if count else None
+    """total / count to DIGITS digits; None where nothing was counted or the total was not measured (NaN)."""
+    return float(f"{total / count:.{DIGITS}g}") if count and not math.isnan(total) else None
 
 
 def _rate(accepted: int, speculated: int) -> float | None:

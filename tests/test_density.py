@@ -25,7 +25,7 @@ def test_a_rows_densities_by_hand():
     codes[0, 0], codes[0, 6], codes[0, 16] = torch.tensor([TRIVIAL, TRIVIAL]), torch.tensor([ACCEPTED, REJECTED]), \
         torch.tensor([REJECTED, ACCEPTED])
     ratios[0, 6], ratios[0, 16] = torch.tensor([0.1, 0.5]), torch.tensor([0.7, NAN])  # layer 1 at 19: not measured
-    trace = Trace(codes, ratios, offset=5, pad=torch.tensor([2]), window=2)
+    trace = Trace(codes, ratios, offset=5, pad=torch.tensor([2]), budget=4)  # 2S
     stats = trace.row_stats(0, 5, 22)
     first, second = stats.means(0), stats.means(1)
     assert first[DENSITY] == pytest.approx((4 / 10 + 4 / 20) / 2)
@@ -43,6 +43,10 @@ def test_a_rows_densities_by_hand():
     assert empty == {DENSITY: None, EFFECTIVE_DENSITY: None, OUTPUT_ERROR: None}
     summed = stats + stats
     assert summed.means(0) == first  # means of a sum of equal parts
+    # a budget that varies per head and query (max_keys None): the densities are not measured, d/n still is
+    varying = Trace(codes, ratios, offset=5, pad=torch.tensor([2]), budget=None).row_stats(0, 5, 22)
+    assert varying.means(0) == {DENSITY: None, EFFECTIVE_DENSITY: None, OUTPUT_ERROR: first[OUTPUT_ERROR]}
+    assert (varying + varying).to_dict()["total"][DENSITY] is None
 
 
 @pytest.mark.slow
@@ -78,3 +82,17 @@ def test_scored_continuations_report_the_densities_of_their_positions():
         measured = trace.ratios[0, :, layer][~torch.isnan(trace.ratios[0, :, layer])]
         got = trace.row_stats(0, 0, ids.shape[1]).means(layer)[OUTPUT_ERROR]
         assert got == pytest.approx(float(measured.double().mean()), rel=1e-8)
+
+
+@pytest.mark.slow
+def test_a_draft_whose_budget_varies_reports_no_density():
+    """vAttention's budget varies per head and query (max_keys None): its rows report d/n and no densities (null),
+    not 2S / (pos + 1)."""
+    from default_approximations import approx_args
+
+    lm = alspec_lm(tiny_model(), window=4, **approx_args("vattention", 4), **{"lambda": 0.2})
+    requests = [Instance("loglikelihood", {}, ("It was the best of times,", " it was the worst"), 0, ("ll", 0, 1))]
+    lm.loglikelihood(requests)
+    total = lm.statistics()["tasks"]["ll"]["total"]
+    assert total["speculated"] > 0 and total[OUTPUT_ERROR] is not None
+    assert total[DENSITY] is None and total[EFFECTIVE_DENSITY] is None

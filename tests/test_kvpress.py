@@ -108,7 +108,7 @@ def test_every_supported_press_keeps_the_contract(press, capsys):
     assert check(approx, 8, ["llama", "qwen2", "gemma2"])
     lines = capsys.readouterr().out.splitlines()[1:]
     paged = [line for line in lines if "a paged cache (vLLM)" in line]
-    assert len(lines) == 3 * 6 and all(line.endswith(": ok") for line in lines if line not in paged), lines
+    assert len(lines) == 3 * 7 and all(line.endswith(": ok") for line in lines if line not in paged), lines
     # a press that runs in vLLM selects there as from a contiguous cache; one that cannot says why
     assert all(line.endswith(f"not run ({approx.hf_only})" if approx.hf_only else ": ok") for line in paged), paged
 

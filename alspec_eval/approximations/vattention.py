@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import torch
 
@@ -33,7 +34,7 @@ class VAttention(Approximation):
 
     description = ("vAttention: {sink} sinks, the last {local} keys, the top {top} scores and a weighted sample "
                    "within epsilon={epsilon} at delta={delta}")
-    marker, colour = "X", "tab:olive"
+    marker, colour = "X", "tab:cyan"
     oracle = True  # it reads every score (its top keys, its budget)
     weighted = True
 
@@ -72,9 +73,9 @@ class VAttention(Approximation):
         budget = self._budget(scores, fixed, rest, rank, m)
         sample = rest & (rank < budget[..., None])
         chosen = fixed | sample
-        count = chosen.sum(-1)
-        order = chosen.to(torch.int8).sort(dim=-1, descending=True, stable=True).indices[..., :int(count.max())]
-        valid = torch.arange(order.shape[-1], device=key.device) < count[..., None]
+        # every key's slot, the chosen first: as wide as the cache, so that no count is read back to size it
+        order = chosen.to(torch.int8).sort(dim=-1, descending=True, stable=True).indices
+        valid = torch.arange(length, device=key.device) < chosen.sum(-1, keepdim=True)
         weight = (m.double() / budget.clamp(min=1).double()).log().float()  # log(m / B), float32
         log_weight = torch.where(sample.gather(-1, order), weight[..., None], 0.0)
         return order, valid, log_weight
@@ -104,7 +105,7 @@ class VAttention(Approximation):
         spread = (torch.where(in_base, e - mean[..., None], 0.0).square().sum(-1)
                   / (base - 1).clamp(min=1)[..., None]).sqrt()
         denominator = torch.where(fixed.unsqueeze(2), e, 0.0).sum(-1) + m64[..., None] * mean  # D^ per query head
-        z = float(torch.special.ndtri(torch.tensor(1 - self.delta / 2, dtype=torch.float64)))  # two-sided
+        z = NormalDist().inv_cdf(1 - self.delta / 2)  # two-sided
         wanted = (z * spread * m64[..., None] / (self.epsilon * denominator)).square().ceil().amax(-1)
         return torch.minimum(m64, torch.maximum(base, wanted.nan_to_num(nan=0.0))).long()
 

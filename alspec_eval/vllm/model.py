@@ -295,7 +295,9 @@ class ALSpecVLLM(VLLM):
             pos, decided_codes, decided_ratios = decided
             keep = (pos >= start) & (pos < end)
             codes[0, pos[keep] - lo], ratios[0, pos[keep] - lo] = decided_codes[keep], decided_ratios[keep].float()
-        trace = Trace(codes, ratios, offset=lo, pad=torch.zeros(1, dtype=torch.long), window=self.spec_config.window)
+        config = self.spec_config
+        trace = Trace(codes, ratios, offset=lo, pad=torch.zeros(1, dtype=torch.long),
+                      budget=config.approx.max_keys(config.window))
         return RowRecord(trace.row_stats(0, start, end), trace.accepted_layers(0, first, end))
 
     # ------------------------------------------------------------------ results

@@ -18,7 +18,7 @@ import torch
 from lm_eval.api.instance import Instance
 
 from alspec_eval.config import SpeculationConfig
-from alspec_eval.stats import AcceptanceStats
+from alspec_eval.stats import DENSITY, AcceptanceStats
 from conftest import ENGINE, speculating
 from default_approximations import APPROXIMATIONS, approx_args
 from default_presses import PRESSES, press_args
@@ -133,6 +133,9 @@ def test_alspec_vllm_decides_as_model_alspec(alspec_smol, hf_smol, name, monkeyp
     assert [x[1] for x in out[1]] == [x[1] for x in hf_out[1]]
     assert [x[0] for x in out[1]] == pytest.approx([x[0] for x in hf_out[1]], rel=1e-5)
     assert counts(tasks) == counts(hf_tasks)
+    # the densities of the same positions (null where the draft's budget varies: vattention)
+    assert [t["total"][DENSITY] for t in tasks.values()] == pytest.approx([t["total"][DENSITY]
+                                                                            for t in hf_tasks.values()])
     assert sum(t["total"]["accepted"] for t in tasks.values()) > 0
     # the same keys: per layer the same d/n but for rounding at nearly every position, not only the same decisions
     assert [len(r) for r in ratios] == [len(r) for r in hf_ratios]
