@@ -99,6 +99,25 @@ def test_bad_approximations_and_arguments_name_the_value_and_the_fix(approx, arg
         SpeculationConfig(approx=approx, approx_args=args)
 
 
+def test_weights_are_declared_and_only_where_select_computes_the_keys():
+    """A draft returns (index, valid, log_weight) exactly where it declares weighted; one that also declares a path
+    that reads no weights (keys by position, a fused kernel, the TT op) is refused when its class is defined."""
+    from alspec_eval.approximations import selection
+    from alspec_eval.approximations.sink import Sink
+    from alspec_eval.approximations.vattention import VAttention
+
+    index, valid, weight = torch.zeros(1, 1, 2, dtype=torch.long), None, torch.zeros(1, 1, 2)
+    assert selection(Sink(), (index, valid))[2] is None
+    assert selection(VAttention(), (index, valid, weight))[2] is weight
+    with pytest.raises(TypeError, match=r"sink.select returned 3 tensors: .* where it declares weighted = True"):
+        selection(Sink(), (index, valid, weight))
+    with pytest.raises(TypeError, match=r"vattention.select returned 2 tensors"):
+        selection(VAttention(), (index, valid))
+    for declared in ("keys_by_position", "fused_kernel", "tt_op"):
+        with pytest.raises(TypeError, match=f"declares weighted and {declared}: .* read no weights"):
+            dataclass(frozen=True)(type("Both", (Approximation,), {"weighted": True, declared: True}))
+
+
 @pytest.mark.slow
 def test_importing_the_package_loads_no_approximation_and_no_torch():
     code = ("import sys, alspec_eval; from alspec_eval.approximations import names; names(); "
