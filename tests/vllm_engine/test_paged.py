@@ -250,6 +250,47 @@ def test_verify_layer_matches_oracle(layout, approx, S, align):
 
 # ---- 3. the special thresholds ----
 @pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
+def test_a_weighted_draft_is_attended_with_its_weights(layout):
+    """vAttention through the gathered path (its log-weights added to semantics.attend's scores): each row's d/n is
+    that of the float64 softmax over the keys and weights the independent reference selects (vattention_oracle.py,
+    its budget at the draft's 1/sqrt(D)), at the step's own scale; accepted rows commit that A~."""
+    import vattention_oracle
+    from alspec_eval.approximations.vattention import VAttention
+
+    step = build_step(layout, 8)
+    args = {"sink": 2, "local": 4, "top": 4, "base_rate": 0.25, "epsilon": 0.5, "delta": 0.3}
+    want, sampled = {}, False
+    for t, (r, p) in enumerate(step["tok"]):
+        if p + 1 <= 2 * step["S"] or p < step["starts"][r]:
+            continue
+        K, V = step["K"][r].transpose(0, 1), step["V"][r].transpose(0, 1)  # (Hkv, L, D)
+        heads = vattention_oracle.reference(step["query"][t], K, V, p, **args).heads
+        sampled |= any(0 < len(h.sample) < h.m for h in heads)  # weights other than 0
+        out = []
+        for h in range(HQ):
+            kv = heads[h // (HQ // HKV)]
+            keys = torch.tensor(kv.fixed + kv.sample)
+            weight = torch.tensor([0.0] * len(kv.fixed) + [kv.log_weight] * len(kv.sample), dtype=torch.float64)
+            scores = (K[h // (HQ // HKV), keys].double() @ step["query"][t, h].double()) * step["scale"] + weight
+            out.append(scores.softmax(0) @ V[h // (HQ // HKV), keys].double())
+        At, A = torch.stack(out), step["A"][t]
+        want[t] = (At, (At - A).norm().item(), A.norm().item())
+    assert sampled
+    lam = split_lambda([d / n for _, d, n in want.values()])
+    (codes, ratios), out, rows = run(step, VAttention(**args), 1, lam)
+    for i, t in enumerate(row_index(step, rows)):
+        if t not in want:
+            continue
+        At, d, n = want[t]
+        assert ratios[i].item() == pytest.approx(d / n, rel=1e-5)
+        if d <= lam * n:
+            assert codes[i] == ACCEPTED
+            torch.testing.assert_close(out[t].double(), At, rtol=0, atol=1e-5)
+        else:
+            assert codes[i] == REJECTED
+
+
+@pytest.mark.parametrize("layout", ["plain", "cpu-vec"])
 def test_special_thresholds(layout):
     step = build_step(layout, S=8)
     want = oracle(step, "sink", 1)
