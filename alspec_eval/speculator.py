@@ -250,8 +250,8 @@ class Speculator:
         index, valid, log_weight = selection(cfg.approx, cfg.approx.select(q[:, :, 0], key, rows, step.pos[part],
                                                                            step.pad[part], cfg.window, passed, shared))
         index = step.readable(index, valid, part)  # never a key outside [0, pos]
-        k, v = selected(key, rows, index, whole), selected(value, rows, index, whole)  # (r, Hkv, 2S, D)
-        mask = None if valid is None else valid[:, :, None, :]  # (r, 1, 1, 2S) holds for every head
+        k, v = selected(key, rows, index, whole), selected(value, rows, index, whole)  # (r, Hkv, n, D), n <= max_keys
+        mask = None if valid is None else valid[:, :, None, :]  # (r, 1, 1, n) holds for every head
         if log_weight is not None:  # a weighted draft's keys: its log-weights as an additive mask, in the model dtype
             mask = torch.ones_like(log_weight, dtype=torch.bool)[:, :, None, :] if mask is None else mask
             weights = log_weight.to(q.dtype)[:, :, None, :].expand(mask.shape)

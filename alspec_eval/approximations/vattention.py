@@ -110,8 +110,9 @@ class VAttention(Approximation):
         return torch.minimum(m64, torch.maximum(base, wanted.nan_to_num(nan=0.0))).long()
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
-        # the row's keys, its float32 scores and float64 exponentials per query head, the priorities, ranks and sorts
-        return key.shape[2] * (key.shape[1] * key.shape[3] * key.element_size() + 20 * query_heads
+        # the row's keys; per query head its float32 scores (two) and float64 exponentials, base draws and spread
+        # (four); per KV head the priorities, ranks, sorts and masks
+        return key.shape[2] * (key.shape[1] * key.shape[3] * key.element_size() + 40 * query_heads
                                + 48 * key.shape[1])
 
 
