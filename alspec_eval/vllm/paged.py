@@ -400,8 +400,8 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     (M, Hkv or 1, n), which count (None: all), and a weighted draft's log-weights (None: none). Where they depend on
     the position alone (``position_ranges``), its ranges listed, as the other paths read them (cut to [0, pos]:
     :func:`.semantics.readable_ranges`); else each request's context is read from the cache (:func:`read_contexts`,
-    requests chunked to :data:`CONTEXT_BUDGET`), the draft selects as on the HF engine (``per_pass``, ``prepare``, ``select``) and its keys are moved into [0, pos]
-    (:func:`.semantics.readable_keys`). What reached outside is counted in ``settings.breaches``. ``observed``: per
+    requests chunked to :data:`CONTEXT_BUDGET`), the draft selects as on the HF engine (``per_pass``, ``prepare``,
+    ``select``) and its keys are moved into [0, pos] (:func:`.semantics.readable_keys`). What reached outside is counted in ``settings.breaches``. ``observed``: per
     batch row, what a prompt-scoring draft kept of its prompt at this layer. ``groups``: the rows' requests grouped
     for reading (:class:`Contexts`), where the step built them once for all its layers. ``kept``: the layer's page
     summaries of a draft that keeps them (:mod:`.kept`), prepared from instead of the keys."""
