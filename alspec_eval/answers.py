@@ -44,7 +44,7 @@ class Speculated:
 
     def forward(self, inps: torch.Tensor, keys: list[RowKey], starts: list[int],
                 hf_call: HFCall) -> tuple[torch.Tensor, list[RowRecord]]:
-        region = DecodeRegion.build([0] * len(keys), starts, [len(k) for k in keys], device=inps.device)
+        region = DecodeRegion.build([0] * len(keys), starts, [len(k) for k in keys], device=inps.device, tokens=inps)
         with self.speculator.speculating(region, self.config) as trace:
             logits = hf_call()
         return logits, [RowRecord.teacher_forced(trace, b, start, len(key))
@@ -54,7 +54,7 @@ class Speculated:
                  generation_kwargs: dict[str, Any], hf_generate: HFGenerate) -> tuple[torch.Tensor, list[RowRecord]]:
         mask = generation_kwargs.get("attention_mask")
         region = DecodeRegion.from_left_padded(torch.ones_like(context) if mask is None else mask,
-                                               self.config.speculate_prefill)
+                                               self.config.speculate_prefill, tokens=context)
         with self.speculator.speculating(region, self.config) as trace:
             out = hf_generate(context, max_length, stop, **generation_kwargs)
         prompt_len = context.shape[1]

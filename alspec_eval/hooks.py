@@ -6,7 +6,7 @@ with ``AttentionMaskInterface``: without it causal masking is silently dropped) 
 each forward pass. :func:`remove` undoes all of it, :func:`speculation` is the ``with`` form::
 
     with speculation(model) as speculator:
-        with speculator.speculating(DecodeRegion.build([0], [prompt_len]), SpeculationConfig(lam=0.1)) as trace:
+        with speculator.speculating(DecodeRegion.build([0], [prompt_len], tokens=ids), SpeculationConfig(lam=0.1)) as trace:
             model(ids)
 """
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .approximations import LayerInputs
+from .approximations import LayerInputs, Site, draw_inputs
 
 if TYPE_CHECKING:
     from .speculator import Session
@@ -99,7 +99,8 @@ class PromptObserver:
         it kept of the prompt and, where it reads the layer, the layer."""
         approx = session.config.approx
         extra = {"layer": LayerInputs(module, value, rotary_emb=self.rotary_emb)} if approx.reads_layer else {}
-        return approx.prepare(key, pad, session.config.window, session.prompt.observed.get(module.layer_idx), **extra)
+        return approx.prepare(key, pad, session.config.window, session.prompt.observed.get(module.layer_idx), **extra,
+                              **draw_inputs(approx, site=lambda: Site(module.layer_idx)))
 
     def _observe(self, session: Session, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                  value: torch.Tensor, scaling: float) -> None:

@@ -97,7 +97,9 @@ def _draft(model: PreTrainedModel, speculator: Speculator, sink: SpeculationConf
     it was."""
     committed, drafts = cache.get_seq_length(), []
     try:
-        with speculator.speculating(DecodeRegion.build([0], [0], device=model.device), sink):
+        # speculation starts at the cache's first position: no token comes before it (a drawing draft's seed is 0)
+        region = DecodeRegion.build([0], [0], device=model.device, tokens=torch.zeros(1, 0, dtype=torch.long))
+        with speculator.speculating(region, sink):
             for _ in range(count):
                 logits = model(torch.tensor([[token]], device=model.device), **with_cache(model, cache),
                                use_cache=True).logits

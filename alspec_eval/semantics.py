@@ -11,6 +11,9 @@ of the sequence); ``pos`` is the current token's position, so the context holds 
 from __future__ import annotations
 
 import math
+import struct
+import zlib
+from collections.abc import Sequence
 
 import torch
 
@@ -191,3 +194,10 @@ def commit(exact: torch.Tensor, approx: torch.Tensor, accept: torch.Tensor) -> t
     """What a verified position continues with (Semantics 5): A~ where accepted, A elsewhere, per query (the first
     dimension of ``exact`` and ``approx``, ``accept`` one bool each), in the dtype of A."""
     return torch.where(accept.reshape(-1, *[1] * (exact.dim() - 1)), approx.to(exact.dtype), exact)
+
+
+def request_seed(tokens: Sequence[int]) -> int:
+    """A request's seed for a draft that draws at random: zlib's CRC-32 of the tokens before its speculation start,
+    each as 8 bytes little-endian signed. Every engine derives it from the same tokens, so requests draw alike
+    wherever they run and apart where their contexts differ."""
+    return zlib.crc32(struct.pack(f"<{len(tokens)}q", *map(int, tokens)))

@@ -135,7 +135,7 @@ class SharedPrefill:
         for config, group, part in self._forks(attention, cache):  # one call per approximation and window
             context_v, mask_v = context.repeat_interleave(len(group), 0), mask.repeat_interleave(len(group), 0)
             region = DecodeRegion.from_left_padded(
-                mask_v, False, plan=self.plan(len(context), [self.variants[v] for v in group]))
+                mask_v, False, plan=self.plan(len(context), [self.variants[v] for v in group]), tokens=context_v)
             with self.speculator.speculating(region, config, self._prefix(prefix, config, len(group))) as trace:
                 out = hf_generate(context_v, max_length, stop, attention_mask=mask_v, **with_cache(model, part),
                                   **generation_kwargs)
@@ -201,7 +201,8 @@ class SharedPrefill:
                 n = len(group)
                 region = DecodeRegion.build([0] * len(keys) * n, [s for s in starts for _ in range(n)],
                                             [e for e in ends for _ in range(n)], device=inps.device,
-                                            plan=self.plan(len(keys), [self.variants[v] for v in group]))
+                                            plan=self.plan(len(keys), [self.variants[v] for v in group]),
+                                            tokens=inps.repeat_interleave(n, 0))
                 with self.speculator.speculating(region, config, self._prefix(kept if common else None, config,
                                                                               n)) as trace:
                     rest = model(inps[:, common:].repeat_interleave(n, 0), **with_cache(model, part),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import semantics
-from .approximations import selection
+from .approximations import draw_inputs, selection
 from .bounds import refuse
 from .config import SpeculationConfig
 from .kernels import DecodeKernel, SpecDecodeOutput
@@ -57,6 +57,13 @@ class Session:
             self._on[device] = tuple(t.to(device) for t in (region.pad, region.spec_start, region.row_end,
                                                              self.plan.active_rows))
         return self._on[device]
+
+    def seeds(self, device: torch.device) -> torch.Tensor:
+        """Each row's request seed (:meth:`.region.DecodeRegion.seeds`) on ``device``, made once per call (for a
+        draft that draws at random only)."""
+        if ("seeds", device) not in self._on:
+            self._on[("seeds", device)] = self.region.seeds().to(device)
+        return self._on[("seeds", device)]
 
     @property
     def first_speculated(self) -> int:
@@ -184,7 +191,8 @@ class Speculator:
             return session.passes[-1]
         rows, cols = speculated.nonzero(as_tuple=True)
         pos, pad = pos[rows, cols], pad[rows]
-        keys = cfg.approx.per_pass(pos, pad, k_len, cfg.window, cfg.window_align)
+        keys = cfg.approx.per_pass(pos, pad, k_len, cfg.window, cfg.window_align,
+                                   **draw_inputs(cfg.approx, seed=lambda: session.seeds(query.device)[rows]))
         session.passes[-1] = Pass(q_len, k_len - q_len, trivial, rows, cols, pos, pad, keys=keys,
                                   every_row=q_len == 1 and len(rows) == query.shape[0])
         return session.passes[-1]

@@ -54,7 +54,7 @@ def stepwise_logprob(lm: ALSpecLM, context: list[int], continuation: list[int]):
     """Decode the continuation one token at a time with a KV cache; returns (log-prob, trace)."""
     model = lm.model
     cache = DynamicCache(config=model.config)
-    region = DecodeRegion.build([0], [len(context)])
+    region = DecodeRegion.build([0], [len(context)], tokens=torch.tensor([context]))
     total = 0.0
     with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as trace:
         logits = model(torch.tensor([context]), **with_cache(model, cache), use_cache=True).logits[0, -1]

@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from alspec_eval.approx_check.cli import check, holds_or_says_why
 from alspec_eval.approximations import catalog as registered
@@ -48,6 +49,23 @@ def test_an_engine_that_drops_the_weights_breaks_the_weights_property(monkeypatc
     broken = [line for line in capsys.readouterr().out.splitlines() if "BROKEN" in line]
     assert len(broken) == 1 and broken[0].startswith("llama: A~ attends to the selected keys with their weights: "
                                                      "BROKEN: A~ differs from the softmax"), broken
+
+
+def test_a_draft_whose_generator_is_seeded_per_call_breaks_the_contract(monkeypatch, capsys):
+    """vAttention with its draws from a generator seeded once per select call (a position's draws then depend on
+    which positions the call holds, not on the position): teacher forcing no longer decodes as token by token, and
+    the contract says so."""
+    from alspec_eval.approximations import vattention
+
+    def per_call(seed, request, layer, pos, heads, logical):
+        shape = (len(pos), len(heads), logical.shape[-1])
+        return torch.randint(0, 2**32, shape, generator=torch.Generator().manual_seed(seed))
+
+    monkeypatch.setattr(vattention, "_priority", per_call)
+    approx = SpeculationConfig(window=8, **approx_args("vattention", 8)).approx
+    assert not check(approx, 8, ["llama"])
+    broken = [line for line in capsys.readouterr().out.splitlines() if "BROKEN" in line]
+    assert any(line.startswith("llama: teacher forcing") for line in broken), broken
 
 
 def test_the_documented_example_keeps_the_contract(monkeypatch, capsys):

@@ -75,7 +75,7 @@ def test_scored_continuations_report_the_densities_of_their_positions():
         effective / count)
     assert total[DENSITY] < total[EFFECTIVE_DENSITY] < 1
     ids = torch.tensor([TOKENIZER("".join(pairs[0]))["input_ids"][:-1]])
-    region = DecodeRegion.build([0], [len(TOKENIZER(pairs[0][0])["input_ids"])])
+    region = DecodeRegion.build([0], [len(TOKENIZER(pairs[0][0])["input_ids"])], tokens=ids)
     with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as trace:
         lm.model(ids)
     for layer in range(layers):

@@ -74,7 +74,7 @@ def test_sink_policy_equals_reference_sink_attention(model, chunks, align):
     start = 40
     with torch.no_grad():
         reference = plain(ids, attention_mask=_sink_mask(ids.shape[1], start, window, align)).logits
-        with spec.speculator.speculating(DecodeRegion.build([0], [start]), spec.spec_config) as trace:
+        with spec.speculator.speculating(DecodeRegion.build([0], [start], tokens=ids), spec.spec_config) as trace:
             ours = spec.model(ids).logits
     torch.testing.assert_close(ours, reference, atol=2e-5, rtol=1e-5)
     decided = trace.codes[0, start:]
@@ -251,7 +251,7 @@ def test_ratio_and_acceptance_follow_the_definition(model, chunks):
     ordered = reference.sort().values  # lambda between two ratios: no decision sits on the threshold
     lam = float(ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
     spec = alspec_lm(model, window=window, **{"lambda": lam})
-    with torch.no_grad(), spec.speculator.speculating(DecodeRegion.build([0], [start]), spec.spec_config) as trace:
+    with torch.no_grad(), spec.speculator.speculating(DecodeRegion.build([0], [start], tokens=ids), spec.spec_config) as trace:
         spec.model(ids)
     torch.testing.assert_close(trace.ratios[0, start:, 0], reference, rtol=1e-5, atol=1e-6)
     decided = (trace.codes == ACCEPTED) | (trace.codes == REJECTED)

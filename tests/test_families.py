@@ -64,7 +64,7 @@ def test_committed_approximation_is_the_familys_attention_on_the_window(family, 
 
     monkeypatch.setattr(Speculator, "attend", record)
     ids = torch.tensor([TOKENIZER(PROMPTS[0])["input_ids"]])
-    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [0]), lm.spec_config) as trace:
+    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [0], tokens=ids), lm.spec_config) as trace:
         lm.model(ids)
     checked = 0
     for module, query, key, value, scaling, kwargs in calls:

@@ -37,7 +37,7 @@ def decode_step(lm, spec_start: list[int] | None = None) -> tuple[torch.Tensor, 
         cache = with_cache(lm.model, lm.model(ids[:, :-1], use_cache=True).past_key_values)
         if spec_start is None:
             return lm.model(ids[:, -1:], **cache).logits, None
-        with lm.speculator.speculating(DecodeRegion.build([0] * rows, spec_start), lm.spec_config) as trace:
+        with lm.speculator.speculating(DecodeRegion.build([0] * rows, spec_start, tokens=ids), lm.spec_config) as trace:
             logits = lm.model(ids[:, -1:], **cache).logits
     return logits, trace.codes[:, -1]
 

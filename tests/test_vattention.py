@@ -20,6 +20,7 @@ from scipy.stats import binomtest
 
 import vattention_oracle as oracle
 from alspec_eval import semantics
+from alspec_eval.approximations import Site
 from alspec_eval.approximations.vattention import VAttention
 
 HQ, HKV, DIM = 4, 2, 16
@@ -39,11 +40,14 @@ POSITIONS = ((0, 10), (0, 1999), (0, 1000), (0, 75), (0, 1500), (1, 899), (1, 12
              (2, 1299), (2, 699), (2, 517), (2, 68), (2, 69))
 
 SETTINGS = {
-    "full": dict(epsilon=0.005),  # the budget reaches m: every key, all of weight 1
+    "full": dict(epsilon=0.001),  # the budget reaches m: every key, all of weight 1
     "base": dict(epsilon=2.0, base_rate=0.1),  # the budget stays at b
     "between": dict(),  # the defaults: b < B < m on most rows
     "other": dict(epsilon=0.05, delta=0.4, base_rate=0.03, sink=1, local=5, top=0, seed=4_000_000_123),
 }
+# where each setting draws: the layer and the model's first KV head of the cache (a tensor-parallel rank's)
+SITES = {"full": Site(0), "base": Site(1), "between": Site(11), "other": Site(30, first_kv_head=6)}
+REQUESTS = (oracle.request_seed([1, 2, 3]), 0, 2**32 - 1)  # each batch row's request seed
 # "ties": every row's keys are copies of 24 vectors, so that the top keys tie (the earlier key wins)
 CASES = [("random", name) for name in SETTINGS] + [("ties", "between"), ("ties", "base")]
 
@@ -80,14 +84,17 @@ def logical(key: torch.Tensor, b: int) -> torch.Tensor:
 @functools.cache
 def references(kind: str, setting: str) -> list[oracle.Reference]:
     key, value, query, rows, pos, _ = batch(kind)
-    return [oracle.reference(query[i], logical(key, r), logical(value, r), t, **SETTINGS[setting])
+    site = SITES[setting]
+    return [oracle.reference(query[i], logical(key, r), logical(value, r), t, **SETTINGS[setting],
+                             request=REQUESTS[r], layer=site.layer, head_offset=site.first_kv_head)
             for i, (r, t) in enumerate(POSITIONS)]
 
 
-def run_select(approx: VAttention, key, query, rows, pos, pad, row_pads):
-    """approx.select as the speculator calls it; (index, valid, log_weight) with valid and the head dimension filled."""
-    passed = approx.per_pass(pos, pad, key.shape[2], WINDOW, 1)
-    prepared = approx.prepare(key, row_pads, WINDOW)
+def run_select(approx: VAttention, key, query, rows, pos, pad, row_pads, site=Site(0), requests=REQUESTS):
+    """approx.select as the speculator calls it (each position's request seed, the layer's site); (index, valid,
+    log_weight) with valid and the head dimension filled."""
+    passed = approx.per_pass(pos, pad, key.shape[2], WINDOW, 1, seed=torch.tensor(requests)[rows])
+    prepared = approx.prepare(key, row_pads, WINDOW, site=site)
     index, valid, log_weight = approx.select(query, key, rows, pos, pad, WINDOW, passed, prepared)
     if valid is None:
         valid = torch.ones_like(index, dtype=torch.bool)
@@ -100,7 +107,8 @@ def run_select(approx: VAttention, key, query, rows, pos, pad, row_pads):
 @functools.cache
 def engine(kind: str, setting: str):
     key, _, query, rows, pos, pad = batch(kind)
-    return run_select(VAttention(**SETTINGS[setting]), key, query, rows, pos, pad, torch.tensor(PADS))
+    return run_select(VAttention(**SETTINGS[setting]), key, query, rows, pos, pad, torch.tensor(PADS),
+                      SITES[setting])
 
 
 def selected(index, valid, log_weight, i: int, h: int, pad: int) -> dict[int, float]:
@@ -127,8 +135,48 @@ def test_the_reference_hash_is_lowbias32():
     assert oracle.lowbias32(1) == x
     words = [(i * 2654435761) % 2**32 for i in range(5000)]
     assert len({oracle.lowbias32(w) for w in words}) == len(set(words))
-    assert oracle.priority(0, 5, 1, 7) == oracle.lowbias32(
-        oracle.lowbias32(oracle.lowbias32(oracle.lowbias32(0) ^ 5) ^ 1) ^ 7)
+    f = oracle.lowbias32
+    assert oracle.priority(3, 9, 2, 5, 1, 7) == f(f(f(f(f(f(3) ^ 9) ^ 2) ^ 5) ^ 1) ^ 7)
+
+
+@pytest.mark.parametrize("tokens", [[], [1, 2, 3], [0], [-1], [2**40, 7, 151_000], list(range(5000))])
+def test_the_request_seed_is_the_reference_crc(tokens):
+    """semantics.request_seed, the one both engines derive a request's seed with, is the reference's CRC-32."""
+    assert semantics.request_seed(tokens) == oracle.request_seed(tokens)
+
+
+def test_draws_depend_on_the_layer_and_the_request():
+    """Two layers, or two requests, with the same keys and queries sample other keys (the rest's order is their
+    hash's); the same layer and request sample alike, whatever else the batch holds."""
+    key, _, query, rows, pos, pad = batch("random")
+    approx, pads = VAttention(**SETTINGS["between"]), torch.tensor(PADS)
+
+    def sampled(site, requests):
+        index, valid, log_weight = run_select(approx, key, query, rows, pos, pad, pads, site, requests)
+        return [sorted(int(j) for j, w in zip(index[i, h], log_weight[i, h]) if w != 0)
+                for i in range(len(POSITIONS)) for h in range(HKV)]
+
+    first = sampled(Site(1), REQUESTS)
+    assert sampled(Site(1), REQUESTS) == first
+    assert sampled(Site(2), REQUESTS) != first
+    other = sampled(Site(1), (REQUESTS[0] + 1, *REQUESTS[1:]))
+    row0 = [i * HKV + h for i, (r, _) in enumerate(POSITIONS) for h in range(HKV) if r == 0]
+    assert [other[k] for k in row0] != [first[k] for k in row0]
+    assert [o for k, o in enumerate(other) if k not in row0] == [f for k, f in enumerate(first) if k not in row0]
+
+
+def test_a_rank_holding_some_kv_heads_draws_as_the_whole_model():
+    """Under tensor parallelism a rank's cache holds some KV heads: told the model's index of its first, it selects
+    each of them as the whole model's selection does (the hash takes the model's head index, not the rank's)."""
+    key, _, query, rows, pos, pad = batch("random")
+    approx, pads = VAttention(**SETTINGS["between"]), torch.tensor(PADS)
+    group = HQ // HKV
+    whole = run_select(approx, key, query, rows, pos, pad, pads, Site(4))
+    rank = run_select(approx, key[:, 1:], query[:, group:], rows, pos, pad, pads, Site(4, first_kv_head=1))
+    local = run_select(approx, key[:, 1:], query[:, group:], rows, pos, pad, pads, Site(4))
+    for got, want in zip(rank, whole, strict=True):
+        assert torch.equal(got[:, 0], want[:, 1])
+    assert not torch.equal(local[0][:, 0], whole[0][:, 1])  # the rank's own index would draw other keys
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))

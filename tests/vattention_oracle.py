@@ -10,20 +10,25 @@ The rule, per KV head h (scores s_gj = scale q_g . k_j, scale = D ** -0.5 unless
 
 1. fixed keys F (weight 1): [0, min(sink, n)), [max(0, n - local), n), and of the rest the ``top`` keys with the
    largest max_g s_gj over the head's query heads (ties: the earlier key), fewer if fewer remain;
-2. the rest R (m keys), ordered by (u_j, j) ascending, u_j = f(f(f(f(seed) ^ p) ^ h) ^ j) (lowbias32, mod 2**32);
-   the sample is the first B keys of that order, the base sample the first b;
+2. the rest R (m keys), ordered by (u_j, j) ascending, u_j = f(f(f(f(f(f(seed) ^ r) ^ l) ^ p) ^ h) ^ j) (lowbias32,
+   every value mod 2**32; r the request seed, l the layer index, h = head_offset + the cache's local head index, the
+   KV head's index in the model); the sample is the first B keys of that order, the base sample the first b;
 3. b = min(m, max(2, floor(base_rate m)));
 4. per query head, e_gj = exp(s_gj - max_j s_gj) over all n keys, sigma_g the standard deviation of e over the base
    sample (divided by b - 1), D^_g = sum_F e + (m / b) sum_base e, budget x_g = (z sigma_g m / (epsilon D^_g)) ** 2
    with z = Phi^-1(1 - delta / 2), B_g = ceil(x_g); B = min(m, max(b, max_g B_g));
 5. sampled keys weigh m / B (log-weight log(m / B), stored in float32), fixed keys 1: A~_g is the weighted softmax
    over F and the sample, its denominator D~_g = sum_F e + (m / B) sum_sample e.
+
+The request seed r is zlib's CRC-32 of the tokens before the speculation start, each packed as 8 bytes little-endian
+signed (``request_seed``); no tokens give 0.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+import zlib
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -41,12 +46,21 @@ def lowbias32(x: int) -> int:
     return x
 
 
-def priority(seed: int, pos: int, head: int, key: int) -> int:
-    """u_j = f(f(f(f(seed) xor p) xor h) xor j), every value mod 2**32."""
+def priority(seed: int, request: int, layer: int, pos: int, head: int, key: int) -> int:
+    """u_j = f(f(f(f(f(f(seed) xor r) xor l) xor p) xor h) xor j), every value mod 2**32 (r the request seed, l the
+    layer index, p the position, h the KV head's index in the model, j the key's logical position)."""
     x = lowbias32(seed & MASK)
+    x = lowbias32(x ^ (request & MASK))
+    x = lowbias32(x ^ (layer & MASK))
     x = lowbias32(x ^ (pos & MASK))
     x = lowbias32(x ^ (head & MASK))
     return lowbias32(x ^ (key & MASK))
+
+
+def request_seed(tokens: list[int]) -> int:
+    """zlib's CRC-32 of the tokens, each as 8 bytes little-endian signed (no tokens: 0)."""
+    data = b"".join(struct.pack("<q", int(t)) for t in tokens)
+    return zlib.crc32(data) & MASK
 
 
 def float32(x: float) -> float:
@@ -111,9 +125,12 @@ class Reference:
 
 
 def reference(q, K, V, pos: int, *, epsilon: float = 0.1, delta: float = 0.1, base_rate: float = 0.05,
-              sink: int = 4, local: int = 32, top: int = 32, seed: int = 0, scale: float | None = None) -> Reference:
+              sink: int = 4, local: int = 32, top: int = 32, seed: int = 0, scale: float | None = None,
+              request: int = 0, layer: int = 0, head_offset: int = 0) -> Reference:
     """The vAttention selection and A~ for the query at logical position ``pos``. q: (Hq, D); K, V: (Hkv, L, D) with
-    L > pos (keys past ``pos`` are never read); tensors, arrays or nested lists."""
+    L > pos (keys past ``pos`` are never read); tensors, arrays or nested lists. ``request`` is the request seed,
+    ``layer`` the layer's index, ``head_offset`` the model's index of the cache's first KV head (local head h hashes
+    as head_offset + h)."""
     q = _lists(q)
     K = [row[:pos + 1] for row in _lists(K)]
     V = [row[:pos + 1] for row in _lists(V)]
@@ -147,7 +164,7 @@ def reference(q, K, V, pos: int, *, epsilon: float = 0.1, delta: float = 0.1, ba
         # 2. the rest, in priority order
         R = [j for j in range(n) if j not in fixed]
         m = len(R)
-        order = sorted(R, key=lambda j: (priority(seed, pos, h, j), j))
+        order = sorted(R, key=lambda j: (priority(seed, request, layer, pos, head_offset + h, j), j))
 
         e = {}
         for g in group:

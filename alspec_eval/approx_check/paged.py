@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..approximations import Approximation, LayerInputs, selection
+from ..approximations import Approximation, LayerInputs, Site, draw_inputs, selection
+from ..semantics import request_seed
 from ..vllm.kept import allocate
 from ..vllm.paged import (CpuVecLayout, PlainLayout, PromptRows, Prompts, Settings, observation_first, observe_layer,
                           selected_positions)
@@ -22,6 +23,7 @@ LAYOUTS = (PlainLayout(), CpuVecLayout())
 LENGTHS = (150, 97, 262, 60)
 SHARED = 64
 SPECULATED = 9  # each request's last positions that speculate (a prefill chunk's worth: several per request)
+SITE = Site(layer=3)  # where a draft that draws draws: a layer other than the first
 
 
 class Batch:
@@ -57,8 +59,9 @@ class Batch:
             observed = approx.observe_prompt(query, key, self.scale, torch.tensor(self.start) + pad, pad, 0, **extra)
         rows = torch.cat([torch.full((SPECULATED,), row) for row in range(len(self.lengths))])
         pos = torch.cat(self.pos)
-        passed = approx.per_pass(pos, pad[rows], longest, self.window, 1)
-        prepared = approx.prepare(key, pad, self.window, observed, **extra)
+        passed = approx.per_pass(pos, pad[rows], longest, self.window, 1,
+                                 **draw_inputs(approx, seed=lambda: self.seeds()[rows]))
+        prepared = approx.prepare(key, pad, self.window, observed, **extra, **draw_inputs(approx, site=lambda: SITE))
         index, valid, log_weight = selection(approx, approx.select(query[rows, :, pos + pad[rows]], key, rows, pos,
                                                                    pad[rows], self.window, passed, prepared))
         return _sets(index - pad[rows][:, None, None], valid, self.kv_heads, log_weight)
@@ -78,8 +81,13 @@ class Batch:
         observed = {row: prompts.observed.get((row, 0)) for row in range(len(self.lengths))}
         kept = allocate(approx, cache, layout) if approx.kept_page() else None  # as the engine keeps them
         positions, valid, log_weight = selected_positions(query, cache, layout, table, block_size, request, pos,
-                                                          settings, observed, kept=kept)
+                                                          settings, observed, kept=kept, seed=self.seeds()[request],
+                                                          site=SITE)
         return _sets(positions, valid, self.kv_heads, log_weight)
+
+    def seeds(self) -> torch.Tensor:
+        """Each prompt's request seed, as both engines derive it (from its tokens: here, its length)."""
+        return torch.tensor([request_seed([n]) for n in self.lengths])
 
     def cache(self, layout: PlainLayout | CpuVecLayout, block_size: int,
               seed: int) -> tuple[torch.Tensor, torch.Tensor]:

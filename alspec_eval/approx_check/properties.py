@@ -56,7 +56,7 @@ def median_ratio(lm: ALSpecLM, text: str) -> float:
     ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
     config = lm.spec_config
     measuring = type(config)(lam=0.0, window=config.window, approx=config.approx)
-    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3]), measuring) as trace:
+    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3], tokens=ids), measuring) as trace:
         lm.model(ids)
     ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
     if not len(ratios):
@@ -98,11 +98,12 @@ def teacher_forcing_is_token_by_token(c: Contract) -> list[str]:
     lm = c.lm()
     context, continuation = (c.tokenizer(t)["input_ids"] for t in (CONTEXT, CONTINUATION))
     ids = torch.tensor([context + continuation[:-1]])  # as lm-eval scores it: the last token is never fed
-    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [len(context)]), lm.spec_config) as tf:
+    region = DecodeRegion.build([0], [len(context)], tokens=ids)
+    with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as tf:
         logits = lm.model(ids).logits[0, len(context) - 1:].double().log_softmax(-1)
     teacher = float(logits.gather(-1, torch.tensor(continuation)[:, None]).sum())
     cache, stepwise = DynamicCache(config=lm.model.config), 0.0
-    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [len(context)]), lm.spec_config) as tb:
+    with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as tb:
         out = lm.model(torch.tensor([context]), **with_cache(lm.model, cache), use_cache=True).logits[0, -1]
         for i, token in enumerate(continuation):
             stepwise += float(out.double().log_softmax(-1)[token])
@@ -198,7 +199,7 @@ def selections_are_attended(c: Contract) -> list[str]:
 
     speculator._approximate_rows = spied
     ids = torch.tensor([lm.tokenizer(CONTEXT + CONTINUATION)["input_ids"]])
-    with torch.no_grad(), speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3]), lm.spec_config):
+    with torch.no_grad(), speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3], tokens=ids), lm.spec_config):
         lm.model(ids)
     if not recomputed:
         return ["no position speculated (the text is longer than 2S)"]

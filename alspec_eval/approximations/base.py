@@ -12,6 +12,7 @@ import dataclasses
 import re
 import typing
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ConfigError
@@ -65,12 +66,19 @@ class Approximation:
     # select returns a log-weight per key, added to its score (sampling estimators: vAttention); such a draft selects
     # by content (no keys_by_position, fused_kernel or tt_op: those paths read no weights)
     weighted: ClassVar[bool] = False
+    # its select draws at random: per_pass also gets each position's request seed (seed=) and prepare the layer's
+    # Site (site=), so that every engine, tensor-parallel rank and rerun draws alike (vAttention's sample)
+    draws: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.weighted and (fixed := [a for a in ("keys_by_position", "fused_kernel", "tt_op") if getattr(cls, a)]):
+        fixed = [a for a in ("keys_by_position", "fused_kernel", "tt_op") if getattr(cls, a)]
+        if cls.weighted and fixed:
             raise TypeError(f"{cls.__qualname__} declares weighted and {', '.join(fixed)}: the tiles, the kernels and "
                             "the TT op read no weights; a weighted draft selects its keys in select")
+        if cls.draws and fixed:
+            raise TypeError(f"{cls.__qualname__} declares draws and {', '.join(fixed)}: the tiles, the kernels and "
+                            "the TT op give no request seed or layer; a draft that draws selects its keys in select")
 
     # ------------------------------------------------------------------ settings
 
@@ -147,10 +155,11 @@ class Approximation:
     # ------------------------------------------------------------------ one call's selections
 
     def per_pass(self, pos: torch.Tensor, pad: torch.Tensor, key_len: int, window: int,
-                 window_align: int) -> tuple[torch.Tensor | None, ...]:
+                 window_align: int, seed: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
         """Once per forward pass, for its speculated positions (``pos``, ``pad``: (R,)): what every layer shares,
         as tensors whose first dimension is R (the speculator slices them per chunk and copies them to each
-        device of a device map). Keys fixed by position (the sink's windows) are computed here."""
+        device of a device map). Keys fixed by position (the sink's windows) are computed here. A draft that
+        ``draws`` also gets ``seed``: each position's request seed (R,) (:func:`alspec_eval.semantics.request_seed`)."""
         return ()
 
     def observe_prompt(self, query: torch.Tensor, key: torch.Tensor, scaling: float, start: torch.Tensor,
@@ -167,10 +176,11 @@ class Approximation:
         return 0
 
     def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
-                layer: LayerInputs | None = None) -> Any:
+                layer: LayerInputs | None = None, site: Site | None = None) -> Any:
         """Once per layer and pass: what that layer's selections share (Quest's page bounds), from the layer's
         (B, Hkv, L, D) cache and each batch row's left padding (B,); ``observed``: what :meth:`observe_prompt`
-        returned for this layer; ``layer`` (``reads_layer`` approximations only): the module and its values."""
+        returned for this layer; ``layer`` (``reads_layer`` approximations only): the module and its values;
+        ``site`` (``draws`` approximations only): where the layer's draws are made."""
         return observed
 
     def stack_prepared(self, prepared: list[Any], window: int) -> Any:
@@ -225,6 +235,23 @@ def selection(approx: Approximation, selected: Selected) -> tuple[torch.Tensor, 
 def scores_bytes(key: torch.Tensor) -> int:
     """What ranking one position's keys by score holds: a row's float32 scores, and the sort's values and indices."""
     return key.shape[2] * key.shape[1] * 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """Where a layer's selections are drawn, for a draft that draws at random (``draws``): the layer's index in the
+    model, and the model's index of the first KV head the cache holds (a tensor-parallel rank holds some of them;
+    0 on the HF engine), so that every engine and rank draws a KV head's keys alike."""
+
+    layer: int
+    first_kv_head: int = 0
+
+
+def draw_inputs(approx: Approximation, **given: Callable[[], Any]) -> dict[str, Any]:
+    """The keyword arguments a draft that draws at random (``draws``) gets and no other draft does: ``seed=`` of
+    ``per_pass``, ``site=`` of ``prepare``, each made (by its function) only for such a draft. Every engine calls its
+    draft through this one rule."""
+    return {name: make() for name, make in given.items()} if approx.draws else {}
 
 
 @dataclasses.dataclass

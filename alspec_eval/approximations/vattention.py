@@ -4,7 +4,8 @@ size chosen per KV head and query from a base sample's spread (the central limit
 denominator's relative error stays within ``epsilon`` with probability 1 - ``delta``. A weighted draft: docs/design.md,
 "vAttention: a weighted draft", is its rule, step by step; this module follows it.
 
-Its draws are a hash of (seed, position, KV head, key), so every engine and device samples alike without a generator.
+Its draws are a hash of (seed, request seed, layer, position, KV head, key), so every engine, device and
+tensor-parallel rank samples alike without a generator.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from statistics import NormalDist
 import torch
 
 from ..errors import ConfigError
-from .base import Approximation, Selected
+from .base import Approximation, Selected, Site
 
 MASK32 = 0xFFFFFFFF
 UNDRAWN = 1 << 33  # the priority of a key outside the rest R: after every drawn key
@@ -37,6 +38,7 @@ class VAttention(Approximation):
     marker, colour = "X", "tab:cyan"
     oracle = True  # it reads every score (its top keys, its budget)
     weighted = True
+    draws = True
 
     def check(self, window: int) -> None:
         bad = [(name, value, rule, example) for name, value, ok, rule, example in (
@@ -57,8 +59,16 @@ class VAttention(Approximation):
     def keys_read(self, context: int, window: int) -> float:
         return context  # every key's score: it starts no earlier than A
 
+    def per_pass(self, pos: torch.Tensor, pad: torch.Tensor, key_len: int, window: int, window_align: int,
+                 seed: torch.Tensor | None = None) -> tuple[torch.Tensor]:
+        return (seed,)  # each position's request seed
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: None = None, layer: None = None,
+                site: Site | None = None) -> Site:
+        return site
+
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-               pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:
+               pad: torch.Tensor, window: int, passed: tuple[torch.Tensor], prepared: Site) -> Selected:
         r, heads, dim = query.shape
         kv_heads, length = key.shape[1], key.shape[2]
         logical = torch.arange(length, device=key.device) - pad[:, None]  # (r, L)
@@ -69,7 +79,9 @@ class VAttention(Approximation):
         fixed = self._fixed(scores, logical, pos, allowed)
         rest = allowed & ~fixed  # (r, Hkv, L)
         m = rest.sum(-1)
-        rank = _ranks(torch.where(rest, _priority(self.seed, pos, kv_heads, logical), UNDRAWN))
+        heads_at = prepared.first_kv_head + torch.arange(kv_heads, device=key.device)  # the model's KV heads
+        draws = _priority(self.seed, passed[0], prepared.layer, pos, heads_at, logical)
+        rank = _ranks(torch.where(rest, draws, UNDRAWN))
         budget = self._budget(scores, fixed, rest, rank, m)
         sample = rest & (rank < budget[..., None])
         chosen = fixed | sample
@@ -129,11 +141,15 @@ def _lowbias32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _priority(seed: int, pos: torch.Tensor, kv_heads: int, logical: torch.Tensor) -> torch.Tensor:
-    """u = f(f(f(f(seed) ^ p) ^ h) ^ j) per position, KV head and key (r, Hkv, L), every value mod 2^32."""
+def _priority(seed: int, request: torch.Tensor, layer: int, pos: torch.Tensor, heads: torch.Tensor,
+              logical: torch.Tensor) -> torch.Tensor:
+    """u = f(f(f(f(f(f(seed) ^ r) ^ l) ^ p) ^ h) ^ j) per position (its request seed r and position p), KV head h (the
+    model's index) and key j: (r, Hkv, L), every value mod 2^32."""
     u = _lowbias32(torch.full_like(pos, seed & MASK32))
+    u = _lowbias32(u ^ (request.to(pos) & MASK32))
+    u = _lowbias32(u ^ (layer & MASK32))
     u = _lowbias32(u ^ (pos & MASK32))[:, None]
-    u = _lowbias32(u ^ torch.arange(kv_heads, device=pos.device))[:, :, None]
+    u = _lowbias32(u ^ heads)[:, :, None]
     return _lowbias32(u ^ (logical & MASK32)[:, None, :])
 
 

@@ -57,20 +57,21 @@ class WorkerState:
                                "from vLLM's CommonAttentionMetadata, which this vLLM does not give; use a vLLM "
                                "alspec-eval is tested with (the [vllm] extra)")
         query_start_loc, seq_lens = query_start_loc[:requests + 1], seq_lens[:requests]
-        starts, tags, firsts, prompt_lens = self._tags(requests)
+        starts, tags, firsts, prompt_lens, seeds = self._tags(requests)
         if self.prompts.queries or self.prompts.observed:
             self.prompts.prune({args[TAG][1] for args in map(_extra_args, self.runner.requests.values())
                                 if TAG in args})
-        return Step(StepRows.build(query_start_loc, seq_lens, starts, tags, prompt_lens),
+        return Step(StepRows.build(query_start_loc, seq_lens, starts, tags, prompt_lens, seeds),
                     PromptRows.build(query_start_loc, seq_lens, firsts, starts, tags), query_start_loc, seq_lens)
 
-    def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per batch row: where its speculation starts, its tag, where its observation window begins (NEVER where
-        it has none) and its prompt's length. The one adapter to the model runner's state that no builder input
+        it has none), its prompt's length and its request seed (the driver's). The one adapter to the model runner's state that no builder input
         carries: the batch's request ids (``input_batch.req_ids``) and each request's sampling parameters and prompt
         length (``requests``); tests/vllm_engine/test_backend_registration.py fails where vLLM stops giving them."""
         batch = self.runner.input_batch.req_ids
         starts, tags, firsts, prompts = [NEVER] * requests, [-1] * requests, [NEVER] * requests, [0] * requests
+        seeds = [0] * requests
         for row, req_id in enumerate(batch[:requests]):
             state = self.runner.requests.get(req_id)
             args = _extra_args(state)
@@ -79,7 +80,10 @@ class WorkerState:
                 prompts[row] = state.num_prompt_tokens
                 if len(args[TAG]) > 3 and args[TAG][3] is not None:
                     firsts[row] = args[TAG][3]
-        return torch.tensor(starts), torch.tensor(tags), torch.tensor(firsts), torch.tensor(prompts)
+                if len(args[TAG]) > 4:
+                    seeds[row] = args[TAG][4]
+        return (torch.tensor(starts), torch.tensor(tags), torch.tensor(firsts), torch.tensor(prompts),
+                torch.tensor(seeds))
 
     def layout(self, layer: Any) -> Any:
         """How ``layer``'s cache is read (its backend's adapter), the backend kept for provenance."""

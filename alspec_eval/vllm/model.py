@@ -23,6 +23,7 @@ from lm_eval import utils
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 
+from .. import semantics
 from ..atomic_json import write_json_atomic, write_jsonl_atomic
 from ..bounds import refuse
 from ..compat import check_lm_eval, check_torch_companions
@@ -251,7 +252,8 @@ class ALSpecVLLM(VLLM):
         salt = self._salt if self._live else None  # blocks that hold speculated positions: .prefix_cache
         for tokens, params_of, start, tag in zip(requests, sampling_params, starts, tags, strict=True):
             tagged = params_of.clone()
-            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag, salt, self._observed_from(start)]}
+            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag, salt, self._observed_from(start),
+                                                                    semantics.request_seed(tokens[:start])]}
             params.append(tagged)
             prompts.append(TokensPrompt(prompt_token_ids=list(tokens)))
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import semantics
-from ..approximations.base import Ranges, selection
+from ..approximations.base import Ranges, Site, draw_inputs, selection
 from ..bounds import Breaches
 from ..errors import ConfigError
 from .kept import page_summaries
@@ -189,6 +189,7 @@ class Settings:
     approx: Any
     check_layout: bool = False  # compare the newest key read back with the incoming one at every step (tests)
     dump: bool = False  # keep every verified row's inputs, contexts and outputs for an outside reference (tests)
+    first_kv_head: int = 0  # the model's index of this worker's first KV head (tensor parallel: its rank's share)
     # the draft's selections that reached outside [0, pos], counted where found; the driver takes them (bounds.py)
     breaches: Breaches = field(default_factory=Breaches, compare=False, repr=False)
 
@@ -203,14 +204,17 @@ class StepRows:
     pos: torch.Tensor
     tag: torch.Tensor
     prompt: torch.Tensor  # which are prompt positions (teacher-forced; the rest were generated)
+    seed: torch.Tensor  # the request's seed (semantics.request_seed), for a draft that draws at random
     plans: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)  # verifiers.plan's, per verifier
 
     @classmethod
     def build(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, starts: torch.Tensor,
-              tags: torch.Tensor, prompt_lens: torch.Tensor | None = None) -> "StepRows":
+              tags: torch.Tensor, prompt_lens: torch.Tensor | None = None,
+              seeds: torch.Tensor | None = None) -> "StepRows":
         """From the step's metadata (``query_start_loc`` (R + 1,), ``seq_lens`` (R,)) and, per request, where its
-        speculation starts (``starts``; a position past any context where it does not speculate), its tag and
-        its prompt's length (None: a request's tokens are its prompt's where the step holds more than one)."""
+        speculation starts (``starts``; a position past any context where it does not speculate), its tag, its
+        prompt's length (None: a request's tokens are its prompt's where the step holds more than one) and its
+        seed (None: 0)."""
         requests = len(seq_lens)
         qsl = query_start_loc[:requests + 1].long().cpu()
         lengths = qsl[1:] - qsl[:-1]
@@ -219,7 +223,8 @@ class StepRows:
         pos = token - qsl[:-1][request] + (seq_lens.long().cpu() - lengths)[request]
         keep = pos >= starts.long()[request]
         prompt = pos < prompt_lens.long()[request] if prompt_lens is not None else lengths[request] > 1
-        return cls(token[keep], request[keep], pos[keep], tags.long()[request][keep], prompt[keep])
+        seed = torch.zeros_like(request) if seeds is None else seeds.long()[request]
+        return cls(token[keep], request[keep], pos[keep], tags.long()[request][keep], prompt[keep], seed[keep])
 
     def newest(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                      torch.Tensor]:
@@ -393,9 +398,9 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
 
 def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
-                       observed: dict[int, Any], groups: Contexts | None = None,
-                       kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                                  torch.Tensor | None]:
+                       observed: dict[int, Any], groups: Contexts | None = None, kept: torch.Tensor | None = None,
+                       seed: torch.Tensor | None = None,
+                       site: Site | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
     (M, Hkv or 1, n), which count (None: all), and a weighted draft's log-weights (None: none). Where they depend on
     the position alone (``position_ranges``), its ranges listed, as the other paths read them (cut to [0, pos]:
@@ -404,13 +409,15 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     ``select``) and its keys are moved into [0, pos] (:func:`.semantics.readable_keys`). What reached outside is counted in ``settings.breaches``. ``observed``: per
     batch row, what a prompt-scoring draft kept of its prompt at this layer. ``groups``: the rows' requests grouped
     for reading (:class:`Contexts`), where the step built them once for all its layers. ``kept``: the layer's page
-    summaries of a draft that keeps them (:mod:`.kept`), prepared from instead of the keys."""
+    summaries of a draft that keeps them (:mod:`.kept`), prepared from instead of the keys. ``seed`` (the rows'
+    request seeds) and ``site`` (the layer's): what a draft that draws at random draws from."""
     if settings.approx.keys_by_position:
         return *_listed(*position_keys(settings, pos, query.device)), None
     if groups is None:
         groups = Contexts.build(request, pos, settings.approx, kv_cache)
+    seed = torch.zeros_like(pos) if seed is None else seed
     positions, valid, log_weight = _selected(query, kv_cache, layout, block_table, block_size, pos, settings,
-                                             observed, groups, kept)
+                                             observed, groups, kept, seed, site or Site(0, settings.first_kv_head))
     last = pos.to(positions.device)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
@@ -456,7 +463,8 @@ class Contexts:
 
 def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
               pos: torch.Tensor, settings: Settings, observed: dict[int, Any], contexts: Contexts,
-              kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+              kept: torch.Tensor | None, seed: torch.Tensor,
+              site: Site) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them."""
     approx, window = settings.approx, settings.window
     heads = kv_cache.shape[1]
@@ -471,19 +479,21 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                                               lengths[group], approx.reads_layer)
         else:
             keys, values, pad = unread_contexts(kv_cache, len(group), int(lengths[group].max()), approx.reads_layer)
-        rows, where = local.to(keys.device), pos[mine].to(keys.device)
+        rows, where, seeds = local.to(keys.device), pos[mine].to(keys.device), seed[mine]
         row_pad, mine = pad[rows], mine.to(keys.device)
-        passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align)
+        passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align,
+                                 **draw_inputs(approx, seed=lambda: seeds.to(keys.device)))
+        drawn = draw_inputs(approx, site=lambda: site)
         if kept is not None:  # the pages' summaries, kept beside the cache
             prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests[group],
                                                            keys.shape[2]))
         elif approx.prompt_keys:  # each request's prompt prepared from its own observation, then stacked
             each = [approx.prepare(keys[i:i + 1], pad[i:i + 1], window, observed.get(request),
-                                   **_layer_inputs(approx, None if values is None else values[i:i + 1]))
+                                   **_layer_inputs(approx, None if values is None else values[i:i + 1]), **drawn)
                     for i, request in enumerate(requests[group].tolist())]
             prepared = each[0] if len(each) == 1 else approx.stack_prepared(each, window)
         else:
-            prepared = approx.prepare(keys, pad, window, None, **_layer_inputs(approx, values))
+            prepared = approx.prepare(keys, pad, window, None, **_layer_inputs(approx, values), **drawn)
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
@@ -521,12 +531,13 @@ def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int |
 
 def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
              request: torch.Tensor, pos: torch.Tensor, settings: Settings, observed: dict[int, Any],
-             scale: float, groups: Contexts | None = None, kept: torch.Tensor | None = None) -> torch.Tensor:
+             scale: float, groups: Contexts | None = None, kept: torch.Tensor | None = None,
+             seed: torch.Tensor | None = None, site: Site | None = None) -> torch.Tensor:
     """A~ (M, Hq, D) of rows whose queries are ``query`` (M, Hq, D): each row's selected keys and values gathered
     from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes. The path of
     drafts that select by content, and the reference the streamed path (:mod:`.tiled`) is tested against."""
     positions, valid, log_weight = selected_positions(query, kv_cache, layout, block_table, block_size, request, pos,
-                                                      settings, observed, groups, kept)
+                                                      settings, observed, groups, kept, seed, site)
     kv_heads, (rows, heads, dim) = kv_cache.shape[1], query.shape
     positions = positions.expand(-1, kv_heads, -1)
     if valid is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 TAG = "alspec"  # the key of SamplingParams.extra_args: [speculation start, request id, salt of the rules or None,
-# first position of a prompt-scoring draft's observation window or None]
+# first position of a prompt-scoring draft's observation window or None, the request's seed (semantics.request_seed)]
 
 
 def speculated_block_key(request: Any, start_token: int, end_token: int) -> tuple | None:

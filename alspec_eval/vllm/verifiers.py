@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from .. import semantics
+from ..approximations.base import Site
 from ..stats import ACCEPTED, REJECTED, TRIVIAL
 from . import native, tiled
 from .native import NativeRows
@@ -41,6 +42,7 @@ class Layer:
     block_size: int
     scale: float
     kept: torch.Tensor | None = None  # the page summaries of a draft that keeps them (:mod:`.kept`)
+    site: Site = Site(0)  # the layer's index and this rank's first KV head: where a draft that draws draws
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,7 @@ class Gathered(Verifier):
                     observed: dict[int, Any]) -> torch.Tensor:
         return gathered(layer.query[plan.token], layer.kv_cache, layer.layout, layer.block_table, layer.block_size,
                         rows.request[plan.live], rows.pos[plan.live], settings, observed, layer.scale, plan.prepared,
-                        layer.kept)
+                        layer.kept, rows.seed[plan.live], layer.site)
 
 
 # by preference: the first a draft and a cache admit is the engine's
@@ -248,7 +250,8 @@ def verify_layer(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.Tens
     if math.isnan(lam) or not len(rows.token):
         return None
     verifier = verifier or choose(settings.approx, layout, kv_cache)
-    layer_call = Layer(query, output, kv_cache, layout, block_table, block_size, scale, kept)
+    layer_call = Layer(query, output, kv_cache, layout, block_table, block_size, scale, kept,
+                       Site(layer, settings.first_kv_head))
     step = plan(rows, settings, layer_call, verifier)
     if lam == -math.inf or not len(step.live):  # static's exact layers: decided, not measured
         return step.codes, step.ratios

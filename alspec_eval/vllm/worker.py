@@ -29,7 +29,7 @@ class ALSpecWorker:
         state.runner = self.model_runner  # type: ignore[attr-defined]
         state.settings = Settings(tuple(float(t) for t in settings["thresholds"]), int(settings["window"]),
                                   int(settings["window_align"]), approx, bool(settings["check_layout"]),
-                                  bool(settings.get("dump", False)))
+                                  bool(settings.get("dump", False)), self._first_kv_head())
         state.records.clear()
         state.dumps.clear()
         state.verifier = None  # chosen again for this draft at the next speculating layer
@@ -57,6 +57,14 @@ class ALSpecWorker:
 
     def alspec_backend(self) -> str | None:
         return self._alspec().backend
+
+    def _first_kv_head(self) -> int:
+        """The model's index of the first KV head this rank holds: rank r of t holds heads from r H / t, where H
+        heads are split over t ranks, or the one head r H / t where each is replicated over t / H ranks."""
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        heads = self.vllm_config.model_config.get_total_num_kv_heads()  # type: ignore[attr-defined]
+        return get_tensor_model_parallel_rank() * heads // get_tensor_model_parallel_world_size()
 
     def _alspec(self) -> WorkerState:
         if self.alspec_state is None:

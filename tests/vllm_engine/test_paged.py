@@ -157,10 +157,11 @@ def step_plan(step: dict, rows: StepRows, settings: Settings, verifier) -> verif
 def run(step, approx, align, lam, layer=1, **kw):
     """verify_layer on a copy of the step's output with thresholds (nan, lam), for layer 1 by default."""
     out = step["output"].clone()
-    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], 100 + torch.arange(len(step["starts"])))
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], 100 + torch.arange(len(step["starts"])),
+                          seeds=kw.get("seeds"))
     assert torch.equal(rows.tag, 100 + rows.request)  # each token carries its own request's tag
     settings = Settings(thresholds=(math.nan, lam), window=step["S"], window_align=align,
-                        approx=make_approximation(approx))
+                        approx=make_approximation(approx), first_kv_head=kw.get("first_kv_head", 0))
     way = kw.get("verifier")
     res = verify_layer(kw.get("query", step["query"]), kw.get("out", out), kw.get("cache", step["cache"]),
                        step["layout"], step["table"], step["N"], rows, settings, layer, step["scale"],
@@ -253,18 +254,21 @@ def test_verify_layer_matches_oracle(layout, approx, S, align):
 def test_a_weighted_draft_is_attended_with_its_weights(layout):
     """vAttention through the gathered path (its log-weights added to semantics.attend's scores): each row's d/n is
     that of the float64 softmax over the keys and weights the independent reference selects (vattention_oracle.py,
-    its budget at the draft's 1/sqrt(D)), at the step's own scale; accepted rows commit that A~."""
+    its budget at the draft's 1/sqrt(D)), at the step's own scale; accepted rows commit that A~. Its draws are those
+    of each request's seed, the layer and the model's KV heads (a rank whose first KV head is the model's third)."""
     import vattention_oracle
     from alspec_eval.approximations.vattention import VAttention
 
     step = build_step(layout, 8)
     args = {"sink": 2, "local": 4, "top": 4, "base_rate": 0.25, "epsilon": 0.5, "delta": 0.3}
+    seeds, layer, first = torch.tensor([7, 2**32 - 5, 0, 123_456_789, 99]), 1, 3
     want, sampled = {}, False
     for t, (r, p) in enumerate(step["tok"]):
         if p + 1 <= 2 * step["S"] or p < step["starts"][r]:
             continue
         K, V = step["K"][r].transpose(0, 1), step["V"][r].transpose(0, 1)  # (Hkv, L, D)
-        heads = vattention_oracle.reference(step["query"][t], K, V, p, **args).heads
+        heads = vattention_oracle.reference(step["query"][t], K, V, p, **args, request=int(seeds[r]), layer=layer,
+                                            head_offset=first).heads
         sampled |= any(0 < len(h.sample) < h.m for h in heads)  # weights other than 0
         out = []
         for h in range(HQ):
@@ -277,7 +281,7 @@ def test_a_weighted_draft_is_attended_with_its_weights(layout):
         want[t] = (At, (At - A).norm().item(), A.norm().item())
     assert sampled
     lam = split_lambda([d / n for _, d, n in want.values()])
-    (codes, ratios), out, rows = run(step, VAttention(**args), 1, lam)
+    (codes, ratios), out, rows = run(step, VAttention(**args), 1, lam, layer, seeds=seeds, first_kv_head=first)
     for i, t in enumerate(row_index(step, rows)):
         if t not in want:
             continue

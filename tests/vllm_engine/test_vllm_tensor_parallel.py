@@ -48,9 +48,10 @@ def decisions(lm, prompts: list[list[int]], lam: float, approx: str = "sink") ->
     return [o.outputs[0].token_ids for o in out], sorted(rows.items())
 
 
-# a rank holds one of the two KV heads: quest's pages, topk's scores and snapkv's prompt scores per KV head must not
-# depend on which heads the rank holds (nor their ratios, summed over the ranks)
-@pytest.mark.parametrize("approx", ["sink", "quest", "topk", "snapkv"])
+# a rank holds one of the two KV heads: quest's pages, topk's scores, snapkv's prompt scores and vattention's draws
+# (a hash of the model's KV head index, not the rank's) per KV head must not depend on which heads the rank holds
+# (nor their ratios, summed over the ranks)
+@pytest.mark.parametrize("approx", ["sink", "quest", "topk", "snapkv", "vattention"])
 def test_two_ranks_decide_as_one(alspec_tiny, alspec_tiny_tp2, approx):
     prompts = [list(range(3, 100)) * 2, list(range(50, 99)) * 3]
     _, calibration = decisions(alspec_tiny, prompts, math.inf, approx)
