@@ -75,6 +75,7 @@ class Trace:
     offset: int = 0
     pad: torch.Tensor | None = None  # (B,) each row's left padding, on the host: logical positions for densities
     budget: int | None = 0  # the keys A~ attends to (the draft's max_keys: 2S), for densities; None: it varies
+    keys: torch.Tensor | None = None  # where the budget varies, the keys each decision's A~ read (NaN: none measured)
 
     def row_stats(self, row: int, start: int, end: int) -> AcceptanceStats:
         """Statistics of batch row ``row`` over physical positions [start, end)."""
@@ -83,7 +84,8 @@ class Trace:
         pos = None
         if self.pad is not None:
             pos = torch.arange(lo, lo + len(codes)) + self.offset - int(self.pad[row])
-        return AcceptanceStats.from_trace(codes, self.ratios[row, lo:hi], pos, self.budget)
+        keys = None if self.keys is None else self.keys[row, lo:hi]
+        return AcceptanceStats.from_trace(codes, self.ratios[row, lo:hi], pos, self.budget, keys)
 
     def accepted_layers(self, row: int, start: int, end: int) -> list[int]:
         """Number of accepted layers at each position in [start, end): the per-token trace. Positions the trace

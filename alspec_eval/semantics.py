@@ -196,6 +196,14 @@ def commit(exact: torch.Tensor, approx: torch.Tensor, accept: torch.Tensor) -> t
     return torch.where(accept.reshape(-1, *[1] * (exact.dim() - 1)), approx.to(exact.dtype), exact)
 
 
+def keys_read(index: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """How many keys each position's selection (``index``, (r, Hkv or 1, n); ``valid``: which count, None: all)
+    reads per KV head, its mean over the KV heads (r,) float32: what a draft whose budget varies is priced from."""
+    if valid is None:
+        return torch.full((index.shape[0],), float(index.shape[-1]), device=index.device)
+    return valid.sum(-1).float().mean(-1)
+
+
 def request_seed(tokens: Sequence[int]) -> int:
     """A request's seed for a draft that draws at random: zlib's CRC-32 of the tokens before its speculation start,
     each as 8 bytes little-endian signed. Every engine derives it from the same tokens, so requests draw alike

@@ -105,11 +105,12 @@ class AcceptanceStats:
 
     @classmethod
     def from_trace(cls, codes: torch.Tensor, ratios: torch.Tensor, pos: torch.Tensor | None = None,
-                   budget: int | None = 0) -> "AcceptanceStats":
+                   budget: int | None = 0, keys: torch.Tensor | None = None) -> "AcceptanceStats":
         """Reduce one row's (positions, layers) codes and ratios; NaN ratios (not measured) stay out of the histogram.
         ``pos``: each position's logical position and ``budget`` the keys A~ attends to (2S: the draft's
-        ``max_keys``), for the densities; None, a budget that varies per head and query (vAttention's): the
-        densities are not measured (NaN sums, reported as null)."""
+        ``max_keys``), for the densities; None, a budget that varies per head and query (vAttention's): then
+        ``keys`` (positions, layers), the keys each decision's A~ read per KV head, gives them (without it they
+        are not measured: NaN sums, reported as null)."""
         codes, ratios = codes.cpu(), ratios.cpu()
         num_layers = codes.shape[-1]
         decided = (codes == ACCEPTED) | (codes == REJECTED)
@@ -118,10 +119,11 @@ class AcceptanceStats:
         flat = layer_idx * NUM_BINS + ratio_bins(ratios[measured].float())
         hist = torch.bincount(flat, minlength=num_layers * NUM_BINS).view(num_layers, NUM_BINS)
         density = effective = None
-        if pos is not None and budget is None:  # a budget that varies: not measured (reported as null)
+        if pos is not None and budget is None and keys is None:  # a budget that varies, unmeasured: null
             density = effective = torch.full((num_layers,), math.nan, dtype=torch.float64)
         elif pos is not None:
-            share = (budget / (pos.double() + 1)).clamp(max=1.0)[:, None].expand_as(codes)
+            read = keys.cpu().double() if budget is None else torch.tensor(float(budget), dtype=torch.float64)
+            share = (read / (pos.double() + 1)[:, None]).clamp(max=1.0).expand_as(codes)
             density = torch.where(decided, share, 0.0).sum(0)
             effective = torch.where(codes == ACCEPTED, share, torch.where(decided, 1.0, 0.0)).sum(0)
         return cls(

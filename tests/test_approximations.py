@@ -65,7 +65,7 @@ def test_selection_masks_follow_repeat_kv():
     step = Pass(1, length - 1, None, rows=torch.tensor([0]), cols=torch.tensor([0]), pos=torch.tensor([length - 1]),
                  pad=torch.tensor([0]))
     module = types.SimpleNamespace(is_causal=False, training=False, num_key_value_groups=hq // hkv)
-    ours = spec._approximate_rows(module, step, slice(0, 1), q, k, v, d ** -0.5, {})
+    ours, _ = spec._approximate_rows(module, step, slice(0, 1), q, k, v, d ** -0.5, {})
     for h in range(hq):
         keys = range(16) if h // 2 == 0 else range(5, 16)
         kk, vv = k[0, h // 2, list(keys)], v[0, h // 2, list(keys)]

@@ -84,15 +84,55 @@ def test_scored_continuations_report_the_densities_of_their_positions():
         assert got == pytest.approx(float(measured.double().mean()), rel=1e-8)
 
 
+def test_a_varying_budgets_densities_from_the_keys_read_by_hand():
+    """A budget that varies (max_keys None): each decision's share is the keys its A~ read over pos + 1; a decided
+    position whose keys were not measured (an exact layer's) leaves its layer's densities null, not 0."""
+    codes = torch.zeros(1, 3, 2, dtype=torch.int8)
+    codes[0, 0], codes[0, 1], codes[0, 2] = torch.tensor([TRIVIAL, TRIVIAL]), torch.tensor([ACCEPTED, REJECTED]), \
+        torch.tensor([REJECTED, REJECTED])
+    ratios = torch.tensor([[[NAN, NAN], [0.1, 0.5], [0.7, NAN]]])
+    keys = torch.tensor([[[NAN, NAN], [6.0, 2.5], [12.0, NAN]]])  # layer 1 at position 11: an exact layer
+    trace = Trace(codes, ratios, offset=9, pad=torch.tensor([0]), budget=None, keys=keys)  # positions 9, 10, 11
+    stats = trace.row_stats(0, 9, 12)
+    first, second = stats.means(0), stats.means(1)
+    assert first[DENSITY] == pytest.approx((6 / 11 + 12 / 12) / 2)
+    assert first[EFFECTIVE_DENSITY] == pytest.approx((6 / 11 + 1) / 2)  # accepted at 10, rejected at 11
+    assert second[DENSITY] is None and second[EFFECTIVE_DENSITY] == 1.0  # rejected twice: A read
+    assert stats.means()[DENSITY] is None and first[OUTPUT_ERROR] == pytest.approx((0.1 + 0.7) / 2)
+
+
 @pytest.mark.slow
-def test_a_draft_whose_budget_varies_reports_no_density():
-    """vAttention's budget varies per head and query (max_keys None): its rows report d/n and no densities (null),
-    not 2S / (pos + 1)."""
+def test_a_draft_whose_budget_varies_reports_the_keys_it_read():
+    """vAttention's budget varies per head and query (max_keys None): each decision records the keys its selection
+    counted per KV head (their mean over the KV heads), at its own position and layer, and the densities are
+    theirs over pos + 1, not 2S / (pos + 1)."""
+    from alspec_eval.approximations.vattention import VAttention
     from default_approximations import approx_args
 
     lm = alspec_lm(tiny_model(), window=4, **approx_args("vattention", 4), **{"lambda": 0.2})
-    requests = [Instance("loglikelihood", {}, ("It was the best of times,", " it was the worst"), 0, ("ll", 0, 1))]
-    lm.loglikelihood(requests)
-    total = lm.statistics()["tasks"]["ll"]["total"]
-    assert total["speculated"] > 0 and total[OUTPUT_ERROR] is not None
-    assert total[DENSITY] is None and total[EFFECTIVE_DENSITY] is None
+    counted: list[tuple[list[int], list[float]]] = []
+    select = VAttention.select
+
+    def spied(self, query, key, rows, pos, pad, window, passed, prepared):
+        index, valid, log_weight = select(self, query, key, rows, pos, pad, window, passed, prepared)
+        counted.append((prepared.layer, pos.tolist(), [float(v.sum()) / v.shape[0] for v in valid]))
+        return index, valid, log_weight
+
+    context, continuation = "It was the best of times, it was the worst", " of times, it was the age"
+    ids = torch.tensor([TOKENIZER(context + continuation)["input_ids"][:-1]])
+    start = len(TOKENIZER(context)["input_ids"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(VAttention, "select", spied)
+        with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [start], tokens=ids),
+                                                        lm.spec_config) as trace:
+            lm.model(ids)
+    want = torch.full(trace.codes.shape[1:], NAN)
+    for layer, positions, keys in counted:
+        for p, k in zip(positions, keys, strict=True):
+            want[p, layer] = k
+    assert len(counted) == trace.codes.shape[-1] and (want[start:] > 2 * 4).any()  # past 2S somewhere
+    torch.testing.assert_close(trace.keys[0], want, equal_nan=True)
+    density = trace.row_stats(0, start, ids.shape[1]).means()[DENSITY]
+    decided = (trace.codes[0] == ACCEPTED) | (trace.codes[0] == REJECTED)
+    shares = (want / (torch.arange(ids.shape[1])[:, None] + 1)).clamp(max=1)
+    assert density == pytest.approx(float(shares[decided].mean()))

@@ -191,11 +191,11 @@ def selections_are_attended(c: Contract) -> list[str]:
     rows_of = speculator._approximate_rows
 
     def spied(module: torch.nn.Module, step: Any, part: slice, query: torch.Tensor, key: torch.Tensor,
-              value: torch.Tensor, scaling: float, kwargs: dict, shared: Any = None) -> torch.Tensor:
-        out = rows_of(module, step, part, query, key, value, scaling, kwargs, shared)
+              value: torch.Tensor, scaling: float, kwargs: dict, shared: Any = None) -> tuple[torch.Tensor, Any]:
+        out, counted = rows_of(module, step, part, query, key, value, scaling, kwargs, shared)
         recomputed.append((out, _attended(query, key, value, step, part, scaling, kwargs.get("softcap"),
                                           c.selections[-1])))
-        return out
+        return out, counted
 
     speculator._approximate_rows = spied
     ids = torch.tensor([lm.tokenizer(CONTEXT + CONTINUATION)["input_ids"]])

@@ -1,6 +1,6 @@
 """The speculating attention: the platform's own backend (CPU_ATTN, FlashAttention, Triton, FlexAttention) computes A
 into ``output``, then every speculating token of the step is verified and committed by
-:func:`.verifiers.verify_layer` (:class:`SpeculatingImpl`, mixed into each backend's impl by :mod:`.backends`).
+:func:`.verifiers.verify_and_count` (:class:`SpeculatingImpl`, mixed into each backend's impl by :mod:`.backends`).
 
 Which tokens speculate comes from the requests: the driver tags each with ``SamplingParams.extra_args["alspec"]``
 (where its speculation starts, and its id), and the speculating metadata builder (:mod:`.backends`) builds the
@@ -21,7 +21,7 @@ from . import kept
 from .prefix_cache import TAG
 from .paged import PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observe_layer
 from .tiled import reserve
-from .verifiers import Verifier, choose, verify_layer
+from .verifiers import Verifier, choose, verify_and_count
 
 NEVER = 1 << 62  # a start past any context: the request does not speculate
 
@@ -33,7 +33,9 @@ class WorkerState:
 
     runner: Any = None
     settings: Settings | None = None
-    records: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # per layer call: the rows' tags and positions, the layer, its codes, d/n and keys read (None: a fixed budget)
+    records: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor | None]] = field(
+        default_factory=list)
     prompts: Prompts = field(default_factory=Prompts)  # a prompt-scoring draft's observations (paged.observe_layer)
     checked: set[str] = field(default_factory=set)  # layers whose cache layout was checked once
     dumps: list[dict[str, Any]] = field(default_factory=list)  # Settings.dump: what an outside reference reads
@@ -127,26 +129,32 @@ class WorkerState:
             if not steps or steps[-1][0][0] is not record[0]:
                 steps.append([])
             steps[-1].append(record)
-        codes, ratios = [], []
+        counted = any(record[5] is not None for record in records)  # a draft whose budget varies: keys read
+        grids: list[list[torch.Tensor]] = [[], [], []]
         for step in steps:
             grid = torch.zeros(len(step[0][0]), layers, dtype=torch.int8, device=step[0][3].device)
             values = torch.full(grid.shape, math.nan, device=grid.device)
-            for _, _, layer, code, ratio in step:
+            read = values.clone() if counted else values[:, :0]
+            for _, _, layer, code, ratio, keys in step:
                 grid[:, layer], values[:, layer] = code, ratio
-            codes.append(grid)
-            ratios.append(values)
-        packed = torch.cat([torch.cat(codes).float(), torch.cat(ratios)], 1)
+                if keys is not None:
+                    read[:, layer] = keys
+            for grown, made in zip(grids, (grid, values, read), strict=True):
+                grown.append(made)
+        packed = torch.cat([torch.cat(grids[0]).float(), torch.cat(grids[1]), torch.cat(grids[2])], 1)
         found = torch.tensor([0, -1]) if breaches is None else breaches
         flat = torch.cat([packed.flatten(), found.to(packed)]).cpu()  # the one read-back
         packed, (count, last) = flat[:-2].view(packed.shape), flat[-2:].long().tolist()
-        codes, ratios = packed[:, :layers].to(torch.int8), packed[:, layers:]
+        codes, ratios = packed[:, :layers].to(torch.int8), packed[:, layers:2 * layers]
+        read = packed[:, 2 * layers:] if counted else None
         tags = torch.cat([step[0][0] for step in steps]).long()
         pos = torch.cat([step[0][1] for step in steps]).long()
         keys, inverse = (tags << 32 | pos).unique(return_inverse=True)  # sorted by request id, then position
         order = torch.arange(len(inverse))
         first = torch.full((len(keys),), len(inverse)).scatter_reduce(0, inverse, order, "amin")
         again = int((torch.bincount(inverse, minlength=len(keys)) > 1).sum())
-        return Taken(keys >> 32, keys & 0xFFFFFFFF, codes[first], ratios[first], again, count, last)
+        return Taken(keys >> 32, keys & 0xFFFFFFFF, codes[first], ratios[first], again, count, last,
+                     None if read is None else read[first])
 
 
 class Step(NamedTuple):
@@ -171,11 +179,15 @@ class Taken(NamedTuple):
     redecided: int
     out_of_bounds: int  # the draft's selections that reached outside [0, pos] (each cut to it: bounds.py)
     out_of_bounds_at: int  # the largest position among them (-1: none)
+    keys: torch.Tensor | None = None  # (N, layers) where the draft's budget varies: the keys each A~ read (NaN: none)
 
-    def by_request(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Per request id its positions, codes and d/n: views of the packed rows, one slice a request."""
+    def by_request(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Per request id its positions, codes, d/n and keys read (None: a fixed budget): views of the packed rows,
+        one slice a request."""
         ids, counts = self.tags.unique_consecutive(return_counts=True)
-        return dict(zip(ids.tolist(), zip(*(t.split(counts.tolist()) for t in (self.pos, self.codes, self.ratios)))))
+        split = [t.split(counts.tolist()) for t in (self.pos, self.codes, self.ratios)]
+        read = self.keys.split(counts.tolist()) if self.keys is not None else [None] * len(ids)
+        return dict(zip(ids.tolist(), zip(*split, read)))
 
 
 def _extra_args(state: Any) -> dict[str, Any]:
@@ -241,7 +253,7 @@ class SpeculatingImpl:
                     zip(rows.request.tolist(), rows.tag.tolist())} if state.prompts.observed else None
         if state.verifier is None:
             state.verifier = choose(settings.approx, layout, kv_cache)
-        decided = verify_layer(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,
+        decided = verify_and_count(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,
                                settings, index, self.scale,
                                _reduce if get_tensor_model_parallel_world_size() > 1 else None, observed,
                                state.verifier, pages)

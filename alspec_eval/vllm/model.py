@@ -293,13 +293,16 @@ class ALSpecVLLM(VLLM):
         lo = min(start, first)
         codes = torch.zeros(1, max(end - lo, 0), self.num_layers, dtype=torch.int8)
         ratios = torch.full(codes.shape, float("nan"))
+        config = self.spec_config
+        budget = config.approx.max_keys(config.window)
+        keys = torch.full(codes.shape, float("nan")) if budget is None else None  # a budget that varies: keys read
         if decided is not None:
-            pos, decided_codes, decided_ratios = decided
+            pos, decided_codes, decided_ratios, decided_keys = decided
             keep = (pos >= start) & (pos < end)
             codes[0, pos[keep] - lo], ratios[0, pos[keep] - lo] = decided_codes[keep], decided_ratios[keep].float()
-        config = self.spec_config
-        trace = Trace(codes, ratios, offset=lo, pad=torch.zeros(1, dtype=torch.long),
-                      budget=config.approx.max_keys(config.window))
+            if keys is not None and decided_keys is not None:
+                keys[0, pos[keep] - lo] = decided_keys[keep].float()
+        trace = Trace(codes, ratios, offset=lo, pad=torch.zeros(1, dtype=torch.long), budget=budget, keys=keys)
         return RowRecord(trace.row_stats(0, start, end), trace.accepted_layers(0, first, end))
 
     # ------------------------------------------------------------------ results

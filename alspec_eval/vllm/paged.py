@@ -532,12 +532,14 @@ def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int |
 def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
              request: torch.Tensor, pos: torch.Tensor, settings: Settings, observed: dict[int, Any],
              scale: float, groups: Contexts | None = None, kept: torch.Tensor | None = None,
-             seed: torch.Tensor | None = None, site: Site | None = None) -> torch.Tensor:
+             seed: torch.Tensor | None = None, site: Site | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A~ (M, Hq, D) of rows whose queries are ``query`` (M, Hq, D): each row's selected keys and values gathered
-    from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes. The path of
-    drafts that select by content, and the reference the streamed path (:mod:`.tiled`) is tested against."""
+    from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes; and how many
+    keys each row read per KV head (:func:`.semantics.keys_read`). The path of drafts that select by content, and
+    the reference the streamed path (:mod:`.tiled`) is tested against."""
     positions, valid, log_weight = selected_positions(query, kv_cache, layout, block_table, block_size, request, pos,
                                                       settings, observed, groups, kept, seed, site)
+    keys_read = semantics.keys_read(positions, valid)
     kv_heads, (rows, heads, dim) = kv_cache.shape[1], query.shape
     positions = positions.expand(-1, kv_heads, -1)
     if valid is not None:
@@ -557,4 +559,4 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
         bias = None if log_weight is None else log_weight[part, :, None, :].to(kv_cache.device)
         parts.append(semantics.attend(query[part, None], keys, values, None if valid is None else valid[part],
                                       scale, bias)[:, 0])
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    return parts[0] if len(parts) == 1 else torch.cat(parts), keys_read

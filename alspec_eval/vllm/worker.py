@@ -61,10 +61,13 @@ class ALSpecWorker:
     def _first_kv_head(self) -> int:
         """The model's index of the first KV head this rank holds: rank r of t holds heads from r H / t, where H
         heads are split over t ranks, or the one head r H / t where each is replicated over t / H ranks."""
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+        config = self.vllm_config  # type: ignore[attr-defined]
+        ranks = config.parallel_config.tensor_parallel_size
+        if ranks == 1:
+            return 0
+        from vllm.distributed import get_tensor_model_parallel_rank
 
-        heads = self.vllm_config.model_config.get_total_num_kv_heads()  # type: ignore[attr-defined]
-        return get_tensor_model_parallel_rank() * heads // get_tensor_model_parallel_world_size()
+        return get_tensor_model_parallel_rank() * config.model_config.get_total_num_kv_heads() // ranks
 
     def _alspec(self) -> WorkerState:
         if self.alspec_state is None:

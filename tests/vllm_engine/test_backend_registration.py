@@ -144,15 +144,16 @@ def test_the_builder_attaches_the_step_built_from_what_vllm_gives_it(monkeypatch
     class Builder(backends.SpeculatingBuilder, Base):
         pass
 
-    def request(start: int, tag: int, prompt: int):
-        return SimpleNamespace(sampling_params=SamplingParams(extra_args={TAG: [start, tag, None, None]}),
+    def request(start: int, tag: int, prompt: int, seed: int):
+        return SimpleNamespace(sampling_params=SamplingParams(extra_args={TAG: [start, tag, None, None, seed]}),
                                num_prompt_tokens=prompt)
 
     runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]),
-                             requests={"a": request(3, 7, 5), "b": request(6, 8, 6)})
+                             requests={"a": request(3, 7, 5, 2**32 - 1), "b": request(6, 8, 6, 11)})
     impl = type("Impl", (backend.SpeculatingImpl,), {})()
     layer = Mock(spec=Attention, impl=impl, attn_backend=SimpleNamespace(get_name=lambda: "CPU_ATTN"))
-    config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={"model.layers.0.attn": layer}))
+    config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={"model.layers.0.attn": layer}),
+                             parallel_config=SimpleNamespace(tensor_parallel_size=1))
     worker = type("Worker", (ALSpecWorker,), {"device": torch.device("cuda"), "model_runner": runner,
                                               "vllm_config": config})()
     builder = Builder()
@@ -166,6 +167,7 @@ def test_the_builder_attaches_the_step_built_from_what_vllm_gives_it(monkeypatch
     rows = built.alspec.rows
     assert rows.token.tolist() == [3, 4, 5] and rows.pos.tolist() == [3, 4, 8] and rows.tag.tolist() == [7, 7, 8]
     assert rows.prompt.tolist() == [True, True, False]
+    assert rows.seed.tolist() == [2**32 - 1, 2**32 - 1, 11]  # each request's seed, from its tag
     assert torch.equal(built.alspec.seq_lens, common.seq_lens_cpu_upper_bound)
     monkeypatch.setattr(common, "seq_lens_cpu_upper_bound", None)
     with pytest.raises(RuntimeError, match="seq_lens_cpu_upper_bound"):

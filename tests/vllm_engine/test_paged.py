@@ -27,7 +27,7 @@ from alspec_eval.vllm.native import NativeRows
 from alspec_eval.vllm.paged import (CpuVecLayout, LayoutError, PlainLayout, Settings, StepRows, check_newest,
                                     layout_for, slots)
 from alspec_eval.vllm.tiled import Tiles, tile_size
-from alspec_eval.vllm.verifiers import VERIFIERS, Gathered, choose, verify_layer
+from alspec_eval.vllm.verifiers import VERIFIERS, Gathered, choose, verify_and_count, verify_layer
 
 HKV, HQ = 2, 6  # GQA group of 3: query head h reads KV head h // 3
 GEOMETRY = {"plain": (16, 8), "cpu-vec": (32, 16)}  # layout -> (block size N, head dim D)
@@ -717,8 +717,8 @@ def test_no_read_back_per_layer(layout, approx, tokens, monkeypatch):
     assert verifier.name == ("native" if layout == "cpu-vec" else "tiles")
     for layer in range(4):
         with ReadBacks() as reads:
-            decided = verify_layer(query, out, case["cache"], LAYOUTS[layout], case["table"], case["block"], rows,
-                                   settings, layer, case["scale"], verifier=verifier)
+            decided = verify_and_count(query, out, case["cache"], LAYOUTS[layout], case["table"], case["block"],
+                                       rows, settings, layer, case["scale"], verifier=verifier)
         if layer:
             assert reads.calls == [], (layer, reads.calls)
         state.records.append((rows.tag, rows.pos, layer, *decided))
