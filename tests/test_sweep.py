@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import warnings
@@ -29,8 +30,9 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 def test_shipped_configs_are_valid(name):
     config = load_config(CONFIGS / f"{name}.yaml")
     last = {"demo_approx": "inf_snapkv_w32_k5_r8_S32",  # no static rows
-            "demo_kvpress": "lambda_0.4_kvpress-CompactorPress", "ruler": "lambda_0.4_topk",
-            "ruler_llama3": "lambda_0.4_kvpress-KnormPress_S128", "ruler_vllm": "lambda_0.4_kvpress-StreamingLLMPress",
+            "demo_kvpress": "lambda_0.4_kvpress-CompactorPress",
+            "ruler": "inf_vattention_e0.3_d0.2_b0.05_s4_l32_t32_seed0",  # each draft unverified too (always)
+            "ruler_llama3": "lambda_0.4_kvpress-KnormPress_S128", "ruler_vllm": "inf_kvpress-StreamingLLMPress",
             "ruler_llama3_vllm": "lambda_0.4_kvpress-StreamingLLMPress_S128"}.get(name, "static")
     assert config.rows()[0].name == "baseline" and config.rows()[-1].name == last
     assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == ["demo", "demo_approx", "demo_kvpress", "paper_table1",
@@ -63,6 +65,16 @@ def test_shipped_configs_are_valid(name):
     ({"window": [8, 32], "approx": ["quest"], "approx_args": {"quest": {"page": 16}}}, "page:16 does not divide the key "
      "budget 2S=16"),  # fits S = 32, not S = 8
     ({"sink": False, "always": True}, "sink is the old name of always; keep always: True and drop sink"),
+    ({"approx": ["sink", "vattention"], "approx_args": {"vattention": []}},
+     "approx_args vattention: [] lists no setting; give one mapping of its parameters per setting"),
+    ({"approx": ["quest"], "window": 8, "approx_args": {"quest": [{"page": 4}, {"page": 4}]}},
+     "approx_args quest: {'page': 4} is the setting {'page': 4} again (quest P=4); list each setting once"),
+    ({"approx": ["vattention"], "approx_args": {"vattention": [{"epsilon": 0.1}, {"delta": 0.1}]}},
+     "approx_args vattention: {'delta': 0.1} is the setting {'epsilon': 0.1} again"),  # the same once defaults fill in
+    ({"approx": ["quest"], "window": 8, "approx_args": {"quest": [4, {"page": 8}]}},
+     "approx_args quest: 4 in the list is not a setting"),
+    ({"approx": ["quest"], "window": 8, "approx_args": {"quest": [{"page": 4}, {"page": 16}]}},
+     "page:16 does not divide"),  # every setting is checked against the window
 ])
 def test_config_errors_name_the_key_and_fix(change, message):
     raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.2], **change}
@@ -78,6 +90,80 @@ def test_a_sweep_of_approximations_has_each_approximations_rows_and_static_calib
     assert config.rows()[-2].calibration(0.1).name == "lambda_0.1_quest_p4"
     assert [row.name for row in parse_config({"name": "x", "tasks": ["t"], "lambdas": [0.1]}).rows()] == [
         "baseline", "lambda_0.1", "sink", "static"]  # without approx: the paper's rows, as before
+
+
+TWO_VATTENTIONS = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1, 0.4], "window": 8,
+                   "approx": ["sink", "vattention", "quest"],
+                   "approx_args": {"vattention": [{"epsilon": 0.3, "delta": 0.2}, {"epsilon": 0.1, "delta": 0.1}],
+                                   "quest": {"page": 4}}}
+
+
+def test_one_approximation_at_two_settings_is_two_row_sets_with_their_own_cells(tmp_path):
+    """approx_args {name: [setting, setting]}: that approximation once per setting, in the list's order, each with
+    its own rows, cell files, labels, fingerprints and static calibration; a resumed sweep tells them apart."""
+    config = parse_config({**TWO_VATTENTIONS, "output": str(tmp_path)})
+    sink, first, second, quest = config.approx
+    assert (first.name, first.epsilon, first.delta) == ("vattention", 0.3, 0.2)
+    assert (second.name, second.epsilon, second.delta) == ("vattention", 0.1, 0.1)
+    assert first.args() == {**second.args(), "epsilon": 0.3, "delta": 0.2}  # the other parameters their defaults
+    assert sink.is_default and quest.page == 4
+    rows = config.rows()
+    assert [r.name for r in rows] == [
+        "baseline", "lambda_0.1", "lambda_0.4", "sink",
+        *(f"{kind}_vattention_e{e}_d{d}_b0.05_s4_l32_t32_seed0" for e, d in ((0.3, 0.2), (0.1, 0.1))
+          for kind in ("lambda_0.1", "lambda_0.4", "inf")),
+        "lambda_0.1_quest_p4", "lambda_0.4_quest_p4", "inf_quest_p4",
+        "static", *(f"static_vattention_e{e}_d{d}_b0.05_s4_l32_t32_seed0" for e, d in ((0.3, 0.2), (0.1, 0.1))),
+        "static_quest_p4"]
+    assert len({r.label for r in rows}) == len({cell_path(tmp_path, "alspec_recall", r) for r in rows}) == len(rows)
+    ones = [Row.dynamic(0.4, a) for a in (first, second)]
+    assert [r.label for r in ones] == ["λ = 0.4 · vattention ε=0.3 δ=0.2 base=0.05 sink=4 local=32 top=32 seed=0",
+                                       "λ = 0.4 · vattention ε=0.1 δ=0.1 base=0.05 sink=4 local=32 top=32 seed=0"]
+    for row in ones:  # each cell records its own setting, and reads back as its own row
+        record = row.record()
+        assert record["approx_args"] == row.approx.args()
+        assert Row.from_record(record["policy"], record["lambda"], approx=record["approx"],
+                               approx_args=record["approx_args"]) == row
+    static = [r for r in rows if r.calibrated and r.approx in (first, second)]
+    assert [r.calibration(0.4).name for r in static] == [r.name for r in ones]
+    prints = [fingerprint(config, "alspec_recall", r) for r in ones]
+    assert prints[0] != prints[1]
+    # a sweep killed after the first setting's cell resumes with the second's still to run
+    path = cell_path(tmp_path, "alspec_recall", ones[0])
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"cell": ones[0].name, "fingerprint": prints[0]}))
+    missing = existing_cells(config, recompute=False)
+    assert ("alspec_recall", ones[0]) not in missing and ("alspec_recall", ones[1]) in missing
+    assert len(missing) == len(rows) - 1
+
+
+def test_sweep_json_keeps_every_setting_and_reads_back():
+    """sweep.json (SweepConfig.to_dict) lists a name's settings in order, so that the config it gives and the
+    report's reading of it have the same approximations; a single mapping is written as before."""
+    from alspec_eval.report.cells import Sweep
+
+    config = parse_config(TWO_VATTENTIONS)
+    saved = json.loads(json.dumps(config.to_dict()))
+    assert saved["approx"] == ["sink", "vattention", "quest"]
+    assert saved["approx_args"] == {"vattention": [config.approx[1].args(), config.approx[2].args()],
+                                    "quest": {"page": 4}}
+    again = parse_config({**TWO_VATTENTIONS, "approx": saved["approx"], "approx_args": saved["approx_args"]})
+    assert again.approx == config.approx and again.rows() == config.rows()
+    report = Sweep(Path("unused"), saved)
+    assert report.approximations == [config.approx[0], config.approx[3], *config.approx[1:3]]  # registry order
+    assert {r for r in report.rows if r.lam == 0.4} == {r for r in config.rows() if r.lam == 0.4}
+    assert len({r.label for r in report.rows}) == len(report.rows)
+
+
+def test_a_single_mapping_of_approx_args_keeps_its_meaning():
+    """{quest: {page: 4}} is one setting, as before, and a list of that one mapping is the same sweep."""
+    raw = {"name": "x", "tasks": ["alspec_recall"], "lambdas": [0.1], "window": 8, "approx": ["sink", "quest"]}
+    one = parse_config({**raw, "approx_args": {"quest": {"page": 4}}})
+    listed = parse_config({**raw, "approx_args": {"quest": [{"page": 4}]}})
+    assert one.approx == listed.approx and [a.slug for a in one.approx] == ["sink", "quest_p4"]
+    assert [r.name for r in one.rows()] == [r.name for r in listed.rows()] == [
+        "baseline", "lambda_0.1", "sink", "lambda_0.1_quest_p4", "inf_quest_p4", "static", "static_quest_p4"]
+    assert one.to_dict()["approx_args"] == listed.to_dict()["approx_args"] == {"quest": {"page": 4}}
 
 
 def test_a_budget_axis_gives_every_row_each_window():
@@ -323,6 +409,43 @@ def test_a_budget_axis_sweep_runs_each_window_and_reports_score_against_density(
             rows = frame[(frame["approx"] == approx) & (frame["window"] == w) & (frame["policy"] == "dynamic")]
             assert sorted(curves[f"{label} · S={w}"].get_xdata()) == pytest.approx(
                 sorted(100 * rows["effective_density"]))
+
+
+@pytest.mark.slow
+def test_a_sweep_of_one_approximation_at_two_settings_writes_and_reports_both(tmp_path):
+    """vattention at two settings through a tiny model: each setting's cells on disk record their own parameters,
+    sweep.json keeps both, and Table 1, the board and their CSVs name each setting in a row of its own."""
+    from alspec_eval.report.build import write_report
+    from alspec_eval.report.cells import load_sweep
+    from alspec_eval.report.frames import args_text
+
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    settings = [{"epsilon": 0.1, "delta": 0.1, "sink": 2, "local": 4, "top": 4},
+                {"epsilon": 0.3, "delta": 0.2, "sink": 2, "local": 4, "top": 4}]
+    config = load_config(CONFIGS / "smoke.yaml", {
+        "model_args": {"pretrained": model}, "lambdas": [1.0], "static": False, "window": 8,
+        "approx": ["sink", "vattention"], "approx_args": {"vattention": settings}, "output": str(tmp_path / "out")})
+    made = config.approx[1:]
+    out = run_sweep(config)
+    cells = read_cells(out)
+    for approx, setting in zip(made, settings, strict=True):
+        for kind in ("lambda_1", "inf"):
+            cell = cells[f"alspec_recall/{kind}_{approx.slug}"]
+            assert cell["approx"] == "vattention" and {k: cell["approx_args"][k] for k in setting} == setting
+    assert len(cells) == 3 + 2 * len(made)  # baseline, lambda_1, sink and each setting's two rows
+    assert json.loads((out / "sweep.json").read_text())["approx_args"] == {"vattention": [a.args() for a in made]}
+    assert load_sweep(out).approximations == config.approx
+    names = {p.name: p for p in write_report(out)}
+    table = names["table1.md"].read_text()
+    assert all(f"λ = 1 · {a.label}" in table for a in made)
+    board = names["board.md"].read_text()
+    assert all(f"| {a.label} †" in board for a in made)  # an oracle: shown, not ranked
+    with names["board.csv"].open() as handle:
+        drafts = [(r["approx"], r["approx_args"]) for r in csv.DictReader(handle)]
+    assert sorted(a for n, a in drafts if n == "vattention") == sorted(args_text(a) for a in made)
+    with names["table1.csv"].open() as handle:
+        rows = {(r["approx"], r["approx_args"]) for r in csv.DictReader(handle) if r["policy"] == "dynamic"}
+    assert {("vattention", args_text(a)) for a in made} <= rows
 
 
 @pytest.mark.slow

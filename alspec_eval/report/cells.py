@@ -140,15 +140,29 @@ class Sweep:
 
     @property
     def approximations(self) -> list[Approximation]:
-        """Every approximation of A~ the sweep declares (sweep.json's ``approx`` and ``approx_args``; sweeps before
-        approximations: the sink; before the registry: quest's ``page``) or has a cell for, in the registry's
-        order."""
+        """Every approximation of A~ the sweep declares (sweep.json's ``approx`` and ``approx_args``, a name's list of
+        settings one each; sweeps before approximations: the sink; before the registry: quest's ``page``) or has a
+        cell for, in :meth:`approx_order`."""
+        found = {c.row.approx for c in self.cells if c.row != BASELINE}
+        return sorted(dict.fromkeys([*self._declared, *found]), key=self.approx_order)
+
+    @functools.cached_property
+    def _declared(self) -> list[Approximation]:
+        """The approximations sweep.json declares, in its order (a name at several settings: each, in order)."""
         args = self.meta.get("approx_args") or {}
         page = self.meta.get("page")
-        declared = {make_approximation(a, args.get(a, {"page": page} if page is not None and a == "quest" else None))
-                    for a in self.meta.get("approx") or [DEFAULT]}
-        found = {c.row.approx for c in self.cells if c.row != BASELINE}
-        return sorted(declared | found, key=order)
+        out = []
+        for name in self.meta.get("approx") or [DEFAULT]:
+            given = args.get(name, {"page": page} if page is not None and name == "quest" else None)
+            out += [make_approximation(name, setting) for setting in (given if isinstance(given, list) else [given])]
+        return list(dict.fromkeys(out))
+
+    def approx_order(self, approx: Approximation) -> tuple:
+        """Sort key: the registry's order; one approximation's settings as sweep.json lists them (others found only
+        in cells after them, by their parameters)."""
+        place = {a: i for i, a in enumerate(self._declared)}
+        known, name, slug = order(approx)
+        return known, name, place.get(approx, len(place)), slug
 
     @property
     def rows(self) -> list[Row]:
@@ -160,7 +174,7 @@ class Sweep:
         declared = [row.approximated(approx, window) for approx in self.approximations for window in self.axis
                     for row in [*map(Row.dynamic, self.lambdas), SINK, *static, *map(Row.selfspec, self.gammas)]]
         rows = {BASELINE, *declared, *(c.row for c in self.cells)}
-        return sorted(rows, key=lambda r: (r.order, r.lam or 0.0, r.gamma or 0, order(r.approx), r.name))
+        return sorted(rows, key=lambda r: (r.order, r.lam or 0.0, r.gamma or 0, self.approx_order(r.approx), r.name))
 
     def cell(self, task: str, row: Row) -> Cell | None:
         return self._index.get((task, row))

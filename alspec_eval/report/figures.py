@@ -316,7 +316,8 @@ def frontier(cells: "pd.DataFrame", projection: "SweepProjection") -> Figure:
     from alspec_eval.report.frames import not_worse
 
     tasks = list(dict.fromkeys(cells["task"]))
-    several = "approx" in cells and cells["approx"].nunique() > 1  # a sweep of the sink alone: as before
+    # a sweep of the sink alone: as before; an approximation at two settings is two (by name and parameters)
+    several = "approx" in cells and len(cells[["approx", "approx_args"]].drop_duplicates()) > 1
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
     fig = _figure(4.6 * cols + 0.6, 3.6 * rows * (2 if several else 1))

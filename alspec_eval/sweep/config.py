@@ -60,10 +60,15 @@ class SweepConfig:
         return Path(self.output or f"results/{self.name}")
 
     def to_dict(self) -> dict[str, Any]:
-        """sweep.json's form: approximations by name, their parameters in ``approx_args``, as a config gives them."""
+        """sweep.json's form: approximations by name, their parameters in ``approx_args``, as a config gives them (a
+        name at several settings: the list of them, in order), so that the report reads back every setting."""
         approx = [make_approximation(a) for a in self.approx]
-        return {**asdict(self), "approx": [a.name for a in approx],
-                "approx_args": {a.name: a.args() for a in approx if a.args()}}
+        settings: dict[str, list[dict[str, Any]]] = {}
+        for a in approx:
+            settings.setdefault(a.name, []).append(a.args())
+        return {**asdict(self), "approx": list(settings),
+                "approx_args": {name: args if len(args) > 1 else args[0] for name, args in settings.items()
+                                if len(args) > 1 or args[0]}}
 
     @property
     def windows(self) -> list[int]:
@@ -249,8 +254,9 @@ def _check_engine(raw: dict[str, Any], source: str) -> None:
 
 
 def _check_approximations(raw: dict[str, Any], source: str) -> None:
-    """approx: a list of approximations (names or pkg.module:Class), approx_args: {name: their arguments}, each
-    valid with the sweep's window and model_args (backend, kernel); ``raw["approx"]`` becomes the objects."""
+    """approx: a list of approximations (names or pkg.module:Class), approx_args: {name: their arguments}, or {name:
+    [arguments, ...]} for that approximation once per setting, in order; each valid with the sweep's window and
+    model_args (backend, kernel). ``raw["approx"]`` becomes the objects, one per setting."""
     approx = raw.get("approx", [DEFAULT])
     if isinstance(approx, str):
         approx = [approx]
@@ -260,23 +266,66 @@ def _check_approximations(raw: dict[str, Any], source: str) -> None:
     given = raw.pop("approx_args", None) or {}
     if not isinstance(given, dict) or set(given) - set(approx):
         raise ConfigError(f"{source}: approx_args={given!r} must map approximations of approx ({', '.join(approx)}) "
-                          "to their arguments, e.g. approx_args: {quest: {page: 16}}")
+                          "to their arguments, e.g. approx_args: {quest: {page: 16}}, or to a list of them, one "
+                          "setting each, e.g. {quest: [{page: 8}, {page: 16}]}")
     ours = {k: v for k, v in raw.get("model_args", {}).items() if k in MODEL_ARGS}
     if "approx" in ours or "approx_args" in ours:
         raise ConfigError(f"{source}: model_args approx/approx_args: a sweep's approximations are its approx and "
                           "approx_args keys; move them there")
-    made = []
+    made: list[Approximation] = []
+    given_as: dict[Approximation, tuple[str, Any]] = {}  # each object's name and setting as the config gives them
     window = raw.get("window", 128)
     for name in approx:
-        for w in window if isinstance(window, list) else [window]:
-            args = {**ours, "window": w, "window_align": raw.get("window_align", 1), "approx": name,
-                    "approx_args": given.get(name)}
-            try:
-                config = SpeculationConfig.from_model_args(args)[0]
-            except ConfigError as err:
-                raise ConfigError(f"{source}: {err}") from None
-        made.append(config.approx)
+        for setting in _settings(name, given.get(name), source):
+            for w in window if isinstance(window, list) else [window]:
+                args = {**ours, "window": w, "window_align": raw.get("window_align", 1), "approx": name,
+                        "approx_args": setting}
+                try:
+                    config = SpeculationConfig.from_model_args(args)[0]
+                except ConfigError as err:
+                    raise ConfigError(f"{source}: {err}") from None
+            _check_distinct(config.approx, (name, setting), given_as, source)
+            made.append(config.approx)
     raw["approx"] = made
+
+
+def _settings(name: str, given: Any, source: str) -> list[Any]:
+    """``approx_args``'s value for ``name`` as a list of settings: a list is one setting per entry (a mapping, or
+    ``key:value;...``), anything else the one setting (None: the defaults)."""
+    if not isinstance(given, list):
+        return [given]
+    if not given:
+        raise ConfigError(f"{source}: approx_args {name}: [] lists no setting; give one mapping of its parameters per "
+                          f"setting, e.g. quest: [{{page: 8}}, {{page: 16}}], or drop {name} for its defaults")
+    for setting in given:
+        if not isinstance(setting, (dict, str)):
+            raise ConfigError(f"{source}: approx_args {name}: {setting!r} in the list is not a setting; give each as a "
+                              "mapping of its parameters, e.g. quest: [{page: 8}, {page: 16}]")
+    return given
+
+
+def _check_distinct(approx: Approximation, given: tuple[str, Any], seen: dict[Approximation, tuple[str, Any]],
+                    source: str) -> None:
+    """Every approximation of a sweep is a row set of its own: none twice (two settings that make one, defaults
+    filled in), and no two under one cell file name or label. ``seen`` gains ``approx``."""
+    name, setting = given
+    if approx in seen:
+        other, before = seen[approx]
+        if other == name:
+            raise ConfigError(f"{source}: approx_args {name}: {setting!r} is the setting {before!r} again "
+                              f"({approx.label}); list each setting once")
+        raise ConfigError(f"{source}: approx {name!r} is {other!r} again ({approx.label}); list it once")
+    for known in seen:
+        if known.slug == approx.slug or known.label == approx.label:
+            shared = f"cell name {approx.slug}" if known.slug == approx.slug else f"label {approx.label}"
+            raise ConfigError(f"{source}: approx {_as_given(*given)} and {_as_given(*seen[known])} share the {shared}, "
+                              "so their cells would overwrite each other; give values that the name tells apart")
+    seen[approx] = given
+
+
+def _as_given(name: str, setting: Any) -> str:
+    """An approximation as the config gives it, for messages: "quest {'page': 8}", "sink"."""
+    return name if setting is None else f"{name} {setting!r}"
 
 
 def fingerprint(config: SweepConfig, task: str, row: Row) -> dict[str, Any]:
