@@ -18,9 +18,9 @@ from .stats import ACCEPTED, REJECTED, TRIVIAL
 # A layer's decisions in one pass: (accept, d, n) of its speculated positions (of every batch row, for a fused
 # decode step: ``Pass.dense``), or None for a static policy's exact layer (decided, not measured). They stay where
 # the layer computed them until the call ends (a read-back per layer would stall a GPU's stream).
-# (accept, d, n, keys): keys, where the draft's budget varies (max_keys None), how many keys each position's A~
-# read per KV head (its mean over the KV heads), else None
-Decision = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None
+# (accept, d, n, measures): measures, what else each position's decision measured, by name (stats.KEYS_READ,
+# stats.DENOMINATOR; none for most drafts)
+Decision = tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None
 
 
 @dataclass
@@ -92,22 +92,22 @@ def out_of_bounds(passes: list[Pass]) -> tuple[int, int]:
 
 
 def assemble(plan: Plan, passes: list[Pass],
-             num_layers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-pass sparse decisions as dense (batch, positions, layers) codes, ratios and, where the draft's budget
-    varies, keys read (NaN where none was measured; None for a fixed budget), put together where the decisions are
-    and copied to the host once (no read-back per layer: on a GPU each would stall the stream). A (row, layer) the
-    plan has off records nothing, whatever its batch mates decided."""
+             num_layers: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-pass sparse decisions as dense (batch, positions, layers) codes, ratios and each measure the decisions
+    carry (NaN where not measured), put together where the decisions are and copied to the host once (no read-back
+    per layer: on a GPU each would stall the stream). A (row, layer) the plan has off records nothing, whatever its
+    batch mates decided."""
     batch = plan.rows
     device = next((p.trivial.device for p in passes if p.trivial is not None), torch.device("cpu"))
-    counted = any(d is not None and d[3] is not None for p in passes for d in p.decisions.values())
-    codes, ratios, read = [], [], []
+    names = sorted({name for p in passes for d in p.decisions.values() if d is not None for name in d[3]})
+    codes, ratios, grids = [], [], {name: [] for name in names}
     for p in passes:
         c = torch.zeros(batch, p.q_len, num_layers, dtype=torch.int8, device=device)
         r = torch.full((batch, p.q_len, num_layers), float("nan"), device=device)
-        k = torch.full((batch, p.q_len, num_layers), float("nan"), device=device) if counted else None
         codes.append(c)
         ratios.append(r)
-        read.append(k)
+        for grid in grids.values():
+            grid.append(torch.full_like(r, float("nan")))
         if p.trivial is None or not p.decisions:  # an idle pass: nothing in the region
             continue
         decided = torch.tensor(sorted(p.decisions), device=device)
@@ -118,8 +118,6 @@ def assemble(plan: Plan, passes: list[Pass],
         # own device (a device map spreads them)
         accept, d, n = (torch.stack([p.decisions[layer][i].to(device) for layer in measured], 1)
                         if measured else None for i in range(3))
-        keys = (torch.stack([p.decisions[layer][3].to(device) for layer in measured], 1)
-                if measured and counted else None)
         if p.dense:  # every batch row decided: keep the speculated ones, by mask
             speculated = p.speculated.to(device)[:, None]
             if exact:
@@ -138,12 +136,15 @@ def assemble(plan: Plan, passes: list[Pass],
             at = torch.tensor(measured, device=device)
             c[rows, cols, at] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
             r[rows, cols, at] = (d / n).float()
-            if keys is not None:
-                k[rows, cols, at] = keys.float()
+            for name, grid in grids.items():
+                for layer in measured:
+                    value = p.decisions[layer][3].get(name)
+                    if value is not None:
+                        grid[-1][rows[:, 0], cols[:, 0], layer] = value.to(device).float()
     if not codes:
         empty = torch.zeros(batch, 0, num_layers)
-        return torch.zeros(batch, 0, num_layers, dtype=torch.int8), empty, empty.clone() if counted else None
+        return torch.zeros(batch, 0, num_layers, dtype=torch.int8), empty, {name: empty.clone() for name in names}
     codes, ratios = torch.cat(codes, 1).cpu(), torch.cat(ratios, 1).cpu()
     off = plan.lam.isnan()[:, None, :]
-    keys = torch.cat(read, 1).cpu().masked_fill(off, float("nan")) if counted else None
-    return codes.masked_fill(off, 0), ratios.masked_fill(off, float("nan")), keys
+    measures = {name: torch.cat(grid, 1).cpu().masked_fill(off, float("nan")) for name, grid in grids.items()}
+    return codes.masked_fill(off, 0), ratios.masked_fill(off, float("nan")), measures

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -75,7 +75,10 @@ class Trace:
     offset: int = 0
     pad: torch.Tensor | None = None  # (B,) each row's left padding, on the host: logical positions for densities
     budget: int | None = 0  # the keys A~ attends to (the draft's max_keys: 2S), for densities; None: it varies
-    keys: torch.Tensor | None = None  # where the budget varies, the keys each decision's A~ read (NaN: none measured)
+    # per-decision measures beside code and d/n (stats.KEYS_READ where the budget varies, stats.DENOMINATOR where the
+    # draft promises its denominator), each (batch, positions, layers), NaN where not measured
+    measures: dict[str, torch.Tensor] = field(default_factory=dict)
+    epsilon: float | None = None  # the draft's promised error (Approximation.promise), whose realized shares count
 
     def row_stats(self, row: int, start: int, end: int) -> AcceptanceStats:
         """Statistics of batch row ``row`` over physical positions [start, end)."""
@@ -84,8 +87,8 @@ class Trace:
         pos = None
         if self.pad is not None:
             pos = torch.arange(lo, lo + len(codes)) + self.offset - int(self.pad[row])
-        keys = None if self.keys is None else self.keys[row, lo:hi]
-        return AcceptanceStats.from_trace(codes, self.ratios[row, lo:hi], pos, self.budget, keys)
+        measures = {name: grid[row, lo:hi] for name, grid in self.measures.items()}
+        return AcceptanceStats.from_trace(codes, self.ratios[row, lo:hi], pos, self.budget, measures, self.epsilon)
 
     def accepted_layers(self, row: int, start: int, end: int) -> list[int]:
         """Number of accepted layers at each position in [start, end): the per-token trace. Positions the trace

@@ -204,6 +204,32 @@ def keys_read(index: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return valid.sum(-1).float().mean(-1)
 
 
+def denominator_exceeded(query: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor, index: torch.Tensor,
+                         valid: torch.Tensor | None, log_weight: torch.Tensor | None, scale: float, epsilon: float,
+                         softcap: float | None = None) -> torch.Tensor:
+    """The share of each position's query heads whose softmax denominator its selection misses by more than
+    ``epsilon`` of it: |D~ - D| > epsilon D, D the sum of exp(s_j - m) over the keys ``allowed`` (r, L), D~ that over
+    the selected keys (``index`` (r, Hkv or 1, n) into L, ``valid`` which count) weighted by exp(``log_weight``), the
+    scores s at the model's ``scale`` (and ``softcap``), float64 from float32 products. ``query`` (r, Hq, D), ``keys``
+    (r, Hkv, L, D). What a draft's promise on the denominator (vAttention's) is measured by: (r,) float32."""
+    rows, heads, dim = query.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    scores = (query.float().view(rows, kv_heads, group, dim) @ keys.float().transpose(-1, -2)).double() * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~allowed[:, None, None, :], -math.inf)
+    e = (scores - scores.amax(-1, keepdim=True)).exp()  # (r, Hkv, g, L)
+    at = index.expand(rows, kv_heads, -1)
+    picked = e.gather(-1, at[:, :, None, :].expand(-1, -1, group, -1))
+    if log_weight is not None:
+        picked = picked * log_weight.double().exp().expand(rows, kv_heads, -1)[:, :, None, :]
+    if valid is not None:
+        picked = picked * valid.expand(rows, kv_heads, -1)[:, :, None, :]
+    whole, estimate = e.sum(-1), picked.sum(-1)
+    return ((estimate - whole).abs() > epsilon * whole).double().mean((1, 2)).float()
+
+
 def request_seed(tokens: Sequence[int]) -> int:
     """A request's seed for a draft that draws at random: zlib's CRC-32 of the tokens before its speculation start,
     each as 8 bytes little-endian signed. Every engine derives it from the same tokens, so requests draw alike

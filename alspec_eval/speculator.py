@@ -25,6 +25,7 @@ from .approximations import draw_inputs, selection
 from .bounds import refuse
 from .config import SpeculationConfig
 from .kernels import DecodeKernel, SpecDecodeOutput
+from .measures import Selection, measure
 from .passes import Decision, Pass, assemble, out_of_bounds
 from .plan import EXACT_REJECTED, IDLE, Plan
 from .prompt_observer import PromptObserver, PromptPrefix, PromptState
@@ -102,10 +103,12 @@ class Speculator:
         finally:
             self._sessions.pop()
             passes = [p for p in session.passes if p is not None]
-            session.trace.codes, session.trace.ratios, session.trace.keys = assemble(session.plan, passes,
-                                                                                     self.num_layers)
+            session.trace.codes, session.trace.ratios, session.trace.measures = assemble(session.plan, passes,
+                                                                                         self.num_layers)
             session.trace.offset = passes[0].offset if passes else 0
             session.trace.pad, session.trace.budget = region.pad.cpu(), config.approx.max_keys(config.window)
+            promise = config.approx.promise()
+            session.trace.epsilon = None if promise is None else promise.epsilon
         refuse(config.approx, *out_of_bounds(passes))  # once the call is done: a draft that read outside
 
     @property
@@ -149,7 +152,7 @@ class Speculator:
             if not measured:
                 self.record(step, layer, None)
                 return fused.exact[:, None], None
-            self.record(step, layer, (fused.accept, fused.d, fused.n, None))
+            self.record(step, layer, (fused.accept, fused.d, fused.n, {}))
             return self.commit(fused.exact, fused.spec, fused.accept & step.speculated)[:, None], None
         exact, weights = self.base_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         if not measured:
@@ -157,13 +160,12 @@ class Speculator:
             return exact, weights
         rows, cols = step.rows, step.cols
         if not len(rows):
-            none = torch.empty(0) if self.counts_keys() else None
-            self.record(step, layer, (torch.empty(0, dtype=torch.bool), torch.empty(0), torch.empty(0), none))
+            self.record(step, layer, (torch.empty(0, dtype=torch.bool), torch.empty(0), torch.empty(0), {}))
             return exact, weights
-        approx, keys = self.approximate(module, step, query, key, value, scaling, kwargs)
+        approx, measures = self.approximate(module, step, query, key, value, scaling, kwargs)
         current = exact[:, 0] if step.every_row else exact[rows, cols]
         accept, d, n = self.verify(approx, current, self.thresholds(rows, layer))
-        self.record(step, layer, (accept, d, n, keys))
+        self.record(step, layer, (accept, d, n, measures))
         committed = self.commit(current, approx, accept)
         if step.every_row:  # no scatter back: the committed rows are the output
             return committed[:, None], weights
@@ -231,36 +233,31 @@ class Speculator:
                                   window_align=cfg.window_align, scale=scaling, start=inputs["start"],
                                   **({"geometry": inputs["geometry"]} if "geometry" in inputs else {}))
 
-    def counts_keys(self) -> bool:
-        """Whether the session's draft has a budget that varies (``max_keys`` None: vAttention's), so that each
-        decision records the keys its A~ read (the densities' and the latency model's)."""
-        cfg = self.session.config
-        return cfg.approx.max_keys(cfg.window) is None
-
     def approximate(self, module: torch.nn.Module, step: Pass, query: torch.Tensor, key: torch.Tensor,
-                    value: torch.Tensor, scaling: float, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    value: torch.Tensor, scaling: float, kwargs: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """A~ (R, Hq, D) of the speculated positions: the model's own attention function (with every term its family
         applies: scaling, soft-capping, sinks) called on each position's query and the at most 2S keys its
         approximation selects per KV head, gathered from the (B, Hkv, L, D) cache (no O(L^2) buffer), in the model
-        dtype; and, where the draft's budget varies, the keys each read per KV head (R,). Positions go in chunks
-        (:func:`gather_chunk`), so scoring where every position speculates holds one chunk's selected keys at a
-        time."""
+        dtype; and what else the draft's declarations ask each decision to measure (:func:`.measures.measure`), (R,)
+        each. Positions go in chunks (:func:`gather_chunk`), so scoring where every position speculates holds one
+        chunk's selected keys at a time."""
         cfg = self.session.config
         shared = self.prompts.prepare(self.session, module, key, value, self.session.on(key.device)[0])
         budget = cfg.approx.max_keys(cfg.window) or key.shape[2]  # None: up to the whole context
         chunk = gather_chunk(key, budget, query.shape[1], cfg.approx.position_bytes(key, query.shape[1]))
         parts = [self._approximate_rows(module, step, slice(lo, lo + chunk), query, key, value, scaling, kwargs, shared)
                  for lo in range(0, len(step.rows), chunk)]
-        out = parts[0][0] if len(parts) == 1 else torch.cat([a for a, _ in parts])
-        return out, torch.cat([k for _, k in parts]) if self.counts_keys() else None
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([a for a, _ in parts]), {name: torch.cat([m[name] for _, m in parts]) for name in parts[0][1]}
 
     def _approximate_rows(self, module: torch.nn.Module, step: Pass, part: slice, query: torch.Tensor,
                           key: torch.Tensor, value: torch.Tensor, scaling: float, kwargs: dict,
-                          shared: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          shared: object = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """A~ of the speculated positions ``part`` (a slice of ``step.rows``): the keys the session's approximation
         selects per KV head (``shared``: what it prepared for this layer), cut to [0, pos] (:mod:`.bounds`: one
-        that reached outside is counted, and the call refused when it ends); and how many keys each counted per KV
-        head (:func:`.semantics.keys_read`)."""
+        that reached outside is counted, and the call refused when it ends); and its measures
+        (:func:`.measures.measure`)."""
         rows = step.rows[part]
         whole = step.every_row and len(rows) == query.shape[0]  # the batch in order: no gather of rows
         q = query if whole else query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query a position
@@ -280,7 +277,10 @@ class Speculator:
         if mask is not None and mask.dtype == torch.bool and self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
         out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **kwargs)
-        return out[:, 0], semantics.keys_read(index, valid)  # the base returns (r, 1, Hq, D)
+        allowed = torch.arange(key.shape[2], device=key.device)
+        allowed = (allowed >= step.low[part][:, 0]) & (allowed <= step.high[part][:, 0])  # (r, L)
+        taken = Selection(q[:, :, 0], key, rows, allowed, index, valid, log_weight)
+        return out[:, 0], measure(cfg.approx, cfg.window, taken, scaling, kwargs.get("softcap"))  # out: (r, 1, Hq, D)
 
     def verify(self, approx: torch.Tensor, exact: torch.Tensor,
                lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -23,6 +23,14 @@ SCHEMA_VERSION = 2
 DENSITY = "research_attention_density"  # the share of the context A~ reads: 2S / (pos + 1) (null: it varies)
 EFFECTIVE_DENSITY = "effective_density"  # what a step reads once rejections fall back to A: the above, or 1
 OUTPUT_ERROR = "research_attention_output_error"  # ||A~ - A|| / ||A||: d / n
+# A draft's promise (vAttention's epsilon, delta), measured: per layer the share of verified decisions where ALSpec's
+# d/n exceeds epsilon, and the share of (decision, query head) pairs whose softmax denominator the selection misses by
+# more than epsilon of it; present only where the draft promises (null where it bounds no denominator)
+PROMISE_DN = "promise_dn_exceeded"
+PROMISE_DENOMINATOR = "promise_denominator_exceeded"
+# per-decision measures beside code and d/n, by name (Trace.measures, the engines' records)
+KEYS_READ = "keys"  # a draft whose budget varies: the keys its A~ read per KV head (their mean over the KV heads)
+DENOMINATOR = "denominator"  # a draft that promises its denominator: the share of query heads that miss it
 DIGITS = 9  # significant digits the float means are written with (sums over ranks may differ in the last bit)
 
 # Decision codes, one per (row, position, layer); 0 marks positions outside the decode region.
@@ -92,6 +100,9 @@ class AcceptanceStats:
     density: torch.Tensor | None = None
     effective: torch.Tensor | None = None
     error: torch.Tensor | None = None
+    # (L, 4) float64 where the draft promises (else None): decisions with d/n > epsilon, decisions measured, the sum of
+    # the denominator's missed shares, decisions it was measured at (NaN: it bounds no denominator)
+    promised: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in ("density", "effective", "error"):
@@ -105,12 +116,16 @@ class AcceptanceStats:
 
     @classmethod
     def from_trace(cls, codes: torch.Tensor, ratios: torch.Tensor, pos: torch.Tensor | None = None,
-                   budget: int | None = 0, keys: torch.Tensor | None = None) -> "AcceptanceStats":
+                   budget: int | None = 0, measures: dict[str, torch.Tensor] | None = None,
+                   epsilon: float | None = None) -> "AcceptanceStats":
         """Reduce one row's (positions, layers) codes and ratios; NaN ratios (not measured) stay out of the histogram.
         ``pos``: each position's logical position and ``budget`` the keys A~ attends to (2S: the draft's
-        ``max_keys``), for the densities; None, a budget that varies per head and query (vAttention's): then
-        ``keys`` (positions, layers), the keys each decision's A~ read per KV head, gives them (without it they
-        are not measured: NaN sums, reported as null)."""
+        ``max_keys``), for the densities; None, a budget that varies per head and query (vAttention's): then the
+        measure :data:`KEYS_READ` (positions, layers), the keys each decision's A~ read per KV head, gives them
+        (without it they are not measured: NaN sums, reported as null). ``epsilon``: a draft's promised error, whose
+        realized shares are counted (d/n, and the measure :data:`DENOMINATOR` where given)."""
+        measures = measures or {}
+        keys = measures.get(KEYS_READ)
         codes, ratios = codes.cpu(), ratios.cpu()
         num_layers = codes.shape[-1]
         decided = (codes == ACCEPTED) | (codes == REJECTED)
@@ -119,10 +134,10 @@ class AcceptanceStats:
         flat = layer_idx * NUM_BINS + ratio_bins(ratios[measured].float())
         hist = torch.bincount(flat, minlength=num_layers * NUM_BINS).view(num_layers, NUM_BINS)
         density = effective = None
-        if pos is not None and budget is None and keys is None:  # a budget that varies, unmeasured: null
-            density = effective = torch.full((num_layers,), math.nan, dtype=torch.float64)
-        elif pos is not None:
-            read = keys.cpu().double() if budget is None else torch.tensor(float(budget), dtype=torch.float64)
+        if pos is not None:  # a budget that varies and was not measured: NaN wherever decided (null)
+            read = (torch.tensor(float(budget), dtype=torch.float64) if budget is not None
+                    else torch.full(codes.shape, math.nan, dtype=torch.float64) if keys is None
+                    else keys.cpu().double())
             share = (read / (pos.double() + 1)[:, None]).clamp(max=1.0).expand_as(codes)
             density = torch.where(decided, share, 0.0).sum(0)
             effective = torch.where(codes == ACCEPTED, share, torch.where(decided, 1.0, 0.0)).sum(0)
@@ -134,6 +149,8 @@ class AcceptanceStats:
             density=density,
             effective=effective,
             error=torch.where(measured, ratios.double(), 0.0).sum(0),
+            promised=None if epsilon is None else _promised(ratios, measured, decided, measures.get(DENOMINATOR),
+                                                            epsilon),
         )
 
     def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
@@ -146,14 +163,21 @@ class AcceptanceStats:
             self.density + other.density,
             self.effective + other.effective,
             self.error + other.error,
+            self.promised if other.promised is None else other.promised if self.promised is None
+            else self.promised + other.promised,
         )
 
     def means(self, layer: int | None = None) -> dict[str, float | None]:
         """The densities and the mean d/n of one layer (None: over every layer), as the results name them."""
         pick = (lambda t: t.sum()) if layer is None else (lambda t: t[layer])
         spec, measured = int(pick(self.speculated)), int(pick(self.hist.sum(-1)))
-        return {DENSITY: _mean(float(pick(self.density)), spec), EFFECTIVE_DENSITY: _mean(float(pick(self.effective)), spec),
-                OUTPUT_ERROR: _mean(float(pick(self.error)), measured)}
+        out = {DENSITY: _mean(float(pick(self.density)), spec), EFFECTIVE_DENSITY: _mean(float(pick(self.effective)), spec),
+               OUTPUT_ERROR: _mean(float(pick(self.error)), measured)}
+        if self.promised is not None:  # only a draft that promises has these
+            dn, dn_count, den, den_count = (float(pick(self.promised[:, i])) for i in range(4))
+            out[PROMISE_DN] = _mean(dn, int(dn_count))
+            out[PROMISE_DENOMINATOR] = None if math.isnan(den_count) else _mean(den, int(den_count))
+        return out
 
     def summary(self) -> dict[str, Any]:
         """Totals over layers, as logged per sample."""
@@ -199,6 +223,19 @@ def run_statistics(config: dict[str, Any], num_layers: int, skipped_layers: dict
         "ratio_edges": list(RATIO_EDGES),
         "tasks": {task: stats.to_dict(skipped_layers) for task, stats in sorted(tasks.items())},
     }
+
+
+def _promised(ratios: torch.Tensor, measured: torch.Tensor, decided: torch.Tensor, missed: torch.Tensor | None,
+              epsilon: float) -> torch.Tensor:
+    """(L, 4) sums of a promise's realized failures over one row (:attr:`AcceptanceStats.promised`): d/n > epsilon
+    over the measured decisions, and the denominator's missed shares over the decisions where they were measured."""
+    dn = (measured & (ratios.float() > torch.tensor(epsilon, dtype=torch.float32))).sum(0).double()  # as d/n is
+    if missed is None:
+        den = den_count = torch.full_like(dn, math.nan)
+    else:
+        counted = decided & ~torch.isnan(missed.cpu())
+        den, den_count = torch.where(counted, missed.cpu().double(), 0.0).sum(0), counted.sum(0).double()
+    return torch.stack([dn, measured.sum(0).double(), den, den_count], 1)
 
 
 def _mean(total: float, count: int) -> float | None:

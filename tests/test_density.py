@@ -12,7 +12,8 @@ from lm_eval.api.instance import Instance
 
 from alspec_eval.approx_check.models import tiny_model
 from alspec_eval.region import DecodeRegion, Trace
-from alspec_eval.stats import ACCEPTED, DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, REJECTED, TRIVIAL, AcceptanceStats
+from alspec_eval.stats import (ACCEPTED, DENOMINATOR, DENSITY, EFFECTIVE_DENSITY, KEYS_READ, OUTPUT_ERROR,
+                               PROMISE_DENOMINATOR, PROMISE_DN, REJECTED, TRIVIAL, AcceptanceStats)
 from helpers import TOKENIZER, alspec_lm, sample_stats
 
 NAN = math.nan
@@ -92,7 +93,7 @@ def test_a_varying_budgets_densities_from_the_keys_read_by_hand():
         torch.tensor([REJECTED, REJECTED])
     ratios = torch.tensor([[[NAN, NAN], [0.1, 0.5], [0.7, NAN]]])
     keys = torch.tensor([[[NAN, NAN], [6.0, 2.5], [12.0, NAN]]])  # layer 1 at position 11: an exact layer
-    trace = Trace(codes, ratios, offset=9, pad=torch.tensor([0]), budget=None, keys=keys)  # positions 9, 10, 11
+    trace = Trace(codes, ratios, offset=9, pad=torch.tensor([0]), budget=None, measures={KEYS_READ: keys})  # positions 9, 10, 11
     stats = trace.row_stats(0, 9, 12)
     first, second = stats.means(0), stats.means(1)
     assert first[DENSITY] == pytest.approx((6 / 11 + 12 / 12) / 2)
@@ -131,8 +132,31 @@ def test_a_draft_whose_budget_varies_reports_the_keys_it_read():
         for p, k in zip(positions, keys, strict=True):
             want[p, layer] = k
     assert len(counted) == trace.codes.shape[-1] and (want[start:] > 2 * 4).any()  # past 2S somewhere
-    torch.testing.assert_close(trace.keys[0], want, equal_nan=True)
+    torch.testing.assert_close(trace.measures[KEYS_READ][0], want, equal_nan=True)
     density = trace.row_stats(0, start, ids.shape[1]).means()[DENSITY]
     decided = (trace.codes[0] == ACCEPTED) | (trace.codes[0] == REJECTED)
     shares = (want / (torch.arange(ids.shape[1])[:, None] + 1)).clamp(max=1)
     assert density == pytest.approx(float(shares[decided].mean()))
+
+
+def test_a_promises_realized_shares_by_hand():
+    """A draft that promises epsilon (vAttention's): per layer, the share of measured decisions whose d/n exceeds it,
+    and the mean of the denominator's missed shares where measured; a draft that promises nothing has no such
+    entries (not 0), and summing with one that does keeps its counts."""
+    codes = torch.tensor([[[ACCEPTED, REJECTED], [REJECTED, ACCEPTED], [TRIVIAL, TRIVIAL], [ACCEPTED, REJECTED]]],
+                         dtype=torch.int8)
+    ratios = torch.tensor([[[0.05, 0.4], [0.2, 0.1], [NAN, NAN], [0.11, NAN]]])
+    missed = torch.tensor([[[0.0, 0.5], [0.25, NAN], [NAN, NAN], [1.0, NAN]]])
+    trace = Trace(codes, ratios, pad=torch.tensor([0]), budget=4, measures={DENOMINATOR: missed}, epsilon=0.1)
+    stats = trace.row_stats(0, 0, 4)
+    first, second = stats.means(0), stats.means(1)
+    assert first[PROMISE_DN] == pytest.approx(2 / 3) and second[PROMISE_DN] == pytest.approx(1 / 2)  # 0.1: not >
+    assert first[PROMISE_DENOMINATOR] == pytest.approx(1.25 / 3) and second[PROMISE_DENOMINATOR] == 0.5
+    assert stats.means()[PROMISE_DN] == pytest.approx(3 / 5)
+    no_denominator = Trace(codes, ratios, pad=torch.tensor([0]), budget=4, epsilon=0.1).row_stats(0, 0, 4)
+    assert no_denominator.means(0)[PROMISE_DENOMINATOR] is None and no_denominator.means(0)[PROMISE_DN] is not None
+    none = Trace(codes, ratios, pad=torch.tensor([0]), budget=4).row_stats(0, 0, 4)
+    assert PROMISE_DN not in none.means() and PROMISE_DN not in none.to_dict()["layers"][0]
+    total = AcceptanceStats.zeros(2) + stats + stats
+    assert total.means(0)[PROMISE_DN] == pytest.approx(2 / 3) and total.to_dict()["total"][PROMISE_DN] == \
+        pytest.approx(3 / 5)

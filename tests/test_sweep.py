@@ -418,6 +418,7 @@ def test_a_sweep_of_one_approximation_at_two_settings_writes_and_reports_both(tm
     from alspec_eval.report.build import write_report
     from alspec_eval.report.cells import load_sweep
     from alspec_eval.report.frames import args_text
+    from alspec_eval.stats import DENSITY, PROMISE_DENOMINATOR, PROMISE_DN
 
     model = save_tiny(tmp_path / "model", max_positions=4096)
     settings = [{"epsilon": 0.1, "delta": 0.1, "sink": 2, "local": 4, "top": 4},
@@ -432,17 +433,25 @@ def test_a_sweep_of_one_approximation_at_two_settings_writes_and_reports_both(tm
         for kind in ("lambda_1", "inf"):
             cell = cells[f"alspec_recall/{kind}_{approx.slug}"]
             assert cell["approx"] == "vattention" and {k: cell["approx_args"][k] for k in setting} == setting
+            total = cell["alspec"]["total"]  # its promise, realized: shares, verified (lambda) or not (inf)
+            assert all(0 <= total[k] <= 1 for k in (PROMISE_DN, PROMISE_DENOMINATOR)) and total[DENSITY] is not None
+    assert PROMISE_DN not in cells["alspec_recall/lambda_1"]["alspec"]["total"]  # the sink promises nothing
     assert len(cells) == 3 + 2 * len(made)  # baseline, lambda_1, sink and each setting's two rows
     assert json.loads((out / "sweep.json").read_text())["approx_args"] == {"vattention": [a.args() for a in made]}
     assert load_sweep(out).approximations == config.approx
     names = {p.name: p for p in write_report(out)}
     table = names["table1.md"].read_text()
     assert all(f"λ = 1 · {a.label}" in table for a in made)
+    assert all(("ε missed: d/n" in line) == ("vattention" in line) for line in table.splitlines() if "λ = 1" in line)
     board = names["board.md"].read_text()
     assert all(f"| {a.label} †" in board for a in made)  # an oracle: shown, not ranked
+    assert "| hit rate | ε missed: d/n | ε missed: D |" in board
     with names["board.csv"].open() as handle:
-        drafts = [(r["approx"], r["approx_args"]) for r in csv.DictReader(handle)]
+        entries = list(csv.DictReader(handle))
+    drafts = [(r["approx"], r["approx_args"]) for r in entries]
     assert sorted(a for n, a in drafts if n == "vattention") == sorted(args_text(a) for a in made)
+    for r in entries:  # the shares where the draft promises (and a cell was verified), empty otherwise
+        assert (r["promise_dn"] not in ("", "nan")) == (r["approx"] == "vattention" and r["speedup"] != "nan"), r
     with names["table1.csv"].open() as handle:
         rows = {(r["approx"], r["approx_args"]) for r in csv.DictReader(handle) if r["policy"] == "dynamic"}
     assert {("vattention", args_text(a)) for a in made} <= rows

@@ -308,6 +308,27 @@ def test_reference_denominator_and_output_agree():
             assert len(head.fixed) + head.m == t + 1 and len(head.sample) == head.B
 
 
+@pytest.mark.parametrize("epsilon", [0.005, 0.02, 0.08])
+def test_the_denominator_measure_is_the_references_missed_share(epsilon):
+    """What the engines record where a draft promises its denominator (semantics.denominator_exceeded): per position,
+    the share of query heads with |D~ - D| > epsilon D, equal to the reference's own D~ and D (float64) but where a
+    head sits within 1e-6 of the threshold."""
+    key, _, query, rows, pos, pad = batch("random")
+    index, valid, log_weight = engine("random", "between")
+    span = torch.arange(key.shape[2])
+    allowed = (span >= pad[:, None]) & (span <= (pad + pos)[:, None])
+    got = semantics.denominator_exceeded(query, key[rows], allowed, index, valid, log_weight, SCALE, epsilon)
+    compared, shares = 0, set()
+    for i, ref in enumerate(references("random", "between")):
+        errors = [abs(t - d) / d for t, d in zip(ref.D_tilde, ref.D, strict=True)]
+        if any(abs(e - epsilon) < 1e-6 for e in errors):
+            continue
+        want = sum(e > epsilon for e in errors) / HQ
+        assert got[i].item() == pytest.approx(want), (i, errors)
+        compared, shares = compared + 1, shares | {want}
+    assert compared >= len(POSITIONS) - 2 and len(shares) >= 2  # both sides of the threshold among the rows
+
+
 # ---------------------------------------------------------------- the promise: many keys, random attention
 
 PROMISE_PADS = (0, 23)

@@ -2,9 +2,9 @@
 approximations, each one small class (sink.py, local.py, quest.py, topk.py, snapkv.py), and kvpress's presses
 (kvpress.py). Torch-free to import."""
 
-from .base import Approximation, LayerInputs, Selected, Site, draw_inputs, selection
+from .base import Approximation, LayerInputs, Promise, Selected, Site, draw_inputs, selection
 from .catalog import DEFAULT, name_of
 from .registry import approximation_class, default_approximation, make_approximation, names, order, register_approximation
 
-__all__ = ["DEFAULT", "Approximation", "LayerInputs", "Selected", "Site", "approximation_class", "default_approximation",
+__all__ = ["DEFAULT", "Approximation", "LayerInputs", "Promise", "Selected", "Site", "approximation_class", "default_approximation",
            "make_approximation", "name_of", "names", "order", "register_approximation", "selection", "draw_inputs"]

@@ -137,6 +137,11 @@ class Approximation:
         reads every key (an oracle) says ``context``: it can start no earlier than A, so it buys nothing."""
         raise NotImplementedError(f"{self.name} declares no cost (keys_read)")
 
+    def promise(self) -> Promise | None:
+        """What the draft promises of its error without verification (vAttention's epsilon and delta), for the
+        statistics to measure against exact attention; None (the default): it promises nothing."""
+        return None
+
     def fused_decode(self, kernel: Any) -> Any:
         """The decode kernel its decode steps take (``kernel``, which computes the sink's A~ in the same call as A),
         else None: a draft whose A~ the kernel does not compute takes its layers' own path."""
@@ -235,6 +240,18 @@ def selection(approx: Approximation, selected: Selected) -> tuple[torch.Tensor, 
 def scores_bytes(key: torch.Tensor) -> int:
     """What ranking one position's keys by score holds: a row's float32 scores, and the sort's values and indices."""
     return key.shape[2] * key.shape[1] * 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Promise:
+    """A draft's promise: with probability at least 1 - ``delta``, each quantity it bounds stays within a relative
+    error of ``epsilon``. ``denominator``: the softmax denominator of each query head, |D~ - D| <= epsilon D (D~ the
+    sum of the selected keys' weighted exponentials, D every key's). Both engines measure, per layer, the share of
+    verified positions where it fails, and the share where ALSpec's own d/n exceeds epsilon."""
+
+    epsilon: float
+    delta: float
+    denominator: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from statistics import NormalDist
 import torch
 
 from ..errors import ConfigError
-from .base import Approximation, Selected, Site
+from .base import Approximation, Promise, Selected, Site
 
 MASK32 = 0xFFFFFFFF
 UNDRAWN = 1 << 33  # the priority of a key outside the rest R: after every drawn key
@@ -52,6 +52,9 @@ class VAttention(Approximation):
         if bad:
             name, value, rule, example = bad[0]
             raise ConfigError(f"approx_args {name}:{value} is invalid for vattention; use {rule}, e.g. {example}")
+
+    def promise(self) -> Promise:
+        return Promise(self.epsilon, self.delta, denominator=True)  # its budget bounds the denominator's error
 
     def max_keys(self, window: int) -> None:
         return None  # the sample may reach the whole context

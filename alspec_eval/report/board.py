@@ -40,6 +40,8 @@ class Entry:
     diff_high: float
     n: int
     engine: str = ""  # what ran its best cell (hf or vllm); none where no cell is verified
+    promise_dn: float = math.nan  # a promising draft's realized shares in its best cell (NaN: it promises nothing)
+    promise_denominator: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ def _entry(task: str, approx: Approximation, best: pd.Series | None) -> Entry:
         return Entry(name, length, approx, None, math.nan, math.nan, 0, math.nan, math.nan, math.nan, math.nan, 0)
     return Entry(name, length, approx, None, float(best["speedup"]), float(best["lambda"]), int(best["window"]),
                  float(best["hit_rate"]), float(best["diff"]), float(best["diff_low"]), float(best["diff_high"]),
-                 int(best["n_paired"]), str(best["engine"]))
+                 int(best["n_paired"]), str(best["engine"]), float(best["promise_dn"]),
+                 float(best["promise_denominator"]))
 
 
 def _ranked(entry: Entry, rank: int | None) -> Entry:
@@ -102,6 +105,10 @@ def _ranked(entry: Entry, rank: int | None) -> Entry:
 
 
 TITLE = "Which draft buys the most verified speed"
+PROMISE_NOTE = ("A draft that promises its error (ε, δ: vAttention's) shows in its best cell the share of decisions "
+                "whose d/n exceeded ε and of (decision, query head) pairs whose softmax denominator its selection "
+                "missed by more than ε of it (D), measured against exact attention; the promise holds where both "
+                "stay below δ. Empty for a draft that promises nothing.")
 NOTE = ("Per task and context length, each draft's best verified point: its cell (any λ and S) with the largest "
         "projected speedup (an ESTIMATE of the latency model, {model}) whose score is not significantly below the "
         "baseline's on the same documents (paired 95% bootstrap interval of the difference reaching 0; McNemar's "
@@ -120,21 +127,29 @@ ENGINE_NAMES = {"hf": "hf (--model alspec)", "vllm": "vLLM (--model alspec-vllm)
 def board_markdown(units: list[Unit], model: str) -> str:
     engines = sorted({e.engine for u in units for e in u.entries if e.engine})
     ran = f"Cells run on {', '.join(ENGINE_NAMES.get(e, e) for e in engines)}." if engines else ""
-    lines = [f"# {TITLE}", "", NOTE.format(model=model, mark=ORACLE_MARK) + (f" {ran}" if ran else ""), ""]
+    promised = any(e.approx.promise() is not None for u in units for e in u.entries)  # its columns, else none
+    lines = [f"# {TITLE}", "", NOTE.format(model=model, mark=ORACLE_MARK) + (f" {ran}" if ran else "")
+             + (f" {PROMISE_NOTE}" if promised else ""), ""]
     for unit in units:
         lines += [_heading(unit), ""]
         if not unit.ranks:
             lines += [f"The baseline is not above chance ({CHANCE:g}): a draft cannot lose what the model never had, "
                       "so nothing is ranked.", ""]
-        lines += ["| rank | draft | engine | projected speedup | λ | S | hit rate | Δ score [95% CI] | n |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        extra = (" ε missed: d/n | ε missed: D |", " --- | --- |") if promised else ("", "")
+        lines += ["| rank | draft | engine | projected speedup | λ | S | hit rate |" + extra[0]
+                  + " Δ score [95% CI] | n |",
+                  "| --- | --- | --- | --- | --- | --- | --- |" + extra[1] + " --- | --- |"]
         for e in unit.entries:
             name = e.approx.label + (f" {ORACLE_MARK}" if e.approx.oracle else "")
             if math.isnan(e.speedup):
-                lines.append(f"| – | {name} | | no cell without a significant loss | | | | | |")
+                lines.append(f"| – | {name} | | no cell without a significant loss | | | |" + (" | |" if promised else "")
+                             + " | |")
                 continue
+            shares = "".join(f" {'' if math.isnan(x) else f'{100 * x:.1f}%'} |"
+                             for x in (e.promise_dn, e.promise_denominator)) if promised else ""
             lines.append(f"| {e.rank or '–'} | {name} | {e.engine} | {e.speedup:.2f}× | {e.lam:g} | {e.window} | "
-                         f"{100 * e.hit_rate:.1f}% | {e.diff:+.3f} [{e.diff_low:+.3f}, {e.diff_high:+.3f}] | {e.n} |")
+                         f"{100 * e.hit_rate:.1f}% |{shares} {e.diff:+.3f} [{e.diff_low:+.3f}, {e.diff_high:+.3f}] | "
+                         f"{e.n} |")
         lines.append("")
     notes = dict.fromkeys(oracle_note(e.approx) for u in units for e in u.entries if e.approx.oracle)
     return "\n".join([*lines, *(f"{ORACLE_MARK} {n}" for n in notes)]).rstrip() + "\n"
@@ -143,12 +158,15 @@ def board_markdown(units: list[Unit], model: str) -> str:
 def write_board_csv(units: list[Unit], path: Path) -> Path:
     fields = ["task", "length", "approx", "approx_args", "oracle", "rank", "speedup", "lam", "window", "hit_rate",
               "diff", "diff_low", "diff_high", "n", "baseline", "baseline_low", "baseline_high", "ranked", "engine"]
+    if any(e.approx.promise() is not None for u in units for e in u.entries):  # a promising draft's shares
+        fields += ["promise_dn", "promise_denominator"]
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         for unit in units:
             for e in unit.entries:
-                writer.writerow({**asdict(e), "approx": e.approx.name,
+                row = {k: v for k, v in asdict(e).items() if k in fields}
+                writer.writerow({**row, "approx": e.approx.name,
                                  "approx_args": args_text(e.approx),
                                  "oracle": e.approx.oracle, "baseline": unit.baseline,
                                  "baseline_low": unit.baseline_low, "baseline_high": unit.baseline_high,

@@ -15,7 +15,8 @@ from typing import Any
 from alspec_eval.config import canonical_policy
 from alspec_eval.approximations import DEFAULT, Approximation, make_approximation, order
 from alspec_eval.rows import BASELINE, SINK, STATIC, Row
-from alspec_eval.stats import DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, RATIO_EDGES, SCHEMA_VERSION
+from alspec_eval.stats import (DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, PROMISE_DENOMINATOR, PROMISE_DN, RATIO_EDGES,
+                               SCHEMA_VERSION)
 
 __all__ = ["BASELINE", "SINK", "STATIC", "Cell", "LayerStats", "NoCellsError", "Row", "Sweep", "load_cell", "load_sweep"]
 
@@ -39,12 +40,15 @@ class LayerStats:
     density: float | None = None  # the share of the context A~ reads (stats.DENSITY); None in older files
     effective_density: float | None = None  # with rejections falling back to A (stats.EFFECTIVE_DENSITY)
     output_error: float | None = None  # mean d/n (stats.OUTPUT_ERROR)
+    # a draft's promise, realized: the share of d/n above its epsilon, of denominators missed (None: no promise)
+    promise_dn: float | None = None
+    promise_denominator: float | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], skipped: str | None = None) -> "LayerStats":
         return cls(int(d["speculated"]), int(d["accepted"]), int(d["trivial"]), d.get("hit_rate"),
                    tuple(int(x) for x in d["hist"]), d.get("skipped", skipped), d.get(DENSITY),
-                   d.get(EFFECTIVE_DENSITY), d.get(OUTPUT_ERROR))
+                   d.get(EFFECTIVE_DENSITY), d.get(OUTPUT_ERROR), d.get(PROMISE_DN), d.get(PROMISE_DENOMINATOR))
 
 
 @dataclass(frozen=True)

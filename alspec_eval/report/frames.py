@@ -165,6 +165,7 @@ def load(outdir: str | Path) -> Frames:
                "hit_low_decision": low_d, "hit_high_decision": high_d,
                "density": _or_nan(c.total.density), "effective_density": _or_nan(c.total.effective_density),
                "output_error": _or_nan(c.total.output_error),
+               "promise_dn": _or_nan(c.total.promise_dn), "promise_denominator": _or_nan(c.total.promise_denominator),
                "gamma": c.gamma if c.gamma is not None else math.nan, "tau": c.tau if c.tau is not None else math.nan}
         row.update(paired_difference(docs, scores.get((c.task, _baseline_name(sweep, c.task))), c.row == BASELINE))
         cells.append(row)

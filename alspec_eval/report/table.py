@@ -31,7 +31,15 @@ def format_cell(cell: pd.Series | None, row: Row) -> str:
     if row.drafts_tokens:
         return f"{score} / τ = {MISSING if pd.isna(cell['tau']) else format(cell['tau'], '.2f')}"
     hit = MISSING if pd.isna(cell["hit_rate"]) else f"{100 * cell['hit_rate']:.1f}%"
-    return f"{score} / {hit}"
+    return f"{score} / {hit}{promise_text(cell)}"
+
+
+def promise_text(cell: pd.Series) -> str:
+    """A promising draft's realized shares beside its hit rate, " (ε missed: d/n 12.0%, D 3.1%)"; nothing for a draft
+    that promises nothing."""
+    parts = [f"{name} {100 * cell[key]:.1f}%" for name, key in (("d/n", "promise_dn"), ("D", "promise_denominator"))
+             if key in cell and not pd.isna(cell[key])]
+    return f" (ε missed: {', '.join(parts)})" if parts else ""
 
 
 def table1_rows(sweep: Sweep, cells: pd.DataFrame | None = None) -> list[list[str]]:
@@ -81,6 +89,11 @@ def table1_markdown(sweep: Sweep, cells: pd.DataFrame | None = None) -> str:
         caption += (f" Self-speculation rows ({draft} as the draft, gamma tokens per step): score / τ, the mean "
                     "tokens per verification step, the verifier's own token included (– for a task that only scores: "
                     "loglikelihood is exact under self-speculation).")
+    if any(a.promise() is not None for a in sweep.approximations):
+        caption += (" A draft that promises its error (ε, δ: vAttention's) shows, beside its hit rate, the share of "
+                    "decisions whose d/n exceeded ε and of (decision, query head) pairs whose softmax denominator its "
+                    "selection missed by more than ε of it (D), measured against exact attention: the promise holds "
+                    "where these stay below δ.")
     notes = "".join(f"{line}\n" for line in approximation_notes(sweep))
     return (f"{caption}\n\n{markdown_table(table1_rows(sweep, cells))}\n{notes}Metrics: {'; '.join(metrics)}\n"
             f"{ROUTINES}\n")
@@ -92,6 +105,10 @@ def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None
     columns = {"score": "score", "hit_rate_pct": "hit_rate_pct", "tau": "tau", "diff": "diff", "diff_low": "diff_low",
                "diff_high": "diff_high", "p_value": "mcnemar_p"}
     table = cells.assign(hit_rate_pct=100 * cells["hit_rate"])
+    for key in ("promise_dn", "promise_denominator"):  # where a draft promises its error: the realized shares
+        if cells[key].notna().any():
+            columns[f"{key}_pct"] = f"{key}_pct"
+            table[f"{key}_pct"] = 100 * cells[key]
     wide = table.pivot(index="row", columns="task", values=list(columns))
     order = [row.label for row in sweep.rows]
     wide = wide.reindex(order)

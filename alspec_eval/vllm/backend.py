@@ -33,8 +33,8 @@ class WorkerState:
 
     runner: Any = None
     settings: Settings | None = None
-    # per layer call: the rows' tags and positions, the layer, its codes, d/n and keys read (None: a fixed budget)
-    records: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor | None]] = field(
+    # per layer call: the rows' tags and positions, the layer, its codes, d/n and measures (verifiers.Decided)
+    records: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = field(
         default_factory=list)
     prompts: Prompts = field(default_factory=Prompts)  # a prompt-scoring draft's observations (paged.observe_layer)
     checked: set[str] = field(default_factory=set)  # layers whose cache layout was checked once
@@ -129,24 +129,24 @@ class WorkerState:
             if not steps or steps[-1][0][0] is not record[0]:
                 steps.append([])
             steps[-1].append(record)
-        counted = any(record[5] is not None for record in records)  # a draft whose budget varies: keys read
-        grids: list[list[torch.Tensor]] = [[], [], []]
+        names = tuple(sorted({name for record in records for name in record[5]}))  # what the draft measures
+        grids: list[list[torch.Tensor]] = [[] for _ in range(2 + len(names))]
         for step in steps:
             grid = torch.zeros(len(step[0][0]), layers, dtype=torch.int8, device=step[0][3].device)
-            values = torch.full(grid.shape, math.nan, device=grid.device)
-            read = values.clone() if counted else values[:, :0]
-            for _, _, layer, code, ratio, keys in step:
-                grid[:, layer], values[:, layer] = code, ratio
-                if keys is not None:
-                    read[:, layer] = keys
-            for grown, made in zip(grids, (grid, values, read), strict=True):
+            values = [torch.full(grid.shape, math.nan, device=grid.device) for _ in range(1 + len(names))]
+            for _, _, layer, code, ratio, measures in step:
+                grid[:, layer], values[0][:, layer] = code, ratio
+                for i, name in enumerate(names):
+                    if name in measures:
+                        values[1 + i][:, layer] = measures[name]
+            for grown, made in zip(grids, (grid, *values), strict=True):
                 grown.append(made)
-        packed = torch.cat([torch.cat(grids[0]).float(), torch.cat(grids[1]), torch.cat(grids[2])], 1)
+        packed = torch.cat([torch.cat(grids[0]).float(), *(torch.cat(g) for g in grids[1:])], 1)
         found = torch.tensor([0, -1]) if breaches is None else breaches
         flat = torch.cat([packed.flatten(), found.to(packed)]).cpu()  # the one read-back
         packed, (count, last) = flat[:-2].view(packed.shape), flat[-2:].long().tolist()
         codes, ratios = packed[:, :layers].to(torch.int8), packed[:, layers:2 * layers]
-        read = packed[:, 2 * layers:] if counted else None
+        measured = packed[:, 2 * layers:].reshape(len(packed), len(names), layers)
         tags = torch.cat([step[0][0] for step in steps]).long()
         pos = torch.cat([step[0][1] for step in steps]).long()
         keys, inverse = (tags << 32 | pos).unique(return_inverse=True)  # sorted by request id, then position
@@ -154,7 +154,7 @@ class WorkerState:
         first = torch.full((len(keys),), len(inverse)).scatter_reduce(0, inverse, order, "amin")
         again = int((torch.bincount(inverse, minlength=len(keys)) > 1).sum())
         return Taken(keys >> 32, keys & 0xFFFFFFFF, codes[first], ratios[first], again, count, last,
-                     None if read is None else read[first])
+                     measured[first], names)
 
 
 class Step(NamedTuple):
@@ -179,15 +179,17 @@ class Taken(NamedTuple):
     redecided: int
     out_of_bounds: int  # the draft's selections that reached outside [0, pos] (each cut to it: bounds.py)
     out_of_bounds_at: int  # the largest position among them (-1: none)
-    keys: torch.Tensor | None = None  # (N, layers) where the draft's budget varies: the keys each A~ read (NaN: none)
+    measures: torch.Tensor | None = None  # (N, len(names), layers): each decision's measures (NaN: none)
+    names: tuple[str, ...] = ()  # the measures' names (:func:`alspec_eval.measures.measure`), in that order
 
-    def by_request(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        """Per request id its positions, codes, d/n and keys read (None: a fixed budget): views of the packed rows,
-        one slice a request."""
+    def by_request(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]:
+        """Per request id its positions, codes, d/n and measures by name: views of the packed rows, one slice a
+        request."""
         ids, counts = self.tags.unique_consecutive(return_counts=True)
         split = [t.split(counts.tolist()) for t in (self.pos, self.codes, self.ratios)]
-        read = self.keys.split(counts.tolist()) if self.keys is not None else [None] * len(ids)
-        return dict(zip(ids.tolist(), zip(*split, read)))
+        parts = self.measures.split(counts.tolist()) if self.measures is not None else [None] * len(ids)
+        measured = [{} if part is None else {name: part[:, i] for i, name in enumerate(self.names)} for part in parts]
+        return dict(zip(ids.tolist(), zip(*split, measured)))
 
 
 def _extra_args(state: Any) -> dict[str, Any]:

@@ -294,15 +294,18 @@ class ALSpecVLLM(VLLM):
         codes = torch.zeros(1, max(end - lo, 0), self.num_layers, dtype=torch.int8)
         ratios = torch.full(codes.shape, float("nan"))
         config = self.spec_config
-        budget = config.approx.max_keys(config.window)
-        keys = torch.full(codes.shape, float("nan")) if budget is None else None  # a budget that varies: keys read
+        measures: dict[str, torch.Tensor] = {}
         if decided is not None:
-            pos, decided_codes, decided_ratios, decided_keys = decided
+            pos, decided_codes, decided_ratios, decided_measures = decided
             keep = (pos >= start) & (pos < end)
             codes[0, pos[keep] - lo], ratios[0, pos[keep] - lo] = decided_codes[keep], decided_ratios[keep].float()
-            if keys is not None and decided_keys is not None:
-                keys[0, pos[keep] - lo] = decided_keys[keep].float()
-        trace = Trace(codes, ratios, offset=lo, pad=torch.zeros(1, dtype=torch.long), budget=budget, keys=keys)
+            for name, values in decided_measures.items():
+                measures[name] = torch.full(codes.shape, float("nan"))
+                measures[name][0, pos[keep] - lo] = values[keep].float()
+        promise = config.approx.promise()
+        trace = Trace(codes, ratios, offset=lo, pad=torch.zeros(1, dtype=torch.long),
+                      budget=config.approx.max_keys(config.window), measures=measures,
+                      epsilon=None if promise is None else promise.epsilon)
         return RowRecord(trace.row_stats(0, start, end), trace.accepted_layers(0, first, end))
 
     # ------------------------------------------------------------------ results

@@ -18,6 +18,7 @@ from .. import semantics
 from ..approximations.base import Ranges, Site, draw_inputs, selection
 from ..bounds import Breaches
 from ..errors import ConfigError
+from ..measures import Selection, measure
 from .kept import page_summaries
 from .tiled import VERIFY_BUDGET
 
@@ -399,8 +400,9 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
 def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
                        observed: dict[int, Any], groups: Contexts | None = None, kept: torch.Tensor | None = None,
-                       seed: torch.Tensor | None = None,
-                       site: Site | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                       seed: torch.Tensor | None = None, site: Site | None = None,
+                       scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                                                    dict[str, torch.Tensor]]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
     (M, Hkv or 1, n), which count (None: all), and a weighted draft's log-weights (None: none). Where they depend on
     the position alone (``position_ranges``), its ranges listed, as the other paths read them (cut to [0, pos]:
@@ -410,18 +412,21 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     batch row, what a prompt-scoring draft kept of its prompt at this layer. ``groups``: the rows' requests grouped
     for reading (:class:`Contexts`), where the step built them once for all its layers. ``kept``: the layer's page
     summaries of a draft that keeps them (:mod:`.kept`), prepared from instead of the keys. ``seed`` (the rows'
-    request seeds) and ``site`` (the layer's): what a draft that draws at random draws from."""
+    request seeds) and ``site`` (the layer's): what a draft that draws at random draws from. Last, what the draft's
+    declarations ask each row to measure (:func:`.measures.measure`, at the model's ``scale``; none for a draft
+    fixed by position)."""
     if settings.approx.keys_by_position:
-        return *_listed(*position_keys(settings, pos, query.device)), None
+        return *_listed(*position_keys(settings, pos, query.device)), None, {}
     if groups is None:
         groups = Contexts.build(request, pos, settings.approx, kv_cache)
     seed = torch.zeros_like(pos) if seed is None else seed
-    positions, valid, log_weight = _selected(query, kv_cache, layout, block_table, block_size, pos, settings,
-                                             observed, groups, kept, seed, site or Site(0, settings.first_kv_head))
+    positions, valid, log_weight, measures = _selected(query, kv_cache, layout, block_table, block_size, pos,
+                                                       settings, observed, groups, kept, seed,
+                                                       site or Site(0, settings.first_kv_head), scale)
     last = pos.to(positions.device)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
-    return positions, valid, log_weight
+    return positions, valid, log_weight, measures
 
 
 def _listed(starts: torch.Tensor, ends: torch.Tensor,
@@ -463,15 +468,17 @@ class Contexts:
 
 def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
               pos: torch.Tensor, settings: Settings, observed: dict[int, Any], contexts: Contexts,
-              kept: torch.Tensor | None, seed: torch.Tensor,
-              site: Site) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them."""
+              kept: torch.Tensor | None, seed: torch.Tensor, site: Site,
+              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them,
+    and each row's measures."""
     approx, window = settings.approx, settings.window
     heads = kv_cache.shape[1]
     width = approx.max_keys(window) or 2 * window  # None (a budget up to the context): widened as selections come
     positions = torch.zeros(len(pos), heads, width, dtype=torch.long, device=query.device)
     valid = torch.zeros(len(pos), heads, width, dtype=torch.bool, device=query.device)
     log_weight = torch.zeros(len(pos), heads, width, device=query.device) if approx.weighted else None
+    measures: dict[str, torch.Tensor] = {}
     requests, lengths = contexts.requests, contexts.lengths
     for group, mine, local in contexts.groups:
         if approx.reads_keys and kept is None:
@@ -509,7 +516,12 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
             valid[mine[part], :, :width] = True if chosen is None else chosen
             if log_weight is not None:
                 log_weight[mine[part], :, :width] = weight.float()
-    return positions, valid, log_weight
+            span = torch.arange(keys.shape[2], device=keys.device)
+            taken = Selection(query[mine[part]], keys, rows[part], span <= where[part, None],
+                              index.clamp(0, keys.shape[2] - 1), chosen, weight)  # outside [0, pos]: refused after
+            for name, value in measure(approx, window, taken, scale).items():
+                measures.setdefault(name, torch.full((len(pos),), math.nan, device=query.device))[mine[part]] = value
+    return positions, valid, log_weight, measures
 
 
 def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int | None = None) -> list[torch.Tensor]:
@@ -532,14 +544,15 @@ def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int |
 def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
              request: torch.Tensor, pos: torch.Tensor, settings: Settings, observed: dict[int, Any],
              scale: float, groups: Contexts | None = None, kept: torch.Tensor | None = None,
-             seed: torch.Tensor | None = None, site: Site | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             seed: torch.Tensor | None = None,
+             site: Site | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A~ (M, Hq, D) of rows whose queries are ``query`` (M, Hq, D): each row's selected keys and values gathered
-    from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes; and how many
-    keys each row read per KV head (:func:`.semantics.keys_read`). The path of drafts that select by content, and
-    the reference the streamed path (:mod:`.tiled`) is tested against."""
-    positions, valid, log_weight = selected_positions(query, kv_cache, layout, block_table, block_size, request, pos,
-                                                      settings, observed, groups, kept, seed, site)
-    keys_read = semantics.keys_read(positions, valid)
+    from the paged cache (:func:`selected_positions`), rows in chunks of :data:`VERIFY_BUDGET` bytes; and what the
+    draft's declarations ask each row to measure (:func:`.measures.measure`). The path of drafts that select by
+    content, and the reference the streamed path (:mod:`.tiled`) is tested against."""
+    positions, valid, log_weight, measures = selected_positions(query, kv_cache, layout, block_table, block_size,
+                                                                request, pos, settings, observed, groups, kept, seed,
+                                                                site, scale)
     kv_heads, (rows, heads, dim) = kv_cache.shape[1], query.shape
     positions = positions.expand(-1, kv_heads, -1)
     if valid is not None:
@@ -559,4 +572,4 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
         bias = None if log_weight is None else log_weight[part, :, None, :].to(kv_cache.device)
         parts.append(semantics.attend(query[part, None], keys, values, None if valid is None else valid[part],
                                       scale, bias)[:, 0])
-    return parts[0] if len(parts) == 1 else torch.cat(parts), keys_read
+    return parts[0] if len(parts) == 1 else torch.cat(parts), measures

@@ -77,39 +77,41 @@ class Verifier:
         return None
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
-                    observed: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A~ of the live rows, and the keys each read per KV head where the draft's budget varies (else None)."""
+                    observed: dict[int, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A~ of the live rows, and what the draft's declarations ask each to measure (:func:`.measures.measure`)."""
         raise NotImplementedError
 
     def verify(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings, observed: dict[int, Any],
                lam: float, reduce: Reduce | None) -> Decided:
         """A~ of the live rows, then d^2 and n^2 against their A, then :func:`decide`."""
-        approx, keys = self.approximate(layer, rows, plan, settings, observed)
+        approx, measures = self.approximate(layer, rows, plan, settings, observed)
         exact = layer.output[plan.token]
-        return decide(layer, plan, approx, exact, *semantics.squared_distances(approx, exact), lam, reduce, keys)
+        return decide(layer, plan, approx, exact, *semantics.squared_distances(approx, exact), lam, reduce, measures)
 
 
-# a layer's codes and d/n of the step's rows, and, where the draft's budget varies, the keys each A~ read (else None)
-Decided = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+# a layer's codes and d/n of the step's rows, and its measures by name (:func:`.measures.measure`; NaN where none)
+Decided = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
 
 
 def decide(layer: Layer, plan: Plan, approx: torch.Tensor, exact: torch.Tensor, d2: torch.Tensor, n2: torch.Tensor,
-           lam: float, reduce: Reduce | None, keys: torch.Tensor | None = None) -> Decided:
+           lam: float, reduce: Reduce | None, measures: dict[str, torch.Tensor] | None = None) -> Decided:
     """Every way's last steps: d^2 and n^2 (this rank's heads) summed over the tensor-parallel ranks (``reduce``;
     None: every head is here), the decision at ``lam`` and the commit of the accepted A~ into the layer's output;
-    returns the step's codes and d/n with the live rows' filled in, and the keys read (``keys``: the mean over this
-    rank's KV heads; over every rank's, in the same sum)."""
-    if reduce is not None and keys is not None:
-        d2, n2, summed, ranks = reduce(torch.stack([d2, n2, keys, torch.ones_like(keys)]))
-        keys = summed / ranks
+    returns the step's codes and d/n with the live rows' filled in, and its measures (each a mean over this rank's
+    heads; over every rank's, in the same sum)."""
+    measures = measures or {}
+    if reduce is not None and measures:  # the ranks counted in the same sum, for the measures' means
+        d2, n2, *summed, ranks = reduce(torch.stack([d2, n2, *measures.values(), torch.ones_like(d2)]))
+        measures = {name: total / ranks for name, total in zip(measures, summed, strict=True)}
     elif reduce is not None:
         d2, n2 = reduce(torch.stack([d2, n2]))
     d, n = d2.sqrt(), n2.sqrt()
     accepted = semantics.accept(d, n, lam)
     layer.output[plan.token] = semantics.commit(exact, approx, accepted)
     codes = plan.codes.index_put((plan.live_device,), torch.where(accepted, ACCEPTED, REJECTED).to(torch.int8))
-    read = None if keys is None else torch.full_like(plan.ratios, math.nan).index_put((plan.live_device,), keys)
-    return codes, plan.ratios.index_put((plan.live_device,), d / n), read
+    measured = {name: torch.full_like(plan.ratios, math.nan).index_put((plan.live_device,), value.float())
+                for name, value in measures.items()}
+    return codes, plan.ratios.index_put((plan.live_device,), d / n), measured
 
 
 def _native_rows(rows: StepRows, live: torch.Tensor, settings: Settings, device: torch.device) -> NativeRows:
@@ -139,7 +141,7 @@ class Native(Verifier):
         if reduce is None:  # every head is here: measured, decided and committed in the kernel's one call
             return *native.verify_and_decide(layer.query, layer.output, layer.kv_cache, layer.block_table,
                                              plan.prepared, layer.scale, lam, plan.codes, plan.ratios,
-                                             self.scratch), None
+                                             self.scratch), {}
         approx, d2, n2 = native.verify(layer.query, layer.output, layer.kv_cache, layer.block_table, plan.prepared,
                                        layer.scale, self.scratch)
         return decide(layer, plan, approx, layer.output[plan.token], d2, n2, lam, reduce)
@@ -167,12 +169,12 @@ class Triton(Verifier):
         return _native_rows(rows, live, settings, layer.output.device).to(layer.output.device)
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
-                    observed: dict[int, Any]) -> tuple[torch.Tensor, None]:
+                    observed: dict[int, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         from ..kernels.triton_verify import paged_approximation
 
         ranges = plan.prepared
         return paged_approximation(layer.query, *layer.layout.halves(layer.kv_cache), layer.block_table, ranges.token,
-                                   ranges.request, ranges.pos, ranges.starts, ranges.ends, layer.scale), None
+                                   ranges.request, ranges.pos, ranges.starts, ranges.ends, layer.scale), {}
 
 
 class Tiles(Verifier):
@@ -189,9 +191,9 @@ class Tiles(Verifier):
                                  layer.block_size).to(layer.output.device)
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
-                    observed: dict[int, Any]) -> tuple[torch.Tensor, None]:
+                    observed: dict[int, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return tiled.approximate(layer.query, layer.kv_cache, layer.layout, layer.block_table, layer.block_size,
-                                 plan.prepared, layer.scale), None
+                                 plan.prepared, layer.scale), {}
 
 
 class Gathered(Verifier):
@@ -208,11 +210,10 @@ class Gathered(Verifier):
         return Contexts.build(rows.request[live], rows.pos[live], settings.approx, layer.kv_cache)
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
-                    observed: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        approx, keys = gathered(layer.query[plan.token], layer.kv_cache, layer.layout, layer.block_table,
-                                layer.block_size, rows.request[plan.live], rows.pos[plan.live], settings, observed,
-                                layer.scale, plan.prepared, layer.kept, rows.seed[plan.live], layer.site)
-        return approx, keys if settings.approx.max_keys(settings.window) is None else None
+                    observed: dict[int, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return gathered(layer.query[plan.token], layer.kv_cache, layer.layout, layer.block_table, layer.block_size,
+                        rows.request[plan.live], rows.pos[plan.live], settings, observed, layer.scale, plan.prepared,
+                        layer.kept, rows.seed[plan.live], layer.site)
 
 
 # by preference: the first a draft and a cache admit is the engine's
@@ -253,9 +254,9 @@ def verify_and_count(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.
     ``observed``: per batch row, what a prompt-scoring draft kept of the row's prompt at this layer. ``verifier``:
     the engine's (None: :func:`choose`). ``kept``: the layer's page summaries of a draft that keeps them.
 
-    Returns each row's decision code and d/n (NaN where not measured) and, where the draft's budget varies, the keys
-    its A~ read (else None), on the output's device, nothing read back, or None where the layer does not speculate
-    (threshold OFF). Under tensor parallelism each rank holds some heads: ``reduce`` sums d^2 and n^2 over the
+    Returns each row's decision code and d/n (NaN where not measured) and its measures by name
+    (:func:`.measures.measure`), on the output's device, nothing read back, or None where the layer does not
+    speculate (threshold OFF). Under tensor parallelism each rank holds some heads: ``reduce`` sums d^2 and n^2 over the
     ranks before any decides, so every rank commits the same rows.
     """
     lam = settings.thresholds[layer]
@@ -266,7 +267,7 @@ def verify_and_count(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.
                        Site(layer, settings.first_kv_head))
     step = plan(rows, settings, layer_call, verifier)
     if lam == -math.inf or not len(step.live):  # static's exact layers: decided, not measured
-        return step.codes, step.ratios, None
+        return step.codes, step.ratios, {}
     return verifier.verify(layer_call, rows, step, settings, observed or {}, lam, reduce)
 
 

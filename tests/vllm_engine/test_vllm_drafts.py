@@ -18,7 +18,7 @@ import torch
 from lm_eval.api.instance import Instance
 
 from alspec_eval.config import SpeculationConfig
-from alspec_eval.stats import DENSITY, AcceptanceStats
+from alspec_eval.stats import DENSITY, PROMISE_DENOMINATOR, PROMISE_DN, AcceptanceStats
 from conftest import ENGINE, speculating
 from default_approximations import APPROXIMATIONS, approx_args
 from default_presses import PRESSES, press_args
@@ -136,6 +136,10 @@ def test_alspec_vllm_decides_as_model_alspec(alspec_smol, hf_smol, name, monkeyp
     # the densities of the same positions (where the draft's budget varies, vattention's, from the keys each read)
     assert [t["total"][DENSITY] for t in tasks.values()] == pytest.approx([t["total"][DENSITY]
                                                                             for t in hf_tasks.values()])
+    for key in (PROMISE_DN, PROMISE_DENOMINATOR):  # a promising draft's realized shares; none for the others
+        assert [t["total"].get(key) for t in tasks.values()] == pytest.approx(
+            [t["total"].get(key) for t in hf_tasks.values()], abs=2e-3), key
+    assert (PROMISE_DN in tasks["gen"]["total"]) == (name == "vattention")
     assert sum(t["total"]["accepted"] for t in tasks.values()) > 0
     # the same keys: per layer the same d/n but for rounding at nearly every position, not only the same decisions
     assert [len(r) for r in ratios] == [len(r) for r in hf_ratios]

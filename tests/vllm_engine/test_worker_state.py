@@ -23,16 +23,16 @@ def test_take_puts_each_code_at_its_layer_and_position():
             ratios = torch.tensor([0.01, 0.5, 0.02]) * (layer + 1) + step
             if layer == 2:
                 ratios[2] = math.nan
-            state.records.append((tag, pos, layer, codes, ratios, None))
+            state.records.append((tag, pos, layer, codes, ratios, {}))
             for t, p, c, r in zip(tag.tolist(), pos.tolist(), codes.tolist(), ratios.tolist()):
                 truth[t, p, layer] = (c, r)
     taken = state.take()
     got, again = taken.by_request(), taken.redecided
     assert sorted(got) == [7, 9] and state.records == [] and again == 0
     assert taken.codes.dtype == torch.int8 and taken.tags.tolist() == sorted(taken.tags.tolist())
-    assert taken.keys is None  # a fixed budget: no keys read recorded
-    for t, (positions, codes, ratios, keys) in got.items():
-        assert keys is None
+    assert taken.names == ()  # a fixed budget that promises nothing: no measures
+    for t, (positions, codes, ratios, measures) in got.items():
+        assert measures == {}
         positions, codes, ratios = positions.tolist(), codes.tolist(), ratios.tolist()
         assert positions == sorted({p for (tt, p, _) in truth if tt == t})
         for i, p in enumerate(positions):
@@ -50,11 +50,11 @@ def test_a_position_decided_again_keeps_its_first_decision():
     tag, pos = torch.tensor([5, 5, 6]), torch.tensor([30, 31, 40])
     for layer in (0, 1):  # first pass: request 5 at 30 and 31, request 6 at 40
         state.records.append((tag, pos, layer, torch.tensor([3, 2, 3]), torch.tensor([0.05, 0.5, 0.01]) + layer,
-                              None))
+                              {}))
     recompute_tag, recompute_pos = torch.tensor([5, 5, 5]), torch.tensor([30, 31, 32])  # 32 is new
     for layer in (1, 0):
         state.records.append((recompute_tag, recompute_pos, layer, torch.tensor([2, 3, 3]),
-                              torch.tensor([0.9, 0.02, 0.03]) + 10 * layer, None))
+                              torch.tensor([0.9, 0.02, 0.03]) + 10 * layer, {}))
     taken = state.take()
     got, again = taken.by_request(), taken.redecided
     assert again == 2  # (5, 30) and (5, 31), not per layer
@@ -65,25 +65,27 @@ def test_a_position_decided_again_keeps_its_first_decision():
     assert got[6][1].tolist() == [[3, 3]]
 
 
-def test_take_carries_the_keys_read_where_the_budget_varies():
-    """A draft whose budget varies records the keys each A~ read: they come back beside the codes, in the same one
-    read-back, at their own (request, position, layer), NaN where a layer read none (an exact layer); a recompute
-    keeps the first pass's, as it keeps its decisions."""
+def test_take_carries_each_decisions_measures():
+    """A draft's measures (the keys each A~ read where the budget varies, the denominator's missed share where it
+    promises it) come back beside the codes, in the same one read-back, at their own (request, position, layer), NaN
+    where a layer measured none (an exact layer); a recompute keeps the first pass's, as it keeps its decisions."""
     from test_paged import ReadBacks
 
     state = WorkerState(settings=Settings(thresholds=(0.1, 0.2, 0.3), window=4, window_align=1, approx=None))
     tag, pos = torch.tensor([5, 5, 6]), torch.tensor([30, 31, 40])
     state.records.append((tag, pos, 0, torch.tensor([3, 2, 3]), torch.tensor([0.1, 0.2, 0.3]),
-                          torch.tensor([17.0, 18.5, 40.0])))
-    state.records.append((tag, pos, 2, torch.tensor([2, 2, 2]), torch.full((3,), math.nan), None))
+                          {"keys": torch.tensor([17.0, 18.5, 40.0]), "denominator": torch.tensor([0.0, 0.5, 1.0])}))
+    state.records.append((tag, pos, 2, torch.tensor([2, 2, 2]), torch.full((3,), math.nan), {}))
     state.records.append((torch.tensor([5]), torch.tensor([30]), 0, torch.tensor([2]), torch.tensor([0.9]),
-                          torch.tensor([99.0])))  # decided again: the first pass's stands
+                          {"keys": torch.tensor([99.0]), "denominator": torch.tensor([0.25])}))  # decided again
     with ReadBacks() as reads:
         taken = state.take()
-    assert reads.calls.count("cpu") == 1
+    assert reads.calls.count("cpu") == 1 and taken.names == ("denominator", "keys")
     got = taken.by_request()
-    assert got[5][3].tolist()[0][0] == 17.0 and got[5][3].tolist()[1][0] == 18.5 and got[6][3].tolist()[0][0] == 40.0
-    assert all(math.isnan(k) for rows in (got[5][3], got[6][3]) for k in rows[:, 1:].flatten().tolist())
+    keys = {t: got[t][3]["keys"] for t in (5, 6)}
+    assert keys[5][:, 0].tolist() == [17.0, 18.5] and keys[6][:, 0].tolist() == [40.0]  # the first pass's stands
+    assert got[5][3]["denominator"][:, 0].tolist() == [0.0, 0.5] and got[6][3]["denominator"][0, 0] == 1.0
+    assert all(math.isnan(k) for t in (5, 6) for m in got[t][3].values() for k in m[:, 1:].flatten().tolist())
 
 
 def test_take_reads_the_breaches_in_its_one_read_back():
@@ -94,7 +96,7 @@ def test_take_reads_the_breaches_in_its_one_read_back():
     settings = Settings(thresholds=(0.1,), window=4, window_align=1, approx=None)
     state = WorkerState(settings=settings)
     state.records.append((torch.tensor([5, 6]), torch.tensor([30, 40]), 0, torch.tensor([3, 2]),
-                          torch.tensor([0.1, 0.2]), None))
+                          torch.tensor([0.1, 0.2]), {}))
     settings.breaches.add(torch.tensor([False, True, True]), torch.tensor([10, 41, 30]))
     settings.breaches.add(torch.tensor([True]), torch.tensor([12]))
     with ReadBacks() as reads:
@@ -159,7 +161,7 @@ def test_the_worker_owns_its_state_and_hands_it_to_its_speculating_layers():
     assert speculating.alspec_state is state and not hasattr(plain, "alspec_state")
     assert state is not other.alspec_state and state.settings.window == 8
     state.verifier = object()  # the last draft's: chosen again for the new one
-    state.records.append((torch.tensor([5]), torch.tensor([30]), 0, torch.tensor([3]), torch.tensor([0.1]), None))
+    state.records.append((torch.tensor([5]), torch.tensor([30]), 0, torch.tensor([3]), torch.tensor([0.1]), {}))
     worker.alspec_configure({**SETTINGS, "approx": "local"})
     assert worker.alspec_state is state and state.verifier is None and not state.records
     assert speculating.alspec_state is state and state.settings.approx.name == "local"
