@@ -18,13 +18,15 @@ from .stats import DENOMINATOR, KEYS_READ
 @dataclass(frozen=True)
 class Selection:
     """A chunk of positions' selections as an engine holds them: their queries (r, Hq, D), the cache they select
-    from (B, Hkv, L, D) and each position's row of it (``rows`` (r,)), the keys each may read (``allowed`` (r, L)),
-    and what ``select`` returned (indices into L, which count, log-weights)."""
+    from (B, Hkv, L, D) and each position's row of it (``rows`` (r,)), the first and last key each may read (``low``,
+    ``high``: r elements each, any shape), and what ``select`` returned (indices into L, which count, log-weights).
+    Nothing is computed from it but what a draft's declarations ask for (a decode step launches no op for others)."""
 
     query: torch.Tensor
     cache: torch.Tensor
     rows: torch.Tensor
-    allowed: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
     index: torch.Tensor
     valid: torch.Tensor | None
     log_weight: torch.Tensor | None
@@ -41,6 +43,8 @@ def measure(approx: Any, window: int, taken: Selection, scale: float,
     promise = approx.promise()
     if promise is not None and promise.denominator:
         keys = taken.cache.index_select(0, taken.rows)
-        out[DENOMINATOR] = semantics.denominator_exceeded(taken.query, keys, taken.allowed, taken.index, taken.valid,
+        span = torch.arange(keys.shape[2], device=keys.device)
+        allowed = (span >= taken.low.reshape(-1, 1)) & (span <= taken.high.reshape(-1, 1))  # (r, L)
+        out[DENOMINATOR] = semantics.denominator_exceeded(taken.query, keys, allowed, taken.index, taken.valid,
                                                           taken.log_weight, scale, promise.epsilon, softcap)
     return out

@@ -96,8 +96,8 @@ def _entry(task: str, approx: Approximation, best: pd.Series | None) -> Entry:
         return Entry(name, length, approx, None, math.nan, math.nan, 0, math.nan, math.nan, math.nan, math.nan, 0)
     return Entry(name, length, approx, None, float(best["speedup"]), float(best["lambda"]), int(best["window"]),
                  float(best["hit_rate"]), float(best["diff"]), float(best["diff_low"]), float(best["diff_high"]),
-                 int(best["n_paired"]), str(best["engine"]), float(best["promise_dn"]),
-                 float(best["promise_denominator"]))
+                 int(best["n_paired"]), str(best["engine"]), float(best.get("promise_dn", math.nan)),
+                 float(best.get("promise_denominator", math.nan)))
 
 
 def _ranked(entry: Entry, rank: int | None) -> Entry:

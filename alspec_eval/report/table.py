@@ -106,7 +106,7 @@ def write_table1_csv(sweep: Sweep, path: Path, cells: pd.DataFrame | None = None
                "diff_high": "diff_high", "p_value": "mcnemar_p"}
     table = cells.assign(hit_rate_pct=100 * cells["hit_rate"])
     for key in ("promise_dn", "promise_denominator"):  # where a draft promises its error: the realized shares
-        if cells[key].notna().any():
+        if key in cells and cells[key].notna().any():
             columns[f"{key}_pct"] = f"{key}_pct"
             table[f"{key}_pct"] = 100 * cells[key]
     wide = table.pivot(index="row", columns="task", values=list(columns))

@@ -516,8 +516,7 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
             valid[mine[part], :, :width] = True if chosen is None else chosen
             if log_weight is not None:
                 log_weight[mine[part], :, :width] = weight.float()
-            span = torch.arange(keys.shape[2], device=keys.device)
-            taken = Selection(query[mine[part]], keys, rows[part], span <= where[part, None],
+            taken = Selection(query[mine[part]], keys, rows[part], row_pad[part], where[part],
                               index.clamp(0, keys.shape[2] - 1), chosen, weight)  # outside [0, pos]: refused after
             for name, value in measure(approx, window, taken, scale).items():
                 measures.setdefault(name, torch.full((len(pos),), math.nan, device=query.device))[mine[part]] = value
