@@ -111,12 +111,17 @@ def test_a_draft_whose_budget_varies_reports_the_keys_it_read():
     from default_approximations import approx_args
 
     lm = alspec_lm(tiny_model(), window=4, **approx_args("vattention", 4), **{"lambda": 0.2})
+    epsilon = lm.spec_config.approx.epsilon
     counted: list[tuple[list[int], list[float]]] = []
+    missed: list[tuple[int, list[int], list[float]]] = []
     select = VAttention.select
 
     def spied(self, query, key, rows, pos, pad, window, passed, prepared):
         index, valid, log_weight = select(self, query, key, rows, pos, pad, window, passed, prepared)
         counted.append((prepared.layer, pos.tolist(), [float(v.sum()) / v.shape[0] for v in valid]))
+        missed.append((prepared.layer, pos.tolist(), [
+            _denominator_missed(query[i], key[rows[i]], int(pad[i]), int(pos[i]), index[i], valid[i], log_weight[i],
+                                epsilon) for i in range(len(pos))]))
         return index, valid, log_weight
 
     context, continuation = "It was the best of times, it was the worst", " of times, it was the age"
@@ -137,6 +142,30 @@ def test_a_draft_whose_budget_varies_reports_the_keys_it_read():
     decided = (trace.codes[0] == ACCEPTED) | (trace.codes[0] == REJECTED)
     shares = (want / (torch.arange(ids.shape[1])[:, None] + 1)).clamp(max=1)
     assert density == pytest.approx(float(shares[decided].mean()))
+    want = torch.full(trace.codes.shape[1:], NAN)  # the share of query heads whose denominator the sample missed
+    for layer, positions, shares in missed:
+        for p, k in zip(positions, shares, strict=True):
+            want[p, layer] = k
+    torch.testing.assert_close(trace.measures[DENOMINATOR][0], want, equal_nan=True)
+    assert (want[start:] > 0).any() and (want[start:] < 1).any()  # misses and hits among the decisions
+
+
+def _denominator_missed(q, K, pad, pos, index, valid, log_weight, epsilon) -> float:
+    """Apart from the engines, in numpy float64: the share of q's heads with |D~ - D| > epsilon D, D over the keys
+    [pad, pad + pos] of K (Hkv, L, D), D~ over each KV head's valid selected keys weighted by exp(log-weight)."""
+    import numpy as np
+
+    q, K = q.double().numpy(), K.double().numpy()
+    heads, kv_heads, dim = q.shape[0], K.shape[0], q.shape[1]
+    out = []
+    for g in range(heads):
+        h = g // (heads // kv_heads)
+        s = K[h, pad:pad + pos + 1] @ q[g] / np.sqrt(dim)
+        e = np.exp(s - s.max())
+        chosen = [(int(j) - pad, float(w)) for j, ok, w in zip(index[h], valid[h], log_weight[h]) if ok]
+        estimate = sum(e[j] * np.exp(w) for j, w in chosen)
+        out.append(abs(estimate - e.sum()) > epsilon * e.sum())
+    return float(np.mean(out))
 
 
 def test_a_promises_realized_shares_by_hand():

@@ -267,5 +267,5 @@ class SpeculatingImpl:
                 state.dumps.append({"layer": index, "tag": rows.tag, "pos": rows.pos, "query": queries[token].cpu(),
                                     "exact": exact.cpu(), "committed": out[token].cpu(), "keys": keys.cpu(),
                                     "values": values.cpu(), "scale": self.scale, "code": decided[0],
-                                    "ratio": decided[1]})
+                                    "ratio": decided[1], **{f"measure:{k}": v for k, v in decided[2].items()}})
         return result

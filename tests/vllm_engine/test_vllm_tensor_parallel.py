@@ -43,8 +43,10 @@ def decisions(lm, prompts: list[list[int]], lam: float, approx: str = "sink") ->
         dumps = dumps_of(lm)
     rows = {}
     for d in dumps:
-        for tag, pos, code, ratio in zip(*(d[k].tolist() for k in ("tag", "pos", "code", "ratio")), strict=True):
-            rows[tag, pos, d["layer"]] = (code, ratio)
+        measured = sorted(k for k in d if k.startswith("measure:"))  # a draft's measures (keys read, denominator)
+        for tag, pos, code, ratio, *values in zip(*(d[k].tolist() for k in ("tag", "pos", "code", "ratio", *measured)),
+                                                  strict=True):
+            rows[tag, pos, d["layer"]] = (code, ratio, dict(zip(measured, values, strict=True)))
     return [o.outputs[0].token_ids for o in out], sorted(rows.items())
 
 
@@ -55,7 +57,7 @@ def decisions(lm, prompts: list[list[int]], lam: float, approx: str = "sink") ->
 def test_two_ranks_decide_as_one(alspec_tiny, alspec_tiny_tp2, approx):
     prompts = [list(range(3, 100)) * 2, list(range(50, 99)) * 3]
     _, calibration = decisions(alspec_tiny, prompts, math.inf, approx)
-    ratios = sorted(r for _, (_, r) in calibration if not math.isnan(r))
+    ratios = sorted(r for _, (_, r, _) in calibration if not math.isnan(r))
     # the threshold in the widest gap between the middle ratios: no decision is a float tie between the engines
     middle = ratios[len(ratios) // 4: 3 * len(ratios) // 4]
     gap = max(range(len(middle) - 1), key=lambda i: middle[i + 1] - middle[i])
@@ -63,9 +65,15 @@ def test_two_ranks_decide_as_one(alspec_tiny, alspec_tiny_tp2, approx):
     one_text, one = decisions(alspec_tiny, prompts, lam, approx)
     two_text, two = decisions(alspec_tiny_tp2, prompts, lam, approx)
     assert [k[1:] for k, _ in one] == [k[1:] for k, _ in two]  # the same (position, layer) rows
-    codes = torch.tensor([[c for _, (c, _) in rows] for rows in (one, two)])
+    codes = torch.tensor([[c for _, (c, _, _) in rows] for rows in (one, two)])
     assert torch.equal(codes[0], codes[1])
     assert {3, 2} <= set(codes[0].tolist())  # rows accepted and rejected
-    torch.testing.assert_close(torch.tensor([r for _, (_, r) in two]), torch.tensor([r for _, (_, r) in one]),
+    torch.testing.assert_close(torch.tensor([r for _, (_, r, _) in two]), torch.tensor([r for _, (_, r, _) in one]),
                                rtol=1e-4, atol=1e-6, equal_nan=True)
+    # a draft's measures, each a mean over every rank's heads: as one rank's over all of them
+    names = {name for _, (_, _, m) in one for name in m}
+    assert names == ({"measure:keys", "measure:denominator"} if approx == "vattention" else set())
+    for name in names:
+        torch.testing.assert_close(torch.tensor([m[name] for _, (_, _, m) in two]),
+                                   torch.tensor([m[name] for _, (_, _, m) in one]), rtol=1e-5, atol=0, equal_nan=True)
     assert one_text == two_text
