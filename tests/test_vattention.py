@@ -145,6 +145,26 @@ def test_the_request_seed_is_the_reference_crc(tokens):
     assert semantics.request_seed(tokens) == oracle.request_seed(tokens)
 
 
+def test_each_rows_seed_is_its_own_context():
+    """A left-padded batch's request seeds (DecodeRegion.seeds, and a session's copy of them on its device): each
+    row's CRC of its tokens from its first real token up to, not including, its speculation start; a region that
+    gives no tokens is refused in one line."""
+    from alspec_eval.config import SpeculationConfig
+    from alspec_eval.plan import Plan
+    from alspec_eval.region import DecodeRegion
+    from alspec_eval.speculator import Session
+
+    tokens = torch.tensor([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6], [0, 9, 9, 8, 7, 6]])
+    pad, start = [2, 0, 1], [5, 3, 6]
+    region = DecodeRegion.build(pad, start, tokens=tokens)
+    want = [oracle.request_seed(row[p:s]) for row, p, s in zip(tokens.tolist(), pad, start, strict=True)]
+    assert region.seeds().tolist() == want and len(set(want)) == 3
+    session = Session(SpeculationConfig(window=2), region, Plan.uniform([0.0], 3))
+    assert session.seeds(torch.device("cpu")).tolist() == want
+    with pytest.raises(ValueError, match="build it with tokens="):
+        DecodeRegion.build(pad, start).seeds()
+
+
 def test_draws_depend_on_the_layer_and_the_request():
     """Two layers, or two requests, with the same keys and queries sample other keys (the rest's order is their
     hash's); the same layer and request sample alike, whatever else the batch holds."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
+
 from matplotlib.text import Annotation
 
 from alspec_eval.latency import preset
@@ -60,3 +62,18 @@ def test_labels_never_overlap(tmp_path):
     # coinciding points share one label that names them all
     recall = next(n.get_text() for n in labels_of(figures[0])[1] if "λ=0.05" in n.get_text())
     assert recall == "λ=0.05, λ=0.1, λ=0.2"
+
+
+@pytest.mark.parametrize(("shares", "text"), [
+    ({"promise_dn": 0.12, "promise_denominator": 0.031}, " (ε missed: d/n 12.0%, D 3.1%)"),
+    ({"promise_dn": 0.5, "promise_denominator": float("nan")}, " (ε missed: d/n 50.0%)"),  # it bounds no denominator
+    ({"promise_dn": float("nan"), "promise_denominator": float("nan")}, ""),  # it promises nothing
+    ({}, ""),  # frames from before the promise was measured
+])
+def test_a_promises_shares_beside_the_hit_rate(shares, text):
+    """Table 1's cell text of a draft that promises its error: each realized share under its own name."""
+    import pandas as pd
+
+    from alspec_eval.report.table import promise_text
+
+    assert promise_text(pd.Series(shares, dtype=float)) == text
