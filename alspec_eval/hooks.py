@@ -6,7 +6,8 @@ with ``AttentionMaskInterface``: without it causal masking is silently dropped) 
 each forward pass. :func:`remove` undoes all of it, :func:`speculation` is the ``with`` form::
 
     with speculation(model) as speculator:
-        with speculator.speculating(DecodeRegion.build([0], [prompt_len], tokens=ids), SpeculationConfig(lam=0.1)) as trace:
+        region = DecodeRegion.build([0], [prompt_len], tokens=ids)  # tokens: what a draft that draws seeds from
+        with speculator.speculating(region, SpeculationConfig(lam=0.1)) as trace:
             model(ids)
 """
 

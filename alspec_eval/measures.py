@@ -45,6 +45,7 @@ def measure(approx: Any, window: int, taken: Selection, scale: float,
         keys = taken.cache.index_select(0, taken.rows)
         span = torch.arange(keys.shape[2], device=keys.device)
         allowed = (span >= taken.low.reshape(-1, 1)) & (span <= taken.high.reshape(-1, 1))  # (r, L)
-        out[DENOMINATOR] = semantics.denominator_exceeded(taken.query, keys, allowed, taken.index, taken.valid,
+        index = taken.index.clamp(0, keys.shape[2] - 1)  # a key outside [0, pos] is refused after the call
+        out[DENOMINATOR] = semantics.denominator_exceeded(taken.query, keys, allowed, index, taken.valid,
                                                           taken.log_weight, scale, promise.epsilon, softcap)
     return out

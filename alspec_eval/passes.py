@@ -136,11 +136,10 @@ def assemble(plan: Plan, passes: list[Pass],
             at = torch.tensor(measured, device=device)
             c[rows, cols, at] = torch.where(accept, ACCEPTED, REJECTED).to(torch.int8)
             r[rows, cols, at] = (d / n).float()
-            for name, grid in grids.items():
-                for layer in measured:
-                    value = p.decisions[layer][3].get(name)
-                    if value is not None:
-                        grid[-1][rows[:, 0], cols[:, 0], layer] = value.to(device).float()
+            for name, grid in grids.items():  # every measured layer of a draft that measures has it (none: no rows)
+                values = [p.decisions[layer][3].get(name) for layer in measured]
+                if all(v is not None for v in values):
+                    grid[-1][rows, cols, at] = torch.stack([v.to(device) for v in values], 1).float()
     if not codes:
         empty = torch.zeros(batch, 0, num_layers)
         return torch.zeros(batch, 0, num_layers, dtype=torch.int8), empty, {name: empty.clone() for name in names}

@@ -20,7 +20,7 @@ from . import semantics
 SCHEMA_VERSION = 2
 # Per layer, beside the counts (added within version 2; files without them read as before): sparse-attention-hub's
 # names where the meaning is the same. Means over the layer's non-trivial decisions.
-DENSITY = "research_attention_density"  # the share of the context A~ reads: 2S / (pos + 1) (null: it varies)
+DENSITY = "research_attention_density"  # the share of the context A~ reads: 2S / (pos + 1), or the keys it read
 EFFECTIVE_DENSITY = "effective_density"  # what a step reads once rejections fall back to A: the above, or 1
 OUTPUT_ERROR = "research_attention_output_error"  # ||A~ - A|| / ||A||: d / n
 # A draft's promise (vAttention's epsilon, delta), measured: per layer the share of verified decisions where ALSpec's
@@ -101,7 +101,7 @@ class AcceptanceStats:
     effective: torch.Tensor | None = None
     error: torch.Tensor | None = None
     # (L, 4) float64 where the draft promises (else None): decisions with d/n > epsilon, decisions measured, the sum of
-    # the denominator's missed shares, decisions it was measured at (NaN: it bounds no denominator)
+    # the denominator's missed shares, decisions it was measured at (none where it bounds no denominator: null)
     promised: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -171,12 +171,13 @@ class AcceptanceStats:
         """The densities and the mean d/n of one layer (None: over every layer), as the results name them."""
         pick = (lambda t: t.sum()) if layer is None else (lambda t: t[layer])
         spec, measured = int(pick(self.speculated)), int(pick(self.hist.sum(-1)))
-        out = {DENSITY: _mean(float(pick(self.density)), spec), EFFECTIVE_DENSITY: _mean(float(pick(self.effective)), spec),
+        out = {DENSITY: _mean(float(pick(self.density)), spec),
+               EFFECTIVE_DENSITY: _mean(float(pick(self.effective)), spec),
                OUTPUT_ERROR: _mean(float(pick(self.error)), measured)}
         if self.promised is not None:  # only a draft that promises has these
             dn, dn_count, den, den_count = (float(pick(self.promised[:, i])) for i in range(4))
             out[PROMISE_DN] = _mean(dn, int(dn_count))
-            out[PROMISE_DENOMINATOR] = None if math.isnan(den_count) else _mean(den, int(den_count))
+            out[PROMISE_DENOMINATOR] = _mean(den, int(den_count))
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -230,11 +231,9 @@ def _promised(ratios: torch.Tensor, measured: torch.Tensor, decided: torch.Tenso
     """(L, 4) sums of a promise's realized failures over one row (:attr:`AcceptanceStats.promised`): d/n > epsilon
     over the measured decisions, and the denominator's missed shares over the decisions where they were measured."""
     dn = (measured & (ratios.float() > torch.tensor(epsilon, dtype=torch.float32))).sum(0).double()  # as d/n is
-    if missed is None:
-        den = den_count = torch.full_like(dn, math.nan)
-    else:
-        counted = decided & ~torch.isnan(missed.cpu())
-        den, den_count = torch.where(counted, missed.cpu().double(), 0.0).sum(0), counted.sum(0).double()
+    missed = torch.full(decided.shape, math.nan) if missed is None else missed.cpu()  # a row that measured none
+    counted = decided & ~torch.isnan(missed)
+    den, den_count = torch.where(counted, missed.double(), 0.0).sum(0), counted.sum(0).double()
     return torch.stack([dn, measured.sum(0).double(), den, den_count], 1)
 
 

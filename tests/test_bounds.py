@@ -83,7 +83,8 @@ def _traced(lm, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, DraftOutOf
     """One teacher-forced pass speculating from ``start``: its d/n and what the call raised on exit."""
     refused = None
     try:
-        with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [start], tokens=ids), lm.spec_config) as trace:
+        region = DecodeRegion.build([0], [start], tokens=ids)
+        with torch.no_grad(), lm.speculator.speculating(region, lm.spec_config) as trace:
             lm.model(ids)
     except DraftOutOfBounds as err:
         refused = err

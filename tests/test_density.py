@@ -93,7 +93,8 @@ def test_a_varying_budgets_densities_from_the_keys_read_by_hand():
         torch.tensor([REJECTED, REJECTED])
     ratios = torch.tensor([[[NAN, NAN], [0.1, 0.5], [0.7, NAN]]])
     keys = torch.tensor([[[NAN, NAN], [6.0, 2.5], [12.0, NAN]]])  # layer 1 at position 11: an exact layer
-    trace = Trace(codes, ratios, offset=9, pad=torch.tensor([0]), budget=None, measures={KEYS_READ: keys})  # positions 9, 10, 11
+    # logical positions 9, 10, 11
+    trace = Trace(codes, ratios, offset=9, pad=torch.tensor([0]), budget=None, measures={KEYS_READ: keys})
     stats = trace.row_stats(0, 9, 12)
     first, second = stats.means(0), stats.means(1)
     assert first[DENSITY] == pytest.approx((6 / 11 + 12 / 12) / 2)
@@ -189,3 +190,15 @@ def test_a_promises_realized_shares_by_hand():
     total = AcceptanceStats.zeros(2) + stats + stats
     assert total.means(0)[PROMISE_DN] == pytest.approx(2 / 3) and total.to_dict()["total"][PROMISE_DN] == \
         pytest.approx(3 / 5)
+
+
+def test_a_row_that_measured_nothing_leaves_the_promises_shares_as_they_are():
+    """A request whose positions were all trivial records no measure (no decision carried one): summed into a task,
+    it adds nothing to the denominator's share, and does not make it null."""
+    codes = torch.tensor([[[ACCEPTED], [REJECTED]]], dtype=torch.int8)
+    measured = Trace(codes, torch.tensor([[[0.05], [0.3]]]), pad=torch.tensor([0]), budget=4,
+                     measures={DENOMINATOR: torch.tensor([[[0.5], [0.0]]])}, epsilon=0.1).row_stats(0, 0, 2)
+    trivial = Trace(torch.tensor([[[TRIVIAL]]], dtype=torch.int8), torch.tensor([[[NAN]]]), pad=torch.tensor([0]),
+                    budget=4, epsilon=0.1).row_stats(0, 0, 1)
+    total = trivial + measured
+    assert total.means()[PROMISE_DENOMINATOR] == pytest.approx(0.25) and total.means()[PROMISE_DN] == 0.5

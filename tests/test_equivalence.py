@@ -251,7 +251,8 @@ def test_ratio_and_acceptance_follow_the_definition(model, chunks):
     ordered = reference.sort().values  # lambda between two ratios: no decision sits on the threshold
     lam = float(ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
     spec = alspec_lm(model, window=window, **{"lambda": lam})
-    with torch.no_grad(), spec.speculator.speculating(DecodeRegion.build([0], [start], tokens=ids), spec.spec_config) as trace:
+    region = DecodeRegion.build([0], [start], tokens=ids)
+    with torch.no_grad(), spec.speculator.speculating(region, spec.spec_config) as trace:
         spec.model(ids)
     torch.testing.assert_close(trace.ratios[0, start:, 0], reference, rtol=1e-5, atol=1e-6)
     decided = (trace.codes == ACCEPTED) | (trace.codes == REJECTED)

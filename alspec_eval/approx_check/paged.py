@@ -81,8 +81,8 @@ class Batch:
         observed = {row: prompts.observed.get((row, 0)) for row in range(len(self.lengths))}
         kept = allocate(approx, cache, layout) if approx.kept_page() else None  # as the engine keeps them
         positions, valid, log_weight, _ = selected_positions(query, cache, layout, table, block_size, request, pos,
-                                                          settings, observed, kept=kept, seed=self.seeds()[request],
-                                                          site=SITE)
+                                                             settings, observed, kept=kept,
+                                                             seed=self.seeds()[request], site=SITE)
         return _sets(positions, valid, self.kv_heads, log_weight)
 
     def seeds(self) -> torch.Tensor:

@@ -56,7 +56,8 @@ def median_ratio(lm: ALSpecLM, text: str) -> float:
     ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
     config = lm.spec_config
     measuring = type(config)(lam=0.0, window=config.window, approx=config.approx)
-    with torch.no_grad(), lm.speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3], tokens=ids), measuring) as trace:
+    region = DecodeRegion.build([0], [ids.shape[1] // 3], tokens=ids)
+    with torch.no_grad(), lm.speculator.speculating(region, measuring) as trace:
         lm.model(ids)
     ratios = trace.ratios[~torch.isnan(trace.ratios)].sort().values
     if not len(ratios):
@@ -199,7 +200,8 @@ def selections_are_attended(c: Contract) -> list[str]:
 
     speculator._approximate_rows = spied
     ids = torch.tensor([lm.tokenizer(CONTEXT + CONTINUATION)["input_ids"]])
-    with torch.no_grad(), speculator.speculating(DecodeRegion.build([0], [ids.shape[1] // 3], tokens=ids), lm.spec_config):
+    region = DecodeRegion.build([0], [ids.shape[1] // 3], tokens=ids)
+    with torch.no_grad(), speculator.speculating(region, lm.spec_config):
         lm.model(ids)
     if not recomputed:
         return ["no position speculated (the text is longer than 2S)"]

@@ -6,5 +6,6 @@ from .base import Approximation, LayerInputs, Promise, Selected, Site, draw_inpu
 from .catalog import DEFAULT, name_of
 from .registry import approximation_class, default_approximation, make_approximation, names, order, register_approximation
 
-__all__ = ["DEFAULT", "Approximation", "LayerInputs", "Promise", "Selected", "Site", "approximation_class", "default_approximation",
-           "make_approximation", "name_of", "names", "order", "register_approximation", "selection", "draw_inputs"]
+__all__ = ["DEFAULT", "Approximation", "LayerInputs", "Promise", "Selected", "Site", "approximation_class",
+           "default_approximation", "draw_inputs", "make_approximation", "name_of", "names", "order",
+           "register_approximation", "selection"]

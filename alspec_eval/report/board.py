@@ -142,8 +142,8 @@ def board_markdown(units: list[Unit], model: str) -> str:
         for e in unit.entries:
             name = e.approx.label + (f" {ORACLE_MARK}" if e.approx.oracle else "")
             if math.isnan(e.speedup):
-                lines.append(f"| – | {name} | | no cell without a significant loss | | | |" + (" | |" if promised else "")
-                             + " | |")
+                lines.append(f"| – | {name} | | no cell without a significant loss | | | |"
+                             + (" | |" if promised else "") + " | |")
                 continue
             shares = "".join(f" {'' if math.isnan(x) else f'{100 * x:.1f}%'} |"
                              for x in (e.promise_dn, e.promise_denominator)) if promised else ""

@@ -68,9 +68,10 @@ class WorkerState:
 
     def _tags(self, requests: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per batch row: where its speculation starts, its tag, where its observation window begins (NEVER where
-        it has none), its prompt's length and its request seed (the driver's). The one adapter to the model runner's state that no builder input
-        carries: the batch's request ids (``input_batch.req_ids``) and each request's sampling parameters and prompt
-        length (``requests``); tests/vllm_engine/test_backend_registration.py fails where vLLM stops giving them."""
+        it has none), its prompt's length and its request seed (the driver's). The one adapter to the model runner's
+        state that no builder input carries: the batch's request ids (``input_batch.req_ids``) and each request's
+        sampling parameters and prompt length (``requests``); tests/vllm_engine/test_backend_registration.py fails
+        where vLLM stops giving them."""
         batch = self.runner.input_batch.req_ids
         starts, tags, firsts, prompts = [NEVER] * requests, [-1] * requests, [NEVER] * requests, [0] * requests
         seeds = [0] * requests
@@ -256,9 +257,9 @@ class SpeculatingImpl:
         if state.verifier is None:
             state.verifier = choose(settings.approx, layout, kv_cache)
         decided = verify_and_count(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,
-                               settings, index, self.scale,
-                               _reduce if get_tensor_model_parallel_world_size() > 1 else None, observed,
-                               state.verifier, pages)
+                                   settings, index, self.scale,
+                                   _reduce if get_tensor_model_parallel_world_size() > 1 else None, observed,
+                                   state.verifier, pages)
         if decided is not None:
             state.records.append((rows.tag, rows.pos, index, *decided))
             if settings.dump:

@@ -408,9 +408,10 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     the position alone (``position_ranges``), its ranges listed, as the other paths read them (cut to [0, pos]:
     :func:`.semantics.readable_ranges`); else each request's context is read from the cache (:func:`read_contexts`,
     requests chunked to :data:`CONTEXT_BUDGET`), the draft selects as on the HF engine (``per_pass``, ``prepare``,
-    ``select``) and its keys are moved into [0, pos] (:func:`.semantics.readable_keys`). What reached outside is counted in ``settings.breaches``. ``observed``: per
-    batch row, what a prompt-scoring draft kept of its prompt at this layer. ``groups``: the rows' requests grouped
-    for reading (:class:`Contexts`), where the step built them once for all its layers. ``kept``: the layer's page
+    ``select``) and its keys are moved into [0, pos] (:func:`.semantics.readable_keys`). What reached outside is
+    counted in ``settings.breaches``. ``observed``: per batch row, what a prompt-scoring draft kept of its prompt at
+    this layer. ``groups``: the rows' requests grouped for reading (:class:`Contexts`), where the step built them once
+    for all its layers. ``kept``: the layer's page
     summaries of a draft that keeps them (:mod:`.kept`), prepared from instead of the keys. ``seed`` (the rows'
     request seeds) and ``site`` (the layer's): what a draft that draws at random draws from. Last, what the draft's
     declarations ask each row to measure (:func:`.measures.measure`, at the model's ``scale``; none for a draft
@@ -504,8 +505,9 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
+            mine_query = query[mine[part]]
             index, chosen, weight = selection(approx, approx.select(
-                query[mine[part]], keys, rows[part], where[part], row_pad[part], window,
+                mine_query, keys, rows[part], where[part], row_pad[part], window,
                 tuple(None if t is None else t[part] for t in passed), prepared))
             width = index.shape[-1]
             if width > positions.shape[-1]:  # more keys than declared (alspec-check-approx says so): read, as hf does
@@ -516,10 +518,11 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
             valid[mine[part], :, :width] = True if chosen is None else chosen
             if log_weight is not None:
                 log_weight[mine[part], :, :width] = weight.float()
-            taken = Selection(query[mine[part]], keys, rows[part], row_pad[part], where[part],
-                              index.clamp(0, keys.shape[2] - 1), chosen, weight)  # outside [0, pos]: refused after
+            taken = Selection(mine_query, keys, rows[part], row_pad[part], where[part], index, chosen, weight)
             for name, value in measure(approx, window, taken, scale).items():
-                measures.setdefault(name, torch.full((len(pos),), math.nan, device=query.device))[mine[part]] = value
+                if name not in measures:
+                    measures[name] = torch.full((len(pos),), math.nan, device=query.device)
+                measures[name][mine[part]] = value
     return positions, valid, log_weight, measures
 
 

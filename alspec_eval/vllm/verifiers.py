@@ -256,8 +256,8 @@ def verify_and_count(query: torch.Tensor, output: torch.Tensor, kv_cache: torch.
 
     Returns each row's decision code and d/n (NaN where not measured) and its measures by name
     (:func:`.measures.measure`), on the output's device, nothing read back, or None where the layer does not
-    speculate (threshold OFF). Under tensor parallelism each rank holds some heads: ``reduce`` sums d^2 and n^2 over the
-    ranks before any decides, so every rank commits the same rows.
+    speculate (threshold OFF). Under tensor parallelism each rank holds some heads: ``reduce`` sums d^2 and n^2 over
+    the ranks before any decides, so every rank commits the same rows.
     """
     lam = settings.thresholds[layer]
     if math.isnan(lam) or not len(rows.token):
