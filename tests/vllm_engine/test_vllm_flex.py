@@ -52,11 +52,10 @@ def test_counts_equal_model_alspec(runs, tiny_path, monkeypatch):
     """lm-eval's generate_until on the tiny Llama at the same lambda: the texts, every d/n to float32 rounding and
     the accepted counts of --model alspec."""
     from alspec_eval.adapter import ALSpecLM
-    from flex_engine import ENGINE, WINDOW
 
     lam = runs["alspec"]["lambda"]
     hf = ALSpecLM(pretrained=tiny_path, dtype="float32", device="cpu", batch_size=3,
-                  max_length=ENGINE["max_model_len"], window=WINDOW, **{"lambda": lam})
+                  max_length=runs["alspec"]["max_model_len"], window=runs["alspec"]["window"], **{"lambda": lam})
     texts, expected = ratios_of(hf, monkeypatch)
     ours = [torch.tensor(r) for r in runs["alspec"]["ratios"]]
     assert texts == runs["alspec"]["texts"] and [len(t) for t in ours] == [len(t) for t in expected]
