@@ -1,8 +1,8 @@
-"""Quest's page bounds kept beside a paged cache (alspec_eval.vllm.kept) as an engine keeps them: made from the whole
+"""Quest's page bounds and Knorm's key scores kept beside a paged cache (alspec_eval.vllm.kept) as an engine keeps them: made from the whole
 cache when the draft is configured, then the parts each step writes summarized again. After every step, every
-request's full pages have the bounds Quest's own ``prepare`` computes from its contiguous keys, bit for bit: through
+request's full pages have the summaries the draft's own ``prepare`` computes from its contiguous keys, bit for bit: through
 prompts prefilled in chunks, decode steps, a prefix shared by two requests, a block freed and written by another
-request, pages within a block and across blocks, in both layouts (the plain one also as the non-contiguous view of
+request, pages of one key, pages within a block and across blocks, in both layouts (the plain one also as the non-contiguous view of
 an NHD allocation, FlashAttention's default on CUDA). Torch only, no vLLM."""
 
 from __future__ import annotations
@@ -62,23 +62,25 @@ class Engine:
         kept.keep_written(self.kept, self.approx, self.cache, self.layout, self.table, written)
 
     def check(self) -> None:
-        """Every row's full pages: the kept bounds equal Quest's prepare on its contiguous keys, bit for bit."""
+        """Every row's full pages: the kept summaries equal the draft's prepare on its contiguous keys, bit for bit."""
         for row in range(4):
             length = self.keys[row].shape[1]
-            if length < self.approx.page:
+            if length < self.approx.kept_page():
                 continue
             got = self.approx.prepare_pages(kept.page_summaries(self.kept, self.approx, self.table, self.block_size,
                                                                 torch.tensor([row]), length))
             want = self.approx.prepare(self.keys[row][None], torch.zeros(1, dtype=torch.long), 16)
-            for g, w in zip(got, want):
+            as_tuple = (lambda x: x if isinstance(x, tuple) else (x,))  # Quest's bounds are two tensors
+            for g, w in zip(as_tuple(got), as_tuple(want), strict=True):
                 assert torch.equal(g, w), (row, length)
 
 
 @pytest.mark.parametrize("layout, nhd", [(PlainLayout(), False), (PlainLayout(), True), (CpuVecLayout(), False)],
                          ids=["plain", "plain-nhd", "cpu-vec"])
-@pytest.mark.parametrize("block_size, page", [(16, 1), (16, 4), (16, 16), (8, 24), (16, 32)])
+@pytest.mark.parametrize("block_size, page", [(16, 1), (16, 4), (16, 16), (8, 24), (16, 32), (8, "knorm")])
 def test_kept_bounds_follow_the_cache_step_by_step(layout, nhd, block_size, page):
-    approx = SpeculationConfig(window=max(page, 16), approx="quest", approx_args=f"page:{page}").approx
+    approx = (SpeculationConfig(window=16, approx="kvpress:KnormPress").approx if page == "knorm" else
+              SpeculationConfig(window=max(page, 16), approx="quest", approx_args=f"page:{page}").approx)
     engine = Engine(approx, layout, block_size, nhd=nhd)
     assert engine.cache.is_contiguous() != nhd
     engine.step({0: 37, 1: 5})  # a prompt's first chunk, and a short one

@@ -271,10 +271,10 @@ def test_a_prompt_time_press_scores_at_the_ratio_that_keeps_2s_minus_r_prompt_ke
     assert runs["default"] == runs["ratio"] and runs["default"] != runs[0.0]
 
 
-def test_knorm_scores_each_row_once_and_selects_as_position_by_position(monkeypatch):
-    """KnormPress's score of a key reads that key alone, so its draft scores each row once, up to the row's last
-    position, and each position ranks its own keys: the keys the press keeps scoring at every position (the
-    key-only presses' rule), on left-padded rows with many positions each, and one call of the press a row."""
+def test_knorm_scores_each_key_once_and_selects_as_position_by_position(monkeypatch):
+    """KnormPress's score of a key reads that key alone, so its draft scores every key of a layer once (prepare: one
+    call of the press for every row), and each position ranks its own keys: the keys the press keeps scoring at
+    every position (the key-only presses' rule), on left-padded rows with many positions each."""
     torch.manual_seed(0)
     draft = make_approximation("kvpress:KnormPress")
     assert type(draft).__mro__[1] is drafts.KeyAlonePress
@@ -282,12 +282,13 @@ def test_knorm_scores_each_row_once_and_selects_as_position_by_position(monkeypa
     pad = torch.tensor([0, 7])
     rows = torch.tensor([0, 0, 1, 1, 0, 1, 1])
     pos = torch.tensor([20, 59, 9, 40, 33, 52, 16])  # out of order, two rows interleaved
-    layer = draft.prepare(keys, pad, 4, None, drafts.LayerInputs(None, keys.clone()))
     calls = []
     scored = drafts.score
-    monkeypatch.setattr(drafts, "score", lambda *a: calls.append(a[3].shape[2]) or scored(*a))
-    once, _ = draft.select(None, keys, rows, pos, pad[rows], 4, (), layer)
-    assert calls == [60, 53]  # row 0 to its position 59, row 1 (after 7 padding keys) to its position 52
-    each, _ = drafts.KeyScoredPress.select(draft, None, keys, rows, pos, pad[rows], 4, (), layer)
-    assert len(calls) == 2 + len(pos) and torch.equal(once, each)
+    monkeypatch.setattr(drafts, "score", lambda *a: calls.append(tuple(a[3].shape[:3])) or scored(*a))
+    prepared = draft.prepare(keys, pad, 4, None)
+    once, _ = draft.select(None, keys, rows, pos, pad[rows], 4, (), prepared)
+    assert calls == [(2, 2, 60)]  # the layer's keys, once, and none at a position
+    each, _ = drafts.KeyScoredPress.select(draft, None, keys, rows, pos, pad[rows], 4, (),
+                                           drafts.LayerInputs(None, keys.clone()))
+    assert len(calls) == 1 + len(pos) and torch.equal(once, each)
     assert all(bool((once[m] - pad[rows[m]] <= pos[m]).all()) for m in range(len(pos)))  # never a later key

@@ -214,23 +214,37 @@ class KeyScoredPress(_PressDraft):
 
 @dataclass(frozen=True)
 class KeyAlonePress(KeyScoredPress):
-    """A key-only press whose score of a key reads that key alone (Knorm: its norm): each row's keys are scored
-    once, up to its last speculated position, and every position ranks its own keys' scores (a prompt's positions
-    cost one scoring, not one each)."""
+    """A key-only press whose score of a key reads that key alone (Knorm: its norm): every key is scored once per
+    layer and pass (:meth:`prepare`), and every position ranks its own keys' scores. A paged cache keeps each key's
+    score beside it as the key is written (``kept_page`` 1), so inside vLLM a step reads scores, not keys."""
+
+    reads_layer = False  # the keys alone
+
+    def scores(self, keys: torch.Tensor) -> torch.Tensor:
+        """The press's score of each key of (B, Hkv, L, D): (B, Hkv, L); no other key enters a key's score."""
+        return score(self.make_press(keys.shape[2], keys.shape[2]), None, None, keys, None, {}).float()
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
+                layer: LayerInputs | None = None) -> torch.Tensor:
+        return self.scores(key)
+
+    def kept_page(self) -> int:
+        return 1
+
+    def summarize(self, keys: torch.Tensor) -> torch.Tensor:
+        """A page of one key, (..., 1, Hkv, D): its score, (..., Hkv, 1)."""
+        return self.scores(keys.movedim(-3, -2).flatten(0, -4)).view(*keys.shape[:-3], keys.shape[-2], 1)
+
+    def prepare_pages(self, pages: torch.Tensor) -> torch.Tensor:
+        return pages[..., 0]
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-               pad: torch.Tensor, window: int, passed: tuple, prepared: LayerInputs) -> Selected:
-        last: dict[int, int] = {}
-        for row, p in zip(rows.tolist(), pos.tolist()):
-            last[row] = max(last.get(row, -1), p)
-        scored, chosen = {}, []
-        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):
-            if row not in scored:  # the row's own unpadded keys up to its last position
-                end = a + last[row] + 1
-                keys, values = key[row:row + 1, :, a:end], prepared.value[row:row + 1, :, a:end]
-                scored[row] = score(self.make_press(2 * window, end - a), prepared.module, None, keys, values, {})[0]
-            chosen.append(ranked(scored[row][..., :p + 1], 2 * window) + a)
-        return torch.stack(chosen), None
+               pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
+        """Every position at once, nothing read back: a row's keys outside its own [0, p] rank last (NaN), which
+        ranks the rest as the row's own keys up to p alone would rank (:func:`ranked`)."""
+        logical = torch.arange(prepared.shape[-1], device=prepared.device) - pad[:, None]
+        outside = (logical < 0) | (logical > pos[:, None])
+        return ranked(prepared.index_select(0, rows).masked_fill(outside[:, None, :], math.nan), 2 * window), None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""What a draft keeps of each page of keys beside vLLM's paged cache (``Approximation.kept_page``: Quest's bounds), so
-that a decode step reads each page's summary instead of its keys.
+"""What a draft keeps of each page of keys beside vLLM's paged cache (``Approximation.kept_page``: Quest's bounds,
+kvpress's Knorm scores), so that a decode step reads each page's summary instead of its keys.
 
 A layer's summaries are one tensor, (num_blocks, N / g, Hkv, F): per physical block of N keys, one summary per part
 of g = gcd(page, N) keys; a page is page / g parts, within a block or across blocks, merged when read. They follow
@@ -42,7 +42,7 @@ def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any) -> torch.Tensor:
     blocks, heads, size = kv_cache.shape[:3]
     g = part_size(approx, size)
     probe = approx.summarize(kv_cache.new_zeros(1, g, heads, kv_cache.shape[-1] // 2))  # (1, Hkv, F)
-    kept = kv_cache.new_empty(blocks, size // g, heads, probe.shape[-1])
+    kept = kv_cache.new_empty(blocks, size // g, heads, probe.shape[-1], dtype=probe.dtype)  # Knorm's: float32
     every = torch.arange(blocks * (size // g), device=kv_cache.device)
     summarize_parts(kept, approx, kv_cache, layout, every // (size // g), every % (size // g))
     return kept
