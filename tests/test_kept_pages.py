@@ -70,9 +70,13 @@ class Engine:
             got = self.approx.prepare_pages(kept.page_summaries(self.kept, self.approx, self.table, self.block_size,
                                                                 torch.tensor([row]), length))
             want = self.approx.prepare(self.keys[row][None], torch.zeros(1, dtype=torch.long), 16)
-            as_tuple = (lambda x: x if isinstance(x, tuple) else (x,))  # Quest's bounds are two tensors
-            for g, w in zip(as_tuple(got), as_tuple(want), strict=True):
+            for g, w in zip(tensors(got), tensors(want), strict=True):
                 assert torch.equal(g, w), (row, length)
+
+
+def tensors(prepared) -> tuple[torch.Tensor, ...]:
+    """What a draft prepared, as a tuple (Quest's bounds are two tensors, Knorm's scores one)."""
+    return prepared if isinstance(prepared, tuple) else (prepared,)
 
 
 @pytest.mark.parametrize("layout, nhd", [(PlainLayout(), False), (PlainLayout(), True), (CpuVecLayout(), False)],
