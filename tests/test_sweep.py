@@ -26,17 +26,18 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 @pytest.mark.parametrize("name", ["smoke", "demo", "paper_table1", "demo_approx", "demo_kvpress", "ruler",
-                                  "ruler_llama3", "ruler_vllm", "ruler_llama3_vllm"])
+                                  "ruler_density", "ruler_llama3", "ruler_vllm", "ruler_llama3_vllm"])
 def test_shipped_configs_are_valid(name):
     config = load_config(CONFIGS / f"{name}.yaml")
     last = {"demo_approx": "inf_snapkv_w32_k5_r8_S32",  # no static rows
             "demo_kvpress": "lambda_0.4_kvpress-CompactorPress",
             "ruler": "inf_vattention_e0.3_d0.2_b0.05_s4_l32_t32_seed0",  # each draft unverified too (always)
+            "ruler_density": "inf_vattention_e0.3_d0.2_b0.05_s4_l32_t32_seed0_S256",  # on a budget axis
             "ruler_llama3": "lambda_0.4_kvpress-KnormPress_S128", "ruler_vllm": "inf_kvpress-StreamingLLMPress",
             "ruler_llama3_vllm": "lambda_0.4_kvpress-StreamingLLMPress_S128"}.get(name, "static")
     assert config.rows()[0].name == "baseline" and config.rows()[-1].name == last
     assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == ["demo", "demo_approx", "demo_kvpress", "paper_table1",
-                                                              "ruler", "ruler_llama3", "ruler_llama3_vllm",
+                                                              "ruler", "ruler_density", "ruler_llama3", "ruler_llama3_vllm",
                                                               "ruler_vllm", "smoke"]
     assert config.engine == ("vllm" if name.endswith("_vllm") else "hf")
 
