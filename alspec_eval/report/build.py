@@ -14,6 +14,7 @@ from alspec_eval.report.frames import frontier_choice, load
 from alspec_eval.report.html import render_html
 from alspec_eval.ruler import split_unit
 from alspec_eval.report.board import board, board_markdown, speedup_by_length, write_board_csv
+from alspec_eval.report.density import density_markdown, equal_density, write_density_csv
 from alspec_eval.report.gains import approximation_gains, gains_markdown, write_gains_csv
 from alspec_eval.report.latency import DEFAULT_PRESET, project_sweep, projection_markdown, write_projection_csv
 from alspec_eval.report.cells import SINK, load_sweep
@@ -34,7 +35,9 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     the cells beside (``auto``: the one whose model the sweep ran, if any; ``table1``, ``table2``, ``none``).
     A sweep of several approximations of A~ also gets their per-layer hit rates at ``lam`` (default: the sweep's
     middle lambda) in ``hit_rate_by_approximation.png``. A sweep of several approximations, or of RULER's units per
-    length, gets the board (``board.md``, ``board.csv``; :mod:`.board`), and per length its figure.
+    length, gets the board (``board.md``, ``board.csv``; :mod:`.board`), and per length its figure. A budget axis
+    with a draft whose budget varies (vAttention) gets it beside the others at equal density (``density.md``,
+    ``density.csv``; :mod:`.density`).
     """
     sweep = load_sweep(outdir)
     if lam is not None and lam not in sweep.lambdas:
@@ -116,6 +119,10 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
     if gains:
         (report / "approximations.md").write_text(gains_markdown(gains))
         written += [report / "approximations.md", write_gains_csv(gains, report / "approximations.csv")]
+    pairings = equal_density(sweep)
+    if pairings:
+        (report / "density.md").write_text(density_markdown(pairings))
+        written += [report / "density.md", write_density_csv(pairings, report / "density.csv")]
 
     page = report / "report.html"
     page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper, gains))

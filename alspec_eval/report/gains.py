@@ -14,7 +14,7 @@ import numpy as np
 
 from ..approximations import Approximation
 from ..latency import Projection
-from .cells import Row, Sweep
+from .cells import Cell, Row, Sweep
 from .frames import ROUTINES, decisions_by_document, document_scores, paired_bootstrap, paired_ratio_difference
 from .styles import ORACLE_MARK, oracle_note
 
@@ -50,17 +50,22 @@ def approximation_gains(sweep: Sweep, entries: dict[tuple[Row, str], Projection]
             sink, other = sweep.cell(task, sink_row), sweep.cell(task, row)
             if sink is None or other is None:
                 continue
-            ours, theirs = decisions_by_document(other), decisions_by_document(sink)
-            docs = sorted(set(ours) & set(theirs))
-            pairs = [np.array([d[doc] for doc in docs], dtype=float).reshape(-1, 2) for d in (ours, theirs)]
-            hit = paired_ratio_difference(*((p[:, 0], p[:, 1]) for p in pairs))
-            scores = document_scores(other), document_scores(sink)
-            common = scores[0].index.intersection(scores[1].index)
-            score = paired_bootstrap((scores[0][common] - scores[1][common]).to_numpy())
             speeds = [entries[key].speedup if key in entries else None for key in ((sink_row, task), (row, task))]
-            gains.append(Gain(task, lam, approx, window, len(docs), _rate(pairs[1]), _rate(pairs[0]), *hit,
-                              *score, *speeds))
+            gains.append(Gain(task, lam, approx, window, *paired_difference(other, sink), *speeds))
     return gains
+
+
+def paired_difference(ours: Cell, theirs: Cell) -> tuple[int, float, float, float, float, float, float, float, float]:
+    """Two cells of one task on the documents both ran: their number, ``theirs``'s hit rate and ``ours``'s, the hit
+    rate's difference (ours minus theirs) and the score's, each with its paired 95% bootstrap interval."""
+    decided = decisions_by_document(ours), decisions_by_document(theirs)
+    docs = sorted(set(decided[0]) & set(decided[1]))
+    pairs = [np.array([d[doc] for doc in docs], dtype=float).reshape(-1, 2) for d in decided]
+    hit = paired_ratio_difference(*((p[:, 0], p[:, 1]) for p in pairs))
+    scores = document_scores(ours), document_scores(theirs)
+    common = scores[0].index.intersection(scores[1].index)
+    score = paired_bootstrap((scores[0][common] - scores[1][common]).to_numpy())
+    return len(docs), _rate(pairs[1]), _rate(pairs[0]), *hit, *score
 
 
 def _rate(pairs: np.ndarray) -> float:
