@@ -21,15 +21,16 @@ HEADS, DIM = 2, 8
 class Engine:
     """A paged cache of junk, requests written step by step through a block table, and the kept summaries."""
 
-    def __init__(self, approx, layout, block_size: int, blocks: int = 40, seed: int = 0, nhd: bool = False) -> None:
+    def __init__(self, approx, layout, block_size: int, blocks: int = 40, seed: int = 0, nhd: bool = False,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.g = torch.Generator().manual_seed(seed)
-        self.approx, self.layout, self.block_size = approx, layout, block_size
-        self.cache = torch.randn(blocks, HEADS, block_size, 2 * DIM, generator=self.g)  # junk nothing wrote
+        self.approx, self.layout, self.block_size, self.dtype = approx, layout, block_size, dtype
+        self.cache = torch.randn(blocks, HEADS, block_size, 2 * DIM, generator=self.g).to(dtype)  # junk nothing wrote
         if nhd:  # FlashAttention's default on CUDA: the (blocks, Hkv, N, 2D) view of an NHD allocation
             self.cache = self.cache.transpose(1, 2).contiguous().transpose(1, 2)
         self.free = torch.randperm(blocks, generator=self.g).tolist()
         self.table = torch.zeros(4, blocks, dtype=torch.int32)
-        self.keys: list[torch.Tensor] = [torch.empty(HEADS, 0, DIM) for _ in range(4)]
+        self.keys: list[torch.Tensor] = [torch.empty(HEADS, 0, DIM, dtype=dtype) for _ in range(4)]
         self.kept = kept.allocate(approx, self.cache, layout)
 
     def share(self, row: int, source: int, blocks: int) -> None:
@@ -41,14 +42,14 @@ class Engine:
         """Row ``row`` leaves; its blocks go back to the free list (first to be handed out again)."""
         count = -(-self.keys[row].shape[1] // self.block_size)
         self.free = self.table[row, :count].tolist() + self.free
-        self.keys[row] = torch.empty(HEADS, 0, DIM)
+        self.keys[row] = torch.empty(HEADS, 0, DIM, dtype=self.dtype)
 
     def step(self, tokens: dict[int, int]) -> None:
         """One engine step: ``tokens[row]`` new keys for each row, written, then the written blocks summarized."""
         rows = sorted(tokens)
         for row in rows:
             start = self.keys[row].shape[1]
-            new = torch.randn(HEADS, tokens[row], DIM, generator=self.g)
+            new = torch.randn(HEADS, tokens[row], DIM, generator=self.g).to(self.dtype)
             for t in range(start, start + tokens[row]):
                 if t % self.block_size == 0:
                     self.table[row, t // self.block_size] = self.free.pop(0)
@@ -99,6 +100,17 @@ def test_kept_bounds_follow_the_cache_step_by_step(layout, nhd, block_size, page
         engine.check()
     engine.release(1)  # its blocks go to a new request, which writes other keys into them
     engine.step({3: 3 * block_size + 5, 0: 1})
+    engine.check()
+
+
+def test_knorm_keeps_float32_scores_of_a_bfloat16_cache():
+    """Knorm's scores are kvpress's, in float32 for bfloat16 keys: kept so (not rounded to the cache's dtype), they
+    equal the HF engine's scores of the same keys bit for bit."""
+    approx = SpeculationConfig(window=16, approx="kvpress:KnormPress").approx
+    engine = Engine(approx, PlainLayout(), 16, dtype=torch.bfloat16)
+    assert engine.kept.dtype == torch.float32
+    engine.step({0: 40, 1: 17})
+    engine.step({0: 1, 1: 1})
     engine.check()
 
 

@@ -221,8 +221,9 @@ class KeyAlonePress(KeyScoredPress):
     reads_layer = False  # the keys alone
 
     def scores(self, keys: torch.Tensor) -> torch.Tensor:
-        """The press's score of each key of (B, Hkv, L, D): (B, Hkv, L); no other key enters a key's score."""
-        return score(self.make_press(keys.shape[2], keys.shape[2]), None, None, keys, None, {}).float()
+        """The press's score of each key of (B, Hkv, L, D): (B, Hkv, L), in float32 or wider whatever the keys' dtype
+        (kvpress's own rule); no other key enters a key's score."""
+        return score(self.make_press(keys.shape[2], keys.shape[2]), None, None, keys, None, {})
 
     def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
                 layer: LayerInputs | None = None) -> torch.Tensor:

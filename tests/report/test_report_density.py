@@ -99,7 +99,8 @@ def test_each_fixed_draft_is_met_at_the_s_of_the_nearest_density(written):
 
 def test_no_table_without_a_budget_axis_or_a_draft_whose_budget_varies(tmp_path):
     one = write(tmp_path / "one", 4, ["sink", "vattention"])
+    single = write(tmp_path / "single", [4], ["sink", "vattention"])  # an axis of one S: nothing to choose from
     fixed = write(tmp_path / "fixed", WINDOWS, ["sink", "quest"])
-    for folder in (one, fixed):
+    for folder in (one, single, fixed):
         names = {p.name for p in write_report(folder)}
         assert "density.md" not in names and not (folder / "report" / "density.md").exists()
