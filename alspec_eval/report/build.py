@@ -125,6 +125,7 @@ def write_report(outdir: str | Path, latency: Sequence[LatencyModel] | None = No
         written += [report / "density.md", write_density_csv(pairings, report / "density.csv")]
 
     page = report / "report.html"
-    page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper, gains))
+    page.write_text(render_html(sweep, figures, projections, cells, list(choices.values()), beside_paper, gains,
+                                pairings))
     return [*written, *score_fig, *by_approx, *density, *heatmaps, *open_loop, *trade_off, *comparison, *profiles, paper_md,
             latency_md, latency_csv, page]

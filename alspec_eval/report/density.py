@@ -84,18 +84,29 @@ def _name(approx: Approximation) -> str:
     return approx.label + (ORACLE_MARK if approx.oracle else "")
 
 
-def density_markdown(pairings: list[Pairing]) -> str:
+def density_rows(pairings: list[Pairing]) -> list[list[str]]:
+    """The table, header first."""
     rows = [["task", "λ", "draft: density, hit rate", "S", "beside: density, hit rate", "n", "Δ hit rate [95% CI]",
              "Δ score [95% CI]"]]
     for p in pairings:
-        rows.append([p.task, "∞" if math.isinf(p.lam) else f"{p.lam:g}", f"{_name(p.approx)}: {100 * p.density:.1f}%, {100 * p.hit:.1f}%",
-                     str(p.window), f"{_name(p.other)}: {100 * p.other_density:.1f}%, {100 * p.other_hit:.1f}%",
-                     str(p.documents), f"{_points(p.hit_diff)} [{_points(p.hit_low)}, {_points(p.hit_high)}]",
+        rows.append([p.task, "∞" if math.isinf(p.lam) else f"{p.lam:g}",
+                     f"{_name(p.approx)}: {100 * p.density:.1f}%, {100 * p.hit:.1f}%", str(p.window),
+                     f"{_name(p.other)}: {100 * p.other_density:.1f}%, {100 * p.other_hit:.1f}%", str(p.documents),
+                     f"{_points(p.hit_diff)} [{_points(p.hit_low)}, {_points(p.hit_high)}]",
                      f"{_points(p.score_diff)} [{_points(p.score_low)}, {_points(p.score_high)}]"])
+    return rows
+
+
+def density_notes(pairings: list[Pairing]) -> list[str]:
+    oracles = dict.fromkeys(oracle_note(a) for p in pairings for a in (p.approx, p.other) if a.oracle)
+    return [f"{ORACLE_MARK} {note}" for note in oracles]
+
+
+def density_markdown(pairings: list[Pairing]) -> str:
+    rows = density_rows(pairings)
     table = ["| " + " | ".join(r) + " |" for r in rows]
     table.insert(1, "|" + " --- |" * len(rows[0]))
-    oracles = dict.fromkeys(oracle_note(a) for p in pairings for a in (p.approx, p.other) if a.oracle)
-    return "\n".join([f"# {TITLE}", "", NOTE, "", *table, "", *(f"{ORACLE_MARK} {n}" for n in oracles)]) + "\n"
+    return "\n".join([f"# {TITLE}", "", NOTE, "", *table, "", *density_notes(pairings)]) + "\n"
 
 
 def write_density_csv(pairings: list[Pairing], path: Path) -> Path:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 from alspec_eval.report.latency import SweepProjection, projection_note, projection_rows
 from alspec_eval.report.cells import Sweep
 from alspec_eval.report.frames import ROUTINES
+from alspec_eval.report.density import NOTE as DENSITY_NOTE, TITLE as DENSITY_TITLE, Pairing, density_notes, density_rows
 from alspec_eval.report.gains import NOTE as GAINS_NOTE, TITLE as GAINS_TITLE, Gain, gains_notes, gains_rows
 from alspec_eval.report.paper import NOTE, PaperSection
 from alspec_eval.report.table import approximation_notes, beyond_sink, table1_rows
@@ -46,7 +47,8 @@ def _projection(p: SweepProjection) -> str:
 
 def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Sequence[SweepProjection],
                 cells: "pd.DataFrame | None" = None, choices: Sequence[str] = (),
-                paper: PaperSection | None = None, gains: Sequence[Gain] = ()) -> str:
+                paper: PaperSection | None = None, gains: Sequence[Gain] = (),
+                pairings: Sequence[Pairing] = ()) -> str:
     """The report page; ``figures`` maps a section title to its PNG files."""
     meta = sweep.meta
     approximations = ", ".join(a.label for a in sweep.approximations)
@@ -69,6 +71,10 @@ def render_html(sweep: Sweep, figures: dict[str, list[Path]], projections: Seque
         parts += [f"<h2>{html.escape(GAINS_TITLE)}</h2><p class='note'>{html.escape(GAINS_NOTE)}</p>",
                   html_table(gains_rows(list(gains))),
                   *(f"<p class='note'>{html.escape(n)}</p>" for n in gains_notes(list(gains)))]
+    if pairings:
+        parts += [f"<h2>{html.escape(DENSITY_TITLE)}</h2><p class='note'>{html.escape(DENSITY_NOTE)}</p>",
+                  html_table(density_rows(list(pairings))),
+                  *(f"<p class='note'>{html.escape(n)}</p>" for n in density_notes(list(pairings)))]
     if paper is not None:
         parts.append(f"<h2>Beside the paper</h2><p class='note'>{html.escape(paper.line)}"
                      f"{' ' + html.escape(NOTE) if paper.rows else ''}</p>")

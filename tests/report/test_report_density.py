@@ -95,6 +95,7 @@ def test_each_fixed_draft_is_met_at_the_s_of_the_nearest_density(written):
     assert "| alspec_recall | 0.1 | vattention ε=0.1 δ=0.1" in table and "| 8 | sink: 29.0%, 51.7% |" in table
     assert "| alspec_recall | ∞ | vattention" in table
     assert "† vattention" in table  # an oracle, noted
+    assert "At equal density" in written["report.html"].read_text()
 
 
 def test_no_table_without_a_budget_axis_or_a_draft_whose_budget_varies(tmp_path):
