@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 from alspec_eval.report.latency import SweepProjection, projection_note, projection_rows
 from alspec_eval.report.cells import Sweep
 from alspec_eval.report.frames import ROUTINES
-from alspec_eval.report.density import NOTE as DENSITY_NOTE, TITLE as DENSITY_TITLE, Pairing, density_notes, density_rows
+from alspec_eval.report.density import NOTE as DENSITY_NOTE, TITLE as DENSITY_TITLE
+from alspec_eval.report.density import Pairing, density_notes, density_rows
 from alspec_eval.report.gains import NOTE as GAINS_NOTE, TITLE as GAINS_TITLE, Gain, gains_notes, gains_rows
 from alspec_eval.report.paper import NOTE, PaperSection
 from alspec_eval.report.table import approximation_notes, beyond_sink, table1_rows
