@@ -17,6 +17,7 @@ from .cells import SINK, Row, Sweep
 from .frames import ROUTINES
 from .gains import paired_difference
 from .styles import ORACLE_MARK, oracle_note
+from .table import markdown_table
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,7 @@ def density_notes(pairings: list[Pairing]) -> list[str]:
 
 
 def density_markdown(pairings: list[Pairing]) -> str:
-    rows = density_rows(pairings)
-    table = ["| " + " | ".join(r) + " |" for r in rows]
-    table.insert(1, "|" + " --- |" * len(rows[0]))
-    return "\n".join([f"# {TITLE}", "", NOTE, "", *table, "", *density_notes(pairings)]) + "\n"
+    return "\n".join([f"# {TITLE}", "", NOTE, "", markdown_table(density_rows(pairings)), *density_notes(pairings)])
 
 
 def write_density_csv(pairings: list[Pairing], path: Path) -> Path:
