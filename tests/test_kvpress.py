@@ -179,6 +179,11 @@ def test_knorm_keeps_the_same_keys_of_a_repeated_token_however_its_rotation_roun
 def test_ranked_ties_scores_within_rounding_and_nothing_wider():
     scores = torch.tensor([[2.0, -1.0, 2.0 * (1 - 2 ** -20), float("nan"), 2.0 * (1 - 2 ** -10), -float("inf"), 2.0]])
     assert drafts.ranked(scores, 7).tolist() == [[0, 2, 6, 4, 1, 5, 3]]  # -inf before NaN, which ranks last
+    assert drafts.ranked(scores, 3).tolist() == [[0, 2, 6]] and drafts.ranked(scores, 9).shape[-1] == 7
+    # a few best of many, runs of near-ties among them: the first of the whole ranking, in its order
+    many = torch.randn(3, 2, 500, generator=torch.Generator().manual_seed(0)).round(decimals=1)
+    many[..., ::7] *= 1 + 2 ** -20
+    assert torch.equal(drafts.ranked(many, 40), drafts.ranked(many, 500)[..., :40])
 
 
 @pytest.fixture(scope="module")

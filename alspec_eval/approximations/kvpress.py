@@ -143,7 +143,8 @@ def ranked(scores: torch.Tensor, keep: int) -> torch.Tensor:
     near = (better - worse <= TIE * torch.maximum(better.abs(), worse.abs())) & worse.isfinite() & better.isfinite()
     group = (~(near | (better == worse))).cumsum(-1)
     group = torch.cat([torch.zeros_like(group[..., :1]), group], -1)
-    return (group * scores.shape[-1] + order.indices).sort(dim=-1).values[..., :keep] % scores.shape[-1]
+    rank = group * scores.shape[-1] + order.indices  # (group, key): unique, so the smallest keep are one answer
+    return rank.topk(min(keep, rank.shape[-1]), dim=-1, largest=False).values % scores.shape[-1]
 
 
 def _class_name(press: str) -> str:
