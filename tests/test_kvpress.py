@@ -184,6 +184,16 @@ def test_ranked_ties_scores_within_rounding_and_nothing_wider():
     many = torch.randn(3, 2, 500, generator=torch.Generator().manual_seed(0)).round(decimals=1)
     many[..., ::7] *= 1 + 2 ** -20
     assert torch.equal(drafts.ranked(many, 40), drafts.ranked(many, 500)[..., :40])
+    # a run of near-ties past the 2 keep best (one token's keys): every score sorted, the run earlier key first
+    flat = torch.ones(2, 300)
+    flat[:, ::3] += 2 ** -20
+    flat[1, 250] = 2.0
+    assert drafts.ranked(flat, 20).tolist() == [list(range(20)), [250, *range(19)]]
+    # such a run starting at place keep: its earliest key (here its lowest score) is the last one kept
+    run = torch.zeros(1, 300)
+    run[0, 200:219] = torch.arange(29.0, 10.0, -1)  # places 0 to 18
+    run[0, :100] = 1 + torch.arange(100) * 2 ** -22  # one group from place 19 to 118
+    assert drafts.ranked(run, 20).tolist() == [[*range(200, 219), 0]]
 
 
 @pytest.fixture(scope="module")

@@ -137,14 +137,36 @@ def ranked(scores: torch.Tensor, keep: int) -> torch.Tensor:
     groups: a score within :data:`TIE` (relative) of the next better one is in its group, and a group's keys go
     earlier key first. So keys whose scores are equal but for rounding (one token's key norms at layer 0) rank alike
     in every engine, however each rounds its keys: on the HF engine and inside vLLM a key-only press keeps the same
-    keys (tests/vllm_engine/test_vllm_drafts.py)."""
-    order = scores.float().nan_to_num(nan=-math.inf).sort(dim=-1, descending=True, stable=True)
-    better, worse = order.values[..., :-1], order.values[..., 1:]
+    keys (tests/vllm_engine/test_vllm_drafts.py).
+
+    The best 2 ``keep`` scores are ranked first (a partial selection, not a sort of all L): where every row's group
+    at place ``keep`` ends before the last of them, the groups that reach the first ``keep`` places are whole among
+    them, and that is the answer; else (a run of near-ties that long: one token's keys at layer 0) every score is
+    sorted. Deciding which reads one flag back."""
+    values = scores.float().nan_to_num(nan=-math.inf)
+    length = values.shape[-1]
+    if 2 * keep < length:
+        best = values.topk(2 * keep, dim=-1)  # sorted, best first
+        group = _groups(best.values)
+        if bool((group[..., -1] != group[..., keep - 1]).all()):
+            return _first(group, best.indices, keep, length)
+    order = values.sort(dim=-1, descending=True, stable=True)
+    return _first(_groups(order.values), order.indices, keep, length)
+
+
+def _groups(ordered: torch.Tensor) -> torch.Tensor:
+    """The group of each of (..., n) scores sorted best first: 0 for the first, one more after each gap wider than
+    :data:`TIE` (relative) between neighbours (equal scores, -inf among them, are one group)."""
+    better, worse = ordered[..., :-1], ordered[..., 1:]
     near = (better - worse <= TIE * torch.maximum(better.abs(), worse.abs())) & worse.isfinite() & better.isfinite()
     group = (~(near | (better == worse))).cumsum(-1)
-    group = torch.cat([torch.zeros_like(group[..., :1]), group], -1)
-    rank = group * scores.shape[-1] + order.indices  # (group, key): unique, so the smallest keep are one answer
-    return rank.topk(min(keep, rank.shape[-1]), dim=-1, largest=False).values % scores.shape[-1]
+    return torch.cat([torch.zeros_like(group[..., :1]), group], -1)
+
+
+def _first(group: torch.Tensor, index: torch.Tensor, keep: int, length: int) -> torch.Tensor:
+    """The first ``keep`` keys by (group, key): unique ranks, so their smallest ``keep`` are one answer."""
+    rank = group * length + index
+    return rank.topk(min(keep, rank.shape[-1]), dim=-1, largest=False).values % length
 
 
 def _class_name(press: str) -> str:
