@@ -264,7 +264,7 @@ class KeyAlonePress(KeyScoredPress):
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
-        """Every position at once, nothing read back: a row's keys outside its own [0, p] rank last (NaN), which
+        """Every position at once (ranked reads one flag back): a row's keys outside its own [0, p] rank last (NaN), which
         ranks the rest as the row's own keys up to p alone would rank (:func:`ranked`)."""
         logical = torch.arange(prepared.shape[-1], device=prepared.device) - pad[:, None]
         outside = (logical < 0) | (logical > pos[:, None])
