@@ -264,8 +264,8 @@ class KeyAlonePress(KeyScoredPress):
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
-        """Every position at once (ranked reads one flag back): a row's keys outside its own [0, p] rank last (NaN), which
-        ranks the rest as the row's own keys up to p alone would rank (:func:`ranked`)."""
+        """Every position at once (:func:`ranked` reads one flag back): a row's keys outside its own [0, p] rank last
+        (NaN), which ranks the rest as the row's own keys up to p alone would rank."""
         logical = torch.arange(prepared.shape[-1], device=prepared.device) - pad[:, None]
         outside = (logical < 0) | (logical > pos[:, None])
         return ranked(prepared.index_select(0, rows).masked_fill(outside[:, None, :], math.nan), 2 * window), None
