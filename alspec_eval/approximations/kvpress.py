@@ -9,7 +9,8 @@ Two ways of scoring, as the presses are written:
 - **prompt-time** presses (SnapKV, PyramidKV, ExpectedAttention, Cap, LeverageScore, NonCausalAttn, Compactor) score
   the prompt once, at prefill, from the layer's input; each decode step keeps the newest ``recent`` tokens and the
   top 2S - recent prompt keys (SnapKV's rule, :class:`.prompt_scored.PromptScored`).
-Each row is scored on its own unpadded keys (kvpress assumes no left padding); ties go to the earlier key, and a
+Each row is scored on its own unpadded keys (kvpress assumes no left padding), but for a press whose score of a key
+reads that key alone (Knorm: every key scored at once, each position ranking its own); ties go to the earlier key, and a
 key-only press's scores that lie within float32's rounding of the next better one are ties (:func:`ranked`).
 Importing kvpress patches every transformers attention function; :func:`import_kvpress` undoes that.
 """
