@@ -156,7 +156,23 @@ def key_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 def topk_positions(scores: torch.Tensor, window: int) -> torch.Tensor:
     """The 2S keys with the largest scores per KV head, (R, Hkv, 2S) (ties: the earlier key); keys that must not be
     chosen (past the current token, left padding) score -inf. A non-trivial context has more than 2S keys."""
-    return scores.sort(dim=-1, descending=True, stable=True).indices[..., :2 * window]
+    return best_first(scores, 2 * window)
+
+
+def best_first(scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """The first ``keep`` indices of (..., L) scores' stable descending sort, compared as float32 (ties: the
+    earlier key; NaN first, -0.0 equal to 0.0), by a partial selection rather than a sort of all L: each score's
+    float32 bits, made to order as the floats do, times 2^32, plus L - 1 - its index, are unique keys whose top
+    ``keep`` are that answer, with nothing read back."""
+    length = scores.shape[-1]
+    if keep >= length:
+        return scores.sort(dim=-1, descending=True, stable=True).indices[..., :keep]
+    # -0.0 + 0.0 is 0.0; every NaN made Python's (its sign bit clear: the largest key)
+    values = (scores.float() + 0.0).nan_to_num(nan=math.nan, posinf=math.inf, neginf=-math.inf)
+    bits = values.view(torch.int32)
+    ordered = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()  # a negative float's other 31 bits reversed
+    earlier = torch.arange(length - 1, -1, -1, device=scores.device)
+    return (ordered * 2**32 + earlier).topk(keep, dim=-1).indices
 
 
 def distances(approx: torch.Tensor, exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,9 +5,11 @@ key, a selection's per-KV-head mask reaches each query head as HF's repeat_kv ma
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -40,6 +42,20 @@ def test_topk_positions_ties_take_the_earlier_keys():
     scores = torch.zeros(1, 2, 100)
     scores[..., 90:] = -torch.inf  # keys past pos
     assert semantics.topk_positions(scores, 8).tolist() == [[list(range(16))] * 2]
+
+
+@pytest.mark.parametrize("keep", [1, 7, 63, 64, 65])
+def test_best_first_is_the_stable_sorts_head(keep):
+    """The partial selection against the sort it replaces, where ties are the rule: scores on a grid of 5 values,
+    with -inf, -0.0 beside 0.0, and NaN of either sign; keep below, at and past L (64)."""
+    torch.manual_seed(keep)
+    scores = (torch.randint(-2, 3, (3, 4, 64)).float() * 0.5)
+    scores[0, 0, ::3] = -torch.inf
+    scores[0, 1, ::2] = -0.0
+    scores[1, 0, 5], scores[1, 0, 9] = math.nan, -math.nan
+    scores[2] = torch.randn(4, 64)  # no ties
+    expected = scores.sort(dim=-1, descending=True, stable=True).indices[..., :keep]
+    assert torch.equal(semantics.best_first(scores, keep), expected)
 
 
 # P1: a selection's valid mask is per KV head; query head h must use KV head h // g's mask (repeat_kv)

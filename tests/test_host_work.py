@@ -44,9 +44,10 @@ LAYERS = (2, 8)
 # the call's end: 4, 5 with a mask). quest: at most 61 (its page bounds copy whole keys by row and position: a row
 # index, then one index); transformers 4.56's sdpa copies K and V per query head (repeat_kv: a clone and a view each)
 # for a single-query GQA call with a mask, as Quest's A~ call is, where 5.x packs the query heads instead (snapkv: 42
-# on 5.x and 46 on 4.56).
+# on 5.x and 46 on 4.56). topk: 34, its 2S best by a partial selection of unique keys made from the scores' bits (nine
+# elementwise ops and a topk, where a stable sort of all L was one op and about 6x the time on the CPU at 4K).
 STEP_OPS = {("model", "sink"): 13, ("triton", "sink"): 0, ("model", "local"): 13, ("model", "quest"): 61,
-            ("model", "topk"): 25, ("model", "snapkv"): 47}
+            ("model", "topk"): 34, ("model", "snapkv"): 47}
 
 
 class Count(TorchFunctionMode):

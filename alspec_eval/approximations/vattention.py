@@ -16,6 +16,7 @@ from statistics import NormalDist
 
 import torch
 
+from .. import semantics
 from ..errors import ConfigError
 from .base import Approximation, Promise, Selected, Site
 
@@ -104,7 +105,7 @@ class VAttention(Approximation):
         if not self.top:
             return edges
         ranked = scores.amax(2).masked_fill(edges | ~allowed, -math.inf)
-        top = ranked.sort(dim=-1, descending=True, stable=True).indices[..., :self.top]
+        top = semantics.best_first(ranked, self.top)
         tops = torch.zeros_like(edges).scatter_(-1, top, ranked.gather(-1, top) > -math.inf)
         return edges | tops
 
