@@ -307,3 +307,37 @@ def test_knorm_scores_each_key_once_and_selects_as_position_by_position(monkeypa
                                            drafts.LayerInputs(None, keys.clone()))
     assert len(calls) == 1 + len(pos) and torch.equal(once, each)
     assert all(bool((once[m] - pad[rows[m]] <= pos[m]).all()) for m in range(len(pos)))  # never a later key
+
+
+@pytest.mark.parametrize("cross_scoring", [False, True])
+def test_lagkv_scores_kept_across_steps_are_kvpress_s_own_and_each_chunk_is_scored_once(cross_scoring, monkeypatch):
+    """LagKV's scores assembled from a kept store (a chunk scored once, when its next chunk is whole; the sinks and
+    the two newest chunks 1) against kvpress's call on all of a context's keys, bit for bit, at every length from
+    the contexts it scores by position to eleven chunks: the first settled length exactly, one short of it and one
+    past, and a store first filled at a long context then extended. Scoring calls: one where a chunk settles."""
+    approx = SpeculationConfig(approx="kvpress:LagKVPress", window=4,
+                               approx_args=f"n_sink:2;lag_size:4;cross_scoring:{str(cross_scoring).lower()}").approx
+    torch.manual_seed(0)
+    keys, values = torch.randn(1, 2, 46, 8), torch.randn(1, 2, 46, 8)
+    calls = []
+    monkeypatch.setattr(drafts, "score", lambda *a: calls.append(a[3].shape[2]) or _kvpress_score(*a))
+
+    def full(length):
+        return _kvpress_score(approx.make_press(8, length), None, None, keys[:, :, :length], values[:, :, :length],
+                              {})[0]
+
+    for start in (1, 30):  # a store filled from the first step, and one first filled at 30 keys
+        kept: dict = {}
+        for length in range(start, 47):
+            calls.clear()
+            got = approx.scores(keys[:, :, :length], values[:, :, :length], 4, kept)
+            assert torch.equal(got, full(length)), (start, length)
+            settled = approx.settled(length)
+            assert settled == (0 if length < 10 else 2 + ((length - 2) // 4 - 1) * 4)
+            grew = settled and settled != approx.settled(length - 1)
+            assert len(calls) == (1 if not settled or grew or length == start else 0), (length, calls)
+        assert kept["scores"].shape[-1] == approx.settled(46) == 42
+    assert approx.settled(9) == 0 and approx.settled(10) == 6 and approx.settled(14) == 10  # 2 + 2 x 4: the first
+
+
+_kvpress_score = drafts.score

@@ -66,6 +66,10 @@ class Approximation:
     # select returns a log-weight per key, added to its score (sampling estimators: vAttention); such a draft selects
     # by content (no keys_by_position, fused_kernel or tt_op: those paths read no weights)
     weighted: ClassVar[bool] = False
+    # a row's first keys' scores settle as later keys come (LagKV's chunk scores, once the next chunk is whole): an
+    # engine that keeps state across steps (vLLM) hands prepare, as ``observed``, a dict per row of the batch, kept
+    # per request and layer, in which select keeps what settled; None elsewhere (the HF engine: scored again)
+    keeps_scores: ClassVar[bool] = False
     # its select draws at random: per_pass also gets each position's request seed (seed=) and prepare the layer's
     # Site (site=), so that every engine, tensor-parallel rank and rerun draws alike (vAttention's sample)
     draws: ClassVar[bool] = False
@@ -187,6 +191,12 @@ class Approximation:
         returned for this layer; ``layer`` (``reads_layer`` approximations only): the module and its values;
         ``site`` (``draws`` approximations only): where the layer's draws are made."""
         return observed
+
+    def needs_keys(self, kept: dict | None, length: int) -> bool:
+        """Whether :meth:`select` reads the keys of a row whose store (``keeps_scores`` drafts) is ``kept``, at a
+        context of ``length`` keys: an engine that keeps the stores reads no context where no row of it does (its
+        keys then NaN, as where ``reads_keys`` is False)."""
+        return self.reads_keys
 
     def stack_prepared(self, prepared: list[Any], window: int) -> Any:
         """``prepare``'s results for prompts observed one at a time (one row each), as one for those rows in order

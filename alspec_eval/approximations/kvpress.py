@@ -273,6 +273,63 @@ class KeyAlonePress(KeyScoredPress):
 
 
 @dataclass(frozen=True)
+class ChunkPairPress(KeyScoredPress):
+    """A key-only press whose score of a key reads the key's chunk of ``lag_size`` keys after the ``n_sink`` sinks and
+    the next chunk (LagKV): once that chunk is whole, the score is final, the sinks' and the two newest chunks' are
+    1, and a context shorter than two chunks is scored by position. Where the engine keeps a row's settled scores
+    across steps (vLLM: ``keeps_scores``), each chunk is scored once per request and layer, not at every step."""
+
+    keeps_scores = True
+
+    def settled(self, length: int) -> int:
+        """How many first keys of a context of ``length`` keys have final scores (0 while it is scored by
+        position)."""
+        if length < self.n_sink + 2 * self.lag_size:
+            return 0
+        return self.n_sink + ((length - self.n_sink) // self.lag_size - 1) * self.lag_size
+
+    def needs_keys(self, kept: dict | None, length: int) -> bool:
+        """Until its store holds every score that settled at ``length`` keys (and while it is scored by position)."""
+        settled = self.settled(length)
+        return kept is None or not settled or kept.get("scores") is None or kept["scores"].shape[-1] < settled
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: list[dict] | None = None,
+                layer: LayerInputs | None = None) -> tuple[LayerInputs, list[dict] | None]:
+        return super().prepare(key, pad, window, None, layer), observed
+
+    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+               pad: torch.Tensor, window: int, passed: tuple, prepared: tuple[LayerInputs, list[dict] | None]
+               ) -> Selected:
+        """Each row's own unpadded keys up to its position scored (:meth:`scores`), then every row ranked at once,
+        its other keys NaN (ranked last, as :class:`KeyAlonePress` ranks)."""
+        layer, kept = prepared
+        length, scored = key.shape[2], []
+        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):
+            keys, values = key[row:row + 1, :, a:a + p + 1], layer.value[row:row + 1, :, a:a + p + 1]
+            scores = self.scores(keys, values, window, None if kept is None else kept[row]).float()
+            scored.append(torch.nn.functional.pad(scores, (a, length - a - p - 1), value=math.nan))
+        return ranked(torch.stack(scored), 2 * window), None
+
+    def scores(self, keys: torch.Tensor, values: torch.Tensor, window: int, kept: dict | None) -> torch.Tensor:
+        """The press's scores of one row's keys and values (1, Hkv, L, D): (Hkv, L), as its call on all L gives
+        them. ``kept``: where this row's settled scores are kept ("scores", (Hkv, n)), extended here by a call on
+        the sinks and the chunks from the first unsettled one on."""
+        length = keys.shape[2]
+        settled = self.settled(length)
+        if kept is None or not settled:
+            return score(self.make_press(2 * window, length), None, None, keys, values, {})[0]
+        have = kept.get("scores")
+        done = 0 if have is None else have.shape[-1]
+        if done < settled:
+            sinks, first = slice(0, self.n_sink), max(done - self.n_sink, 0) + self.n_sink
+            part = [torch.cat([t[:, :, sinks], t[:, :, first:settled + self.lag_size]], 2) for t in (keys, values)]
+            new = score(self.make_press(2 * window, part[0].shape[2]), None, None, *part, {})[0]
+            have = kept["scores"] = (new[:, :settled] if have is None
+                                     else torch.cat([have, new[:, self.n_sink:self.n_sink + settled - done]], -1))
+        return torch.cat([have[:, :settled], have.new_ones(have.shape[0], length - settled)], -1)
+
+
+@dataclass(frozen=True)
 class PositionRankedPress(KeyScoredPress):
     """A key-only press that ranks by position or by chance: it reads no key to rank (only the keys' shape), so a
     step costs 2S and vLLM reads no context for it."""
@@ -403,7 +460,7 @@ class TwoSinkPromptPress(PromptScoredPress):
 # Every press alspec-eval runs, by kvpress's name, with the kind of draft it runs as; the order is the reports'.
 PRESSES: dict[str, type[_PressDraft]] = {
     "KnormPress": KeyAlonePress, "KeyDiffPress": KeyScoredPress, "CURPress": KeyScoredPress,
-    "LagKVPress": KeyScoredPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": PositionRankedPress,
+    "LagKVPress": ChunkPairPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": PositionRankedPress,
     "CriticalKVPress": WrappingPress,
     "SnapKVPress": WindowedPromptPress, "PyramidKVPress": WindowedPromptPress,
     "ExpectedAttentionPress": SinkPromptPress, "CapPress": SinkPromptPress, "LeverageScorePress": PromptScoredPress,

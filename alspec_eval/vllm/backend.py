@@ -60,7 +60,7 @@ class WorkerState:
                                "alspec-eval is tested with (the [vllm] extra)")
         query_start_loc, seq_lens = query_start_loc[:requests + 1], seq_lens[:requests]
         starts, tags, firsts, prompt_lens, seeds = self._tags(requests)
-        if self.prompts.queries or self.prompts.observed:
+        if self.prompts.queries or self.prompts.observed or self.prompts.settled:
             self.prompts.prune({args[TAG][1] for args in map(_extra_args, self.runner.requests.values())
                                 if TAG in args})
         return Step(StepRows.build(query_start_loc, seq_lens, starts, tags, prompt_lens, seeds),
@@ -254,6 +254,9 @@ class SpeculatingImpl:
         exact = out[rows.token.to(out.device)].clone() if settings.dump else None
         observed = {row: state.prompts.observed.get((tag, index)) for row, tag in
                     zip(rows.request.tolist(), rows.tag.tolist())} if state.prompts.observed else None
+        if settings.approx.keeps_scores:
+            observed = {row: state.prompts.settled.setdefault((tag, index), {}) for row, tag in
+                        zip(rows.request.tolist(), rows.tag.tolist())}
         if state.verifier is None:
             state.verifier = choose(settings.approx, layout, kv_cache)
         decided = verify_and_count(queries, out, kv_cache, layout, attn_metadata.block_table, block_size, rows,

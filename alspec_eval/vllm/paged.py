@@ -288,15 +288,18 @@ def observation_first(start: int, window: int) -> int:
 
 @dataclass
 class Prompts:
-    """What a worker keeps of prompts for a prompt-scoring draft, per (request tag, layer): the queries of the
-    observation window until the prompt's end has passed the layer, then what ``observe_prompt`` made of them."""
+    """What a worker keeps of requests across steps, per (request tag, layer): for a prompt-scoring draft the queries
+    of the observation window until the prompt's end has passed the layer, then what ``observe_prompt`` made of
+    them; for a draft that ``keeps_scores``, the store its settled scores are kept in."""
 
     queries: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     observed: dict[tuple[int, int], Any] = field(default_factory=dict)
+    settled: dict[tuple[int, int], dict] = field(default_factory=dict)
 
     def prune(self, live: set[int]) -> None:
-        """Forget the requests no longer in the engine (a preempted request keeps what it observed)."""
-        for kept in (self.queries, self.observed):
+        """Forget the requests no longer in the engine (a preempted request keeps what it observed and what
+        settled: its keys are computed again, as they were)."""
+        for kept in (self.queries, self.observed, self.settled):
             for key in [k for k in kept if k[0] not in live]:
                 del kept[key]
 
@@ -410,7 +413,7 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     requests chunked to :data:`CONTEXT_BUDGET`), the draft selects as on the HF engine (``per_pass``, ``prepare``,
     ``select``) and its keys are moved into [0, pos] (:func:`.semantics.readable_keys`). What reached outside is
     counted in ``settings.breaches``. ``observed``: per batch row, what a prompt-scoring draft kept of its prompt at
-    this layer. ``groups``: the rows' requests grouped for reading (:class:`Contexts`), where the step built them once
+    this layer, or the store of a draft that ``keeps_scores``. ``groups``: the rows' requests grouped for reading (:class:`Contexts`), where the step built them once
     for all its layers. ``kept``: the layer's page summaries of a draft that keeps them (:mod:`.kept`), prepared
     from instead of the keys. ``seed`` (the rows' request seeds) and ``site`` (the layer's): what a draft that draws
     at random draws from. Last, what the draft's declarations ask each row to measure (:func:`.measures.measure`, at
@@ -481,7 +484,9 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
     measures: dict[str, torch.Tensor] = {}
     requests, lengths = contexts.requests, contexts.lengths
     for group, mine, local in contexts.groups:
-        if approx.reads_keys and kept is None:
+        stores = [observed.get(r) for r in requests[group].tolist()] if approx.keeps_scores else None
+        if approx.reads_keys and kept is None and (stores is None or any(
+                approx.needs_keys(store, n) for store, n in zip(stores, lengths[group].tolist()))):
             keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group],
                                               lengths[group], approx.reads_layer)
         else:
@@ -499,8 +504,8 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                                    **_layer_inputs(approx, None if values is None else values[i:i + 1]), **drawn)
                     for i, request in enumerate(requests[group].tolist())]
             prepared = each[0] if len(each) == 1 else approx.stack_prepared(each, window)
-        else:
-            prepared = approx.prepare(keys, pad, window, None, **_layer_inputs(approx, values), **drawn)
+        else:  # a draft that keeps scores: each row's store
+            prepared = approx.prepare(keys, pad, window, stores, **_layer_inputs(approx, values), **drawn)
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
