@@ -830,3 +830,35 @@ def test_a_draft_whose_ranges_jump_reads_what_each_tile_needs(layout):
     for path in paths(layout)[:-1]:
         assert torch.equal(got[path][0], got["gathered"][0])
         torch.testing.assert_close(got[path][1], got["gathered"][1], rtol=1e-5, atol=0, equal_nan=True)
+
+
+def test_lagkv_reads_no_context_once_its_stores_hold_the_settled_scores(monkeypatch):
+    """kvpress's LagKV keeps each request's settled chunk scores (``keeps_scores``): a step reads the contexts and
+    fills the stores, the same step again with those stores reads none, and both decide as scoring every row from
+    its keys (no stores), bit for bit."""
+    import alspec_eval.vllm.paged as paged
+
+    reads = []
+    original = paged.read_contexts
+    monkeypatch.setattr(paged, "read_contexts", lambda *a: reads.append(len(a[4])) or original(*a))
+    step = build_step("plain", 8)
+    approx = make_approximation("kvpress:LagKVPress", "n_sink:2;lag_size:4")
+    settings = Settings(thresholds=(0.5,), window=8, window_align=1, approx=approx)
+    way = choose(approx, step["layout"], step["cache"])
+    stores: dict[int, dict] = {row: {} for row in range(5)}
+
+    def decided(observed):
+        rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+        return verify_layer(step["query"], step["output"].clone(), step["cache"], step["layout"], step["table"],
+                            step["N"], rows, settings, 0, step["scale"], observed=observed, verifier=way)
+
+    first = decided(stores)
+    assert sum(reads) == 4 and all("scores" in store for row, store in stores.items() if row != 2)
+    reads.clear()
+    again = decided(stores)
+    assert reads == []
+    reads.clear()
+    alone = decided(None)
+    assert sum(reads) == 4
+    for got in (first, again):
+        assert torch.equal(got[0], alone[0]) and torch.equal(got[1].nan_to_num(-1), alone[1].nan_to_num(-1))
