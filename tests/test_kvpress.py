@@ -304,7 +304,7 @@ def test_knorm_scores_each_key_once_and_selects_as_position_by_position(monkeypa
     once, _ = draft.select(None, keys, rows, pos, pad[rows], 4, (), prepared)
     assert calls == [(2, 2, 60)]  # the layer's keys, once, and none at a position
     each, _ = drafts.KeyScoredPress.select(draft, None, keys, rows, pos, pad[rows], 4, (),
-                                           drafts.LayerInputs(None, keys.clone()))
+                                           (drafts.LayerInputs(None, keys.clone()), None))
     assert len(calls) == 1 + len(pos) and torch.equal(once, each)
     assert all(bool((once[m] - pad[rows[m]] <= pos[m]).all()) for m in range(len(pos)))  # never a later key
 
@@ -330,7 +330,7 @@ def test_lagkv_scores_kept_across_steps_are_kvpress_s_own_and_each_chunk_is_scor
         kept: dict = {}
         for length in range(start, 47):
             calls.clear()
-            got = approx.scores(keys[:, :, :length], values[:, :, :length], 4, kept)
+            got = approx.row_scores(keys[:, :, :length], values[:, :, :length], 4, None, kept)
             assert torch.equal(got, full(length)), (start, length)
             settled = approx.settled(length)
             assert settled == (0 if length < 10 else 2 + ((length - 2) // 4 - 1) * 4)

@@ -219,18 +219,28 @@ class KeyScoredPress(_PressDraft):
         """Every key is scored at every step (a miss)."""
         return context
 
-    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
-                layer: LayerInputs | None = None) -> LayerInputs:
-        return dataclasses.replace(layer, module=press_view(layer))
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: list[dict] | None = None,
+                layer: LayerInputs | None = None) -> tuple[LayerInputs, list[dict] | None]:
+        """The layer as the press reads it, and each row's store where the draft ``keeps_scores`` (else None)."""
+        return dataclasses.replace(layer, module=press_view(layer)), observed
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-               pad: torch.Tensor, window: int, passed: tuple, prepared: LayerInputs) -> Selected:
+               pad: torch.Tensor, window: int, passed: tuple, prepared: tuple[LayerInputs, list[dict] | None]
+               ) -> Selected:
+        """Each row's own unpadded keys up to its position scored (:meth:`row_scores`) and ranked among themselves
+        alone (a press may score its own keys NaN or -inf, which must still rank before another row's)."""
+        layer, kept = prepared
         chosen = []
-        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):  # a row's own unpadded keys up to p
-            keys, values = key[row:row + 1, :, a:a + p + 1], prepared.value[row:row + 1, :, a:a + p + 1]
-            scores = score(self.make_press(2 * window, p + 1), prepared.module, None, keys, values, {})
-            chosen.append(ranked(scores[0], 2 * window) + a)
+        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):
+            keys, values = key[row:row + 1, :, a:a + p + 1], layer.value[row:row + 1, :, a:a + p + 1]
+            scores = self.row_scores(keys, values, window, layer.module, None if kept is None else kept[row])
+            chosen.append(ranked(scores, 2 * window) + a)
         return torch.stack(chosen), None
+
+    def row_scores(self, keys: torch.Tensor, values: torch.Tensor, window: int, module: torch.nn.Module | None,
+                   kept: dict | None) -> torch.Tensor:
+        """The press's scores of one row's keys and values (1, Hkv, L, D): (Hkv, L)."""
+        return score(self.make_press(2 * window, keys.shape[2]), module, None, keys, values, {})[0]
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         return scores_bytes(key)
@@ -293,31 +303,14 @@ class ChunkPairPress(KeyScoredPress):
         settled = self.settled(length)
         return kept is None or not settled or kept.get("scores") is None or kept["scores"].shape[-1] < settled
 
-    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: list[dict] | None = None,
-                layer: LayerInputs | None = None) -> tuple[LayerInputs, list[dict] | None]:
-        return super().prepare(key, pad, window, None, layer), observed
-
-    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-               pad: torch.Tensor, window: int, passed: tuple, prepared: tuple[LayerInputs, list[dict] | None]
-               ) -> Selected:
-        """Each row's own unpadded keys up to its position scored (:meth:`scores`), then every row ranked at once,
-        its other keys NaN (ranked last, as :class:`KeyAlonePress` ranks)."""
-        layer, kept = prepared
-        length, scored = key.shape[2], []
-        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):
-            keys, values = key[row:row + 1, :, a:a + p + 1], layer.value[row:row + 1, :, a:a + p + 1]
-            scores = self.scores(keys, values, window, None if kept is None else kept[row]).float()
-            scored.append(torch.nn.functional.pad(scores, (a, length - a - p - 1), value=math.nan))
-        return ranked(torch.stack(scored), 2 * window), None
-
-    def scores(self, keys: torch.Tensor, values: torch.Tensor, window: int, kept: dict | None) -> torch.Tensor:
-        """The press's scores of one row's keys and values (1, Hkv, L, D): (Hkv, L), as its call on all L gives
-        them. ``kept``: where this row's settled scores are kept ("scores", (Hkv, n)), extended here by a call on
-        the sinks and the chunks from the first unsettled one on."""
+    def row_scores(self, keys: torch.Tensor, values: torch.Tensor, window: int, module: torch.nn.Module | None,
+                   kept: dict | None) -> torch.Tensor:
+        """As the press's call on all L keys gives them. ``kept``: where this row's settled scores are kept
+        ("scores", (Hkv, n)), extended here by a call on the sinks and the chunks from the first unsettled one on."""
         length = keys.shape[2]
         settled = self.settled(length)
         if kept is None or not settled:
-            return score(self.make_press(2 * window, length), None, None, keys, values, {})[0]
+            return super().row_scores(keys, values, window, module, None)
         have = kept.get("scores")
         done = 0 if have is None else have.shape[-1]
         if done < settled:
