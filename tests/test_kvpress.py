@@ -7,6 +7,7 @@ package's own SnapKV (docs/design.md, "kvpress's presses")."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass
 
@@ -196,6 +197,24 @@ def test_ranked_ties_scores_within_rounding_and_nothing_wider():
     assert drafts.ranked(run, 20).tolist() == [[*range(200, 219), 0]]
 
 
+def test_rows_ranked_in_one_call_rank_as_each_alone():
+    """Rows of several lengths and left paddings ranked in one call (``outside`` their other keys) keep each row's
+    own ranking, where a row scores its own keys -inf or NaN (CUR's and LagKV's can), past the fast path's
+    candidates (a row of 20 keys, 16 kept) and within them."""
+    g = torch.Generator().manual_seed(1)
+    length, keep = 64, 16
+    pad, pos = torch.tensor([0, 10, 3, 30]), torch.tensor([63, 40, 19, 33])
+    scores = torch.randn(4, 2, length, generator=g).round(decimals=1)
+    scores[0, 0, 5:30] = -math.inf
+    scores[1, 1, 12:20] = math.nan
+    scores[2, :, 5:15] = math.nan  # half a short row's keys: NaN ranks last, and before another row's keys
+    own = drafts._outside(length, pos, pad)
+    together = drafts.ranked(scores.masked_fill(own, 7.0), keep, own)  # outside scores are never read
+    for r in range(4):
+        alone = drafts.ranked(scores[r:r + 1, :, pad[r]:pad[r] + pos[r] + 1], keep) + pad[r]
+        assert torch.equal(together[r:r + 1], alone), r
+
+
 @pytest.fixture(scope="module")
 def lam(model):
     """A lambda that accepts about half of the sink's decisions, so that both branches run."""
@@ -341,3 +360,18 @@ def test_lagkv_scores_kept_across_steps_are_kvpress_s_own_and_each_chunk_is_scor
 
 
 _kvpress_score = drafts.score
+
+
+@pytest.mark.parametrize("n_sink", [0, 1, 15])
+def test_streamingllm_reads_as_ranges_the_keys_its_press_keeps(n_sink):
+    """StreamingLLMPress declares keys_by_position: vLLM reads its ranges, the first n_sink keys and the newest
+    2S - n_sink, and never calls the press; on a paged cache those are the keys the press keeps on a contiguous one
+    (alspec-check-approx's paged property), with no sink, one, and all but one of the 2S; n_sink = 2S is refused."""
+    from alspec_eval.approx_check.paged import paged_equals_contiguous
+
+    approx = SpeculationConfig(approx="kvpress:StreamingLLMPress", approx_args=f"n_sink:{n_sink}", window=8).approx
+    assert approx.keys_by_position and paged_equals_contiguous(approx, 4, 2, 16, 8) == []
+    starts, ends, widths = approx.position_ranges(torch.tensor([16, 40]), 8, 1)
+    assert sum(widths) == 16 and ((ends - starts) == torch.tensor(widths)).all()
+    with pytest.raises(ConfigError, match="n_sink:16 leaves no recent key"):
+        SpeculationConfig(approx="kvpress:StreamingLLMPress", approx_args="n_sink:16", window=8)

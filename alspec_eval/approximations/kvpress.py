@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import ConfigError
-from .base import Approximation, LayerInputs, Selected, scores_bytes
+from .base import Approximation, LayerInputs, Ranges, Selected, scores_bytes
 from .prompt_scored import PromptRanking, PromptScored
 
 INSTALL = "pip install 'alspec-eval[kvpress]' && pip install --no-deps kvpress==0.5.5"
@@ -133,8 +133,10 @@ def score(press: Any, module: torch.nn.Module, hidden: torch.Tensor | None, keys
         return press.score(module, hidden, keys, values, None, kwargs)
 
 
-def ranked(scores: torch.Tensor, keep: int) -> torch.Tensor:
-    """The indices of the ``keep`` best of (..., L) scores per row, best first; NaN ranks last. Scores are ranked in
+def ranked(scores: torch.Tensor, keep: int, outside: torch.Tensor | None = None) -> torch.Tensor:
+    """The indices of the ``keep`` best of (..., L) scores per row, best first; NaN ranks last, and after it the keys
+    ``outside`` marks (a mask broadcast to the scores: another row's keys, which rank after every score of the row's
+    own, -inf and NaN too, so that rows of several lengths rank in one call as each would alone). Scores are ranked in
     groups: a score within :data:`TIE` (relative) of the next better one is in its group, and a group's keys go
     earlier key first. So keys whose scores are equal but for rounding (one token's key norms at layer 0) rank alike
     in every engine, however each rounds its keys: on the HF engine and inside vLLM a key-only press keeps the same
@@ -145,14 +147,22 @@ def ranked(scores: torch.Tensor, keep: int) -> torch.Tensor:
     them, and that is the answer; else (a run of near-ties that long: one token's keys at layer 0) every score is
     sorted. Deciding which reads one flag back."""
     values = scores.float().nan_to_num(nan=-math.inf)
+    if outside is not None:
+        outside = outside.expand_as(values)
+        values = values.masked_fill(outside, -math.inf)
     length = values.shape[-1]
     if 2 * keep < length:
         best = values.topk(2 * keep, dim=-1)  # sorted, best first
         group = _groups(best.values)
         if bool((group[..., -1] != group[..., keep - 1]).all()):
-            return _first(group, best.indices, keep, length)
+            return _first(_after(group, outside, best.indices, length), best.indices, keep, length)
     order = values.sort(dim=-1, descending=True, stable=True)
-    return _first(_groups(order.values), order.indices, keep, length)
+    return _first(_after(_groups(order.values), outside, order.indices, length), order.indices, keep, length)
+
+
+def _after(group: torch.Tensor, outside: torch.Tensor | None, index: torch.Tensor, length: int) -> torch.Tensor:
+    """The groups of keys at ``index``, those ``outside`` moved past every group (there are at most L)."""
+    return group if outside is None else group + outside.gather(-1, index) * (length + 1)
 
 
 def _groups(ordered: torch.Tensor) -> torch.Tensor:
@@ -168,6 +178,12 @@ def _first(group: torch.Tensor, index: torch.Tensor, keep: int, length: int) -> 
     """The first ``keep`` keys by (group, key): unique ranks, so their smallest ``keep`` are one answer."""
     rank = group * length + index
     return rank.topk(min(keep, rank.shape[-1]), dim=-1, largest=False).values % length
+
+
+def _outside(length: int, pos: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """Which of ``length`` physical keys lie outside each row's own [0, pos] (r, 1, L), for :func:`ranked`."""
+    logical = torch.arange(length, device=pos.device) - pad[:, None]
+    return ((logical < 0) | (logical > pos[:, None]))[:, None, :]
 
 
 def _class_name(press: str) -> str:
@@ -227,15 +243,16 @@ class KeyScoredPress(_PressDraft):
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: tuple[LayerInputs, list[dict] | None]
                ) -> Selected:
-        """Each row's own unpadded keys up to its position scored (:meth:`row_scores`) and ranked among themselves
-        alone (a press may score its own keys NaN or -inf, which must still rank before another row's)."""
+        """Each row's own unpadded keys up to its position scored (:meth:`row_scores`), then every row ranked in
+        one call, each among its own keys (the rest ``outside``: a press may score its own keys NaN or -inf)."""
         layer, kept = prepared
-        chosen = []
-        for row, p, a in zip(rows.tolist(), pos.tolist(), pad.tolist()):
+        length = key.shape[2]
+        scored = torch.zeros(len(rows), key.shape[1], length, device=key.device)
+        for i, (row, p, a) in enumerate(zip(rows.tolist(), pos.tolist(), pad.tolist())):
             keys, values = key[row:row + 1, :, a:a + p + 1], layer.value[row:row + 1, :, a:a + p + 1]
-            scores = self.row_scores(keys, values, window, layer.module, None if kept is None else kept[row])
-            chosen.append(ranked(scores, 2 * window) + a)
-        return torch.stack(chosen), None
+            scored[i, :, a:a + p + 1] = self.row_scores(keys, values, window, layer.module,
+                                                        None if kept is None else kept[row])
+        return ranked(scored, 2 * window, _outside(length, pos, pad)), None
 
     def row_scores(self, keys: torch.Tensor, values: torch.Tensor, window: int, module: torch.nn.Module | None,
                    kept: dict | None) -> torch.Tensor:
@@ -275,11 +292,9 @@ class KeyAlonePress(KeyScoredPress):
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
-        """Every position at once (:func:`ranked` reads one flag back): a row's keys outside its own [0, p] rank last
-        (NaN), which ranks the rest as the row's own keys up to p alone would rank."""
-        logical = torch.arange(prepared.shape[-1], device=prepared.device) - pad[:, None]
-        outside = (logical < 0) | (logical > pos[:, None])
-        return ranked(prepared.index_select(0, rows).masked_fill(outside[:, None, :], math.nan), 2 * window), None
+        """Every position at once (:func:`ranked` reads one flag back): a row's keys outside its own [0, p] rank
+        last, which ranks the rest as the row's own keys up to p alone would rank."""
+        return ranked(prepared.index_select(0, rows), 2 * window, _outside(prepared.shape[-1], pos, pad)), None
 
 
 @dataclass(frozen=True)
@@ -331,6 +346,29 @@ class PositionRankedPress(KeyScoredPress):
 
     def keys_read(self, context: int, window: int) -> float:
         return min(2 * window, context)
+
+
+@dataclass(frozen=True)
+class SinkAndRecentPress(PositionRankedPress):
+    """kvpress's StreamingLLMPress: its score keeps the first ``n_sink`` keys and the newest 2S - n_sink, by
+    position alone, so it declares ``keys_by_position`` and vLLM reads those two ranges as it reads the sink's
+    windows (no context, no press call). ``select`` still calls the press; ``alspec-check-approx`` compares the
+    ranges with the keys the press keeps."""
+
+    keys_by_position = True
+
+    def check(self, window: int) -> None:
+        if not 0 <= self.n_sink < 2 * window:
+            raise ConfigError(f"approx_args n_sink:{self.n_sink} leaves no recent key in the budget 2S = "
+                              f"{2 * window}; use 0 <= n_sink < {2 * window}, e.g. n_sink:{min(4, 2 * window - 1)}")
+        super().check(window)
+
+    def position_ranges(self, pos: torch.Tensor, window: int, window_align: int) -> Ranges:
+        recent = 2 * window - self.n_sink
+        first = [(torch.zeros_like(pos), torch.full_like(pos, self.n_sink))] if self.n_sink else []
+        parts = [*first, (pos + 1 - recent, pos + 1)]
+        return (torch.stack([a for a, _ in parts], 1), torch.stack([b for _, b in parts], 1),
+                (self.n_sink, recent) if self.n_sink else (recent,))
 
 
 @dataclass(frozen=True)
@@ -453,7 +491,7 @@ class TwoSinkPromptPress(PromptScoredPress):
 # Every press alspec-eval runs, by kvpress's name, with the kind of draft it runs as; the order is the reports'.
 PRESSES: dict[str, type[_PressDraft]] = {
     "KnormPress": KeyAlonePress, "KeyDiffPress": KeyScoredPress, "CURPress": KeyScoredPress,
-    "LagKVPress": ChunkPairPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": PositionRankedPress,
+    "LagKVPress": ChunkPairPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": SinkAndRecentPress,
     "CriticalKVPress": WrappingPress,
     "SnapKVPress": WindowedPromptPress, "PyramidKVPress": WindowedPromptPress,
     "ExpectedAttentionPress": SinkPromptPress, "CapPress": SinkPromptPress, "LeverageScorePress": PromptScoredPress,
