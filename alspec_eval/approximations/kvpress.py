@@ -249,7 +249,8 @@ class KeyScoredPress(_PressDraft):
         length = key.shape[2]
         scored = torch.zeros(len(rows), key.shape[1], length, device=key.device)
         for i, (row, p, a) in enumerate(zip(rows.tolist(), pos.tolist(), pad.tolist())):
-            keys, values = key[row:row + 1, :, a:a + p + 1], layer.value[row:row + 1, :, a:a + p + 1]
+            keys = key[row:row + 1, :, a:a + p + 1]
+            values = None if layer.value is None else layer.value[row:row + 1, :, a:a + p + 1]
             scored[i, :, a:a + p + 1] = self.row_scores(keys, values, window, layer.module,
                                                         None if kept is None else kept[row])
         return ranked(scored, 2 * window, _outside(length, pos, pad)), None
@@ -295,6 +296,18 @@ class KeyAlonePress(KeyScoredPress):
         """Every position at once (:func:`ranked` reads one flag back): a row's keys outside its own [0, p] rank
         last, which ranks the rest as the row's own keys up to p alone would rank."""
         return ranked(prepared.index_select(0, rows), 2 * window, _outside(prepared.shape[-1], pos, pad)), None
+
+
+@dataclass(frozen=True)
+class KeysOnlyPress(KeyScoredPress):
+    """A key-only press whose score reads every key and no value (KeyDiff: each key against the layer's mean key):
+    vLLM reads no value for it."""
+
+    reads_layer = False
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: list[dict] | None = None,
+                layer: LayerInputs | None = None) -> tuple[LayerInputs, list[dict] | None]:
+        return LayerInputs(None, None), observed
 
 
 @dataclass(frozen=True)
@@ -490,7 +503,7 @@ class TwoSinkPromptPress(PromptScoredPress):
 
 # Every press alspec-eval runs, by kvpress's name, with the kind of draft it runs as; the order is the reports'.
 PRESSES: dict[str, type[_PressDraft]] = {
-    "KnormPress": KeyAlonePress, "KeyDiffPress": KeyScoredPress, "CURPress": KeyScoredPress,
+    "KnormPress": KeyAlonePress, "KeyDiffPress": KeysOnlyPress, "CURPress": KeyScoredPress,
     "LagKVPress": ChunkPairPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": SinkAndRecentPress,
     "CriticalKVPress": WrappingPress,
     "SnapKVPress": WindowedPromptPress, "PyramidKVPress": WindowedPromptPress,
