@@ -413,11 +413,11 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     requests chunked to :data:`CONTEXT_BUDGET`), the draft selects as on the HF engine (``per_pass``, ``prepare``,
     ``select``) and its keys are moved into [0, pos] (:func:`.semantics.readable_keys`). What reached outside is
     counted in ``settings.breaches``. ``observed``: per batch row, what a prompt-scoring draft kept of its prompt at
-    this layer, or the store of a draft that ``keeps_scores``. ``groups``: the rows' requests grouped for reading (:class:`Contexts`), where the step built them once
-    for all its layers. ``kept``: the layer's page summaries of a draft that keeps them (:mod:`.kept`), prepared
-    from instead of the keys. ``seed`` (the rows' request seeds) and ``site`` (the layer's): what a draft that draws
-    at random draws from. Last, what the draft's declarations ask each row to measure (:func:`.measures.measure`, at
-    the model's ``scale``; none for a draft fixed by position)."""
+    this layer, or the store of a draft that ``keeps_scores``. ``groups``: the rows' requests grouped for reading
+    (:class:`Contexts`), where the step built them once for all its layers. ``kept``: the layer's page summaries of a
+    draft that keeps them (:mod:`.kept`), prepared from instead of the keys. ``seed`` (the rows' request seeds) and
+    ``site`` (the layer's): what a draft that draws at random draws from. Last, what the draft's declarations ask
+    each row to measure (:func:`.measures.measure`, at the model's ``scale``; none for a draft fixed by position)."""
     if settings.approx.keys_by_position:
         return *_listed(*position_keys(settings, pos, query.device)), None, {}
     if groups is None:
