@@ -142,6 +142,11 @@ def library() -> ctypes.CDLL | None:
     lib.alspec_verify.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64,
                                   _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int, _PTR, _PTR, _PTR,
                                   ctypes.c_int, ctypes.c_double, _PTR, ctypes.c_int8, ctypes.c_int8, _PTR, _PTR]
+    lib.alspec_verify_listed.restype = ctypes.c_int
+    lib.alspec_verify_listed.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR,
+                                         _I64, _PTR, _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int, _PTR, _PTR,
+                                         _PTR, ctypes.c_int, ctypes.c_double, _PTR, ctypes.c_int8, ctypes.c_int8, _PTR,
+                                         _PTR]
     lib.alspec_exp.restype = None
     lib.alspec_exp.argtypes = [_PTR, _PTR, _I64]
     return lib
@@ -192,6 +197,69 @@ def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, blo
     approx, d2, n2 = scratch.take(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token))
     _call(query, exact, kv_cache, table, rows, scale, (approx.data_ptr(), d2.data_ptr(), n2.data_ptr()))
     return approx, d2, n2
+
+
+@dataclass(frozen=True)
+class Listed:
+    """Rows whose keys a draft selected by content, as :func:`verify_listed` reads them: their tokens and batch rows
+    (int64, host), where each is among the step's rows (``live``), and per row and KV head the logical positions of
+    its keys (``positions``, (rows, Hkv or 1, n) int64), which slots count (``valid``, the same or None: all) and a
+    weighted draft's log-weights (``log_weight``, (rows, Hkv, n) or None), as :func:`.paged.selected_positions`
+    returns them."""
+
+    token: torch.Tensor
+    request: torch.Tensor
+    live: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor | None
+    log_weight: torch.Tensor | None
+
+    def lists(self, kv_heads: int) -> tuple[list[torch.Tensor | None], Any]:
+        """The three per-head lists as the kernel reads them (each list's slots dense) and their row and head strides
+        (a head stride of 0 where one list serves every head)."""
+        lists = [self.positions.contiguous(), None if self.valid is None else self.valid.contiguous().view(torch.uint8),
+                 None if self.log_weight is None else self.log_weight.float().contiguous()]
+        strides = (ctypes.c_int64 * 6)(*(s for t in lists for s in (
+            (0, 0) if t is None else (t.stride(0), t.stride(1) if t.shape[1] == kv_heads else 0))))
+        return lists, strides
+
+
+def _call_listed(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, table: torch.Tensor, rows: Listed,
+                 scale: float, scratch: tuple[int, int, int], *decision: Any) -> None:
+    """One call of the listed kernel: measure (``decision`` empty) or measure and decide."""
+    _, kv_heads, block_size, _ = kv_cache.shape
+    _, heads, dim = query.shape
+    lists, strides = rows.lists(kv_heads)  # held until the kernel returns
+    status = library().alspec_verify_listed(
+        query.data_ptr(), query.stride(0), exact.data_ptr(), exact.stride(0), kv_cache.data_ptr(), table.data_ptr(),
+        table.stride(0), len(rows.token), rows.token.data_ptr(), rows.request.data_ptr(),
+        *(None if t is None else t.data_ptr() for t in lists), rows.positions.shape[-1], strides, heads, kv_heads,
+        dim, block_size, scale, DTYPES[kv_cache.dtype], *scratch, *(decision or (0, 0.0, None, 0, 0, None, None)))
+    if status:
+        raise MemoryError(f"alspec-vllm's CPU kernel ran out of memory for {len(rows.token)} rows of "
+                          f"{rows.positions.shape[-1]} keys")
+
+
+def verify_listed(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                  rows: Listed, scale: float, scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`verify` for rows whose keys are listed per KV head (:class:`Listed`): A~ over the listed keys that
+    count, in the list's order (no other key is read), and d^2, n^2."""
+    table = _inputs(query, exact, kv_cache, block_table)
+    approx, d2, n2 = scratch.take(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token))
+    _call_listed(query, exact, kv_cache, table, rows, scale, (approx.data_ptr(), d2.data_ptr(), n2.data_ptr()))
+    return approx, d2, n2
+
+
+def verify_listed_and_decide(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor,
+                             block_table: torch.Tensor, rows: Listed, scale: float, lam: float, codes: torch.Tensor,
+                             ratios: torch.Tensor, scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`verify_listed`, decided and committed in the same call as :func:`verify_and_decide` does."""
+    table = _inputs(query, exact, kv_cache, block_table)
+    codes, ratios = codes.clone(), ratios.clone()
+    _call_listed(query, exact, kv_cache, table, rows, scale,
+                 scratch.addresses(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token)),
+                 1, lam, rows.live.data_ptr(), ACCEPTED, REJECTED, codes.data_ptr(), ratios.data_ptr())
+    return codes, ratios
 
 
 def verify_and_decide(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -24,7 +24,7 @@ from ..approximations.base import Site
 from ..stats import ACCEPTED, REJECTED, TRIVIAL
 from . import native, tiled
 from .native import NativeRows
-from .paged import Contexts, Settings, StepRows, gathered, position_keys, readable_ranges
+from .paged import Contexts, Settings, StepRows, gathered, position_keys, readable_ranges, selected_positions
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # a tensor-parallel sum over ranks
 
@@ -109,9 +109,13 @@ def decide(layer: Layer, plan: Plan, approx: torch.Tensor, exact: torch.Tensor, 
     accepted = semantics.accept(d, n, lam)
     layer.output[plan.token] = semantics.commit(exact, approx, accepted)
     codes = plan.codes.index_put((plan.live_device,), torch.where(accepted, ACCEPTED, REJECTED).to(torch.int8))
-    measured = {name: torch.full_like(plan.ratios, math.nan).index_put((plan.live_device,), value.float())
-                for name, value in measures.items()}
-    return codes, plan.ratios.index_put((plan.live_device,), d / n), measured
+    return codes, plan.ratios.index_put((plan.live_device,), d / n), _step_measures(plan, measures)
+
+
+def _step_measures(plan: Plan, measures: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The live rows' measures as the step's (NaN where a row was not measured)."""
+    return {name: torch.full_like(plan.ratios, math.nan).index_put((plan.live_device,), value.float())
+            for name, value in measures.items()}
 
 
 def _native_rows(rows: StepRows, live: torch.Tensor, settings: Settings, device: torch.device) -> NativeRows:
@@ -196,6 +200,13 @@ class Tiles(Verifier):
                                  plan.prepared, layer.scale), {}
 
 
+def _contexts(rows: StepRows, live: torch.Tensor, settings: Settings, layer: Layer) -> Contexts | None:
+    """Which contexts the step's live rows read, grouped (None: a draft fixed by position reads its ranges)."""
+    if settings.approx.keys_by_position:
+        return None
+    return Contexts.build(rows.request[live], rows.pos[live], settings.approx, layer.kv_cache)
+
+
 class Gathered(Verifier):
     """Each row's selected keys gathered from the cache (:func:`.paged.gathered`): every draft, including those
     that select by content; the reference the others are tested against."""
@@ -204,10 +215,7 @@ class Gathered(Verifier):
     by_position = False
 
     def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings, layer: Layer) -> Contexts | None:
-        """Which contexts the step's rows read, grouped (a draft fixed by position reads its ranges instead)."""
-        if settings.approx.keys_by_position:
-            return None
-        return Contexts.build(rows.request[live], rows.pos[live], settings.approx, layer.kv_cache)
+        return _contexts(rows, live, settings, layer)
 
     def approximate(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings,
                     observed: dict[int, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -216,8 +224,47 @@ class Gathered(Verifier):
                         layer.kept, rows.seed[plan.live], layer.site)
 
 
+class Listed(Verifier):
+    """Each row's selected keys (:func:`.paged.selected_positions`, as the gathered path selects them) verified in
+    one pass in C over the CPU's cache (:func:`.native.verify_listed`): every draft, no key copied; measured, decided
+    and committed in one call where every head is on this rank."""
+
+    name = "listed"
+    by_position = False
+
+    def __init__(self) -> None:
+        self.scratch = native.Scratch()
+
+    @classmethod
+    def offered(cls, layout: Any, kv_cache: torch.Tensor) -> bool:
+        return native.usable(layout, kv_cache)
+
+    def prepare(self, rows: StepRows, live: torch.Tensor, settings: Settings,
+                layer: Layer) -> tuple[torch.Tensor, torch.Tensor, Contexts | None]:
+        """The live rows' tokens and batch rows as the kernel reads them, and the contexts they read (as
+        :class:`Gathered`'s)."""
+        return (rows.token[live].long().contiguous(), rows.request[live].long().contiguous(),
+                _contexts(rows, live, settings, layer))
+
+    def verify(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings, observed: dict[int, Any],
+               lam: float, reduce: Reduce | None) -> Decided:
+        token, request, contexts = plan.prepared
+        positions, valid, log_weight, measures = selected_positions(
+            layer.query[plan.token], layer.kv_cache, layer.layout, layer.block_table, layer.block_size, request,
+            rows.pos[plan.live], settings, observed, contexts, layer.kept, rows.seed[plan.live], layer.site,
+            layer.scale)
+        listed = native.Listed(token, request, plan.live, positions, valid, log_weight)
+        if reduce is None:
+            return *native.verify_listed_and_decide(layer.query, layer.output, layer.kv_cache, layer.block_table,
+                                                    listed, layer.scale, lam, plan.codes, plan.ratios,
+                                                    self.scratch), _step_measures(plan, measures)
+        approx, d2, n2 = native.verify_listed(layer.query, layer.output, layer.kv_cache, layer.block_table, listed,
+                                              layer.scale, self.scratch)
+        return decide(layer, plan, approx, layer.output[plan.token], d2, n2, lam, reduce, measures)
+
+
 # by preference: the first a draft and a cache admit is the engine's
-VERIFIERS: dict[str, type[Verifier]] = {v.name: v for v in (Native, Triton, Tiles, Gathered)}
+VERIFIERS: dict[str, type[Verifier]] = {v.name: v for v in (Native, Triton, Tiles, Listed, Gathered)}
 
 
 def choose(approx: Any, layout: Any, kv_cache: torch.Tensor) -> Verifier:

@@ -12,6 +12,9 @@
  * Rows of a request whose ranges overlap go together as a tile (see cut_tiles); work goes to OpenMP threads by
  * (tile, KV head). A row's result never depends on its tile or on how many threads there are.
  *
+ * alspec_verify_listed does the same for rows whose keys a draft chose by content: a list of positions per row and KV
+ * head, in place of ranges.
+ *
  * Where no other rank holds heads of the rows, the same call goes on to decide: semantics.accept (d <= lambda n, d
  * and n the square roots, lambda = inf accepting all) and semantics.commit (an accepted row's A~ replaces A in
  * place), each row's code and d/n written where the step's rows list it. One call and one parallel region a layer:
@@ -565,5 +568,228 @@ int alspec_verify(const void *query, int64_t q_stride, void *exact, int64_t o_st
     free(tiles);
     free(lo);
     free(hi);
+    return failed ? -1 : 0;
+}
+
+/* Rows whose keys a draft chose by content: per row and KV head a list of ``width`` logical positions, the slots
+ * ``valid`` marks counting (NULL: all; the others never read), and a weighted draft's log-weights added to the
+ * scaled scores (NULL: none). The same arithmetic as alspec_verify's rows, key by key in the list's order: a row's
+ * keys are copied out as a (D, n) matrix, scored in lanes of keys (channels in order), the softmax, then P @ V over
+ * the values in the list's order.
+ *
+ * Consecutive rows of a request (a prefill) go together as a tile, by KV head. In the cache a key's D channels lie N
+ * apart (its block's keys are transposed), so a key read alone costs a cache line a channel: a block that two or more
+ * of the tile's rows read is copied once, its keys made whole (N x D, float32), and the rows read their keys there.
+ * Where a key comes from moves data only: a row's bits never depend on its tile. */
+enum { LISTED_TILE_ROWS = 64 };
+
+typedef struct { /* each with its row and KV-head strides in elements (0: one list for every head) */
+    const int64_t *positions;
+    const uint8_t *valid;
+    const float *bias;
+    int64_t width, strides[3][2];
+} listed_t;
+
+typedef struct { /* a thread's buffers */
+    int64_t *at, *last, *touched; /* per slot its position; per logical block the last row that read it; the
+                                   * tile's blocks */
+    int32_t *readers, *copy; /* per logical block how many of the tile's rows read it, and its copy (-1: none) */
+    float *bias, *keys, *q, *w, *acc, *copies;
+    int64_t copies_held;  /* blocks ``copies`` holds room for */
+} listed_scratch_t;
+
+static inline const int64_t *listed_positions(const listed_t *list, int64_t m, int64_t h) {
+    return list->positions + m * list->strides[0][0] + h * list->strides[0][1];
+}
+
+static inline const uint8_t *listed_valid(const listed_t *list, int64_t m, int64_t h) {
+    return list->valid ? list->valid + m * list->strides[1][0] + h * list->strides[1][1] : NULL;
+}
+
+/* Row m at KV head h: A~ of its query heads over its listed keys, written to ``approx``. Blocks with copy[b] >= 0 are
+ * read from their copies (``copies``, N x D each), the rest from the cache. */
+static void verify_listed_row(int64_t m, int64_t h, const listed_t *list, const void *query, int64_t q_stride,
+                              const void *cache, const int32_t *row_table, const int64_t *token, int64_t heads,
+                              int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int dtype, void *approx,
+                              listed_scratch_t *t) {
+    const int64_t group = heads / kv_heads, block_elems = 2 * block_size * dim;
+    const int64_t *pos = listed_positions(list, m, h);
+    const uint8_t *valid = listed_valid(list, m, h);
+    const float *weight = list->bias ? list->bias + m * list->strides[2][0] + h * list->strides[2][1] : NULL;
+    int64_t n = 0;
+    for (int64_t j = 0; j < list->width; ++j) /* each counted slot's key: its logical position */
+        if (!valid || valid[j]) {
+            t->at[n] = pos[j];
+            t->bias[n++] = weight ? weight[j] : 0.0f;
+        }
+    const int64_t padded = (n + LANES - 1) / LANES * LANES;
+    float *keys = t->keys;
+    for (int64_t j = 0; j < n;) { /* keys as a (D, padded) matrix: from a copy, or a run of the cache's at a time */
+        const int64_t p = t->at[j], b = p / block_size, offset = p % block_size;
+        if (t->copy[b] >= 0) {
+            const float *k = t->copies + ((int64_t)t->copy[b] * block_size + offset) * dim;
+            for (int64_t d = 0; d < dim; ++d) keys[d * padded + j] = k[d];
+            ++j;
+            continue;
+        }
+        int64_t run = 1;
+        while (j + run < n && t->at[j + run] == p + run && offset + run < block_size) ++run;
+        const int64_t at = ((int64_t)row_table[b] * kv_heads + h) * block_elems + offset;
+        for (int64_t d = 0; d < dim; ++d) {
+            if (dtype == FLOAT32) memcpy(keys + d * padded + j, (const float *)cache + at + d * block_size,
+                                         sizeof(float) * run);
+            else for (int64_t r = 0; r < run; ++r) keys[d * padded + j + r] = load(cache, at + d * block_size + r,
+                                                                                   dtype);
+        }
+        j += run;
+    }
+    for (int64_t d = 0; d < dim; ++d) memset(keys + d * padded + n, 0, sizeof(float) * (padded - n));
+    for (int64_t i = 0; i < group; ++i) {
+        const int64_t from = token[m] * q_stride + (h * group + i) * dim;
+        for (int64_t d = 0; d < dim; ++d) t->q[d] = load(query, from + d, dtype);
+        float *s = t->w, best = -INFINITY;
+        for (int64_t j = 0; j < padded; j += LANES) { /* q.k in lanes of keys, channels in order */
+            lanes_f32 a = {0};
+            for (int64_t d = 0; d < dim; ++d) {
+                lanes_f32 k;
+                memcpy(&k, keys + d * padded + j, sizeof k);
+                a += t->q[d] * k;
+            }
+            memcpy(s + j, &a, sizeof a);
+        }
+        for (int64_t j = 0; j < n; ++j) s[j] = s[j] * scale;
+        if (weight) /* added to the rounded scaled score, as torch adds the two tensors */
+            for (int64_t j = 0; j < n; ++j) s[j] = s[j] + t->bias[j];
+        for (int64_t j = 0; j < n; ++j) best = s[j] > best ? s[j] : best;
+        const float total = softmax(s, n, best, dtype);
+        float *out = t->acc;
+        memset(out, 0, sizeof(float) * dim);
+        for (int64_t j = 0; j < n; ++j) { /* P @ V in the list's order, one chain per channel */
+            const int64_t p = t->at[j], offset = p % block_size;
+            const int64_t values = ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems
+                                   + (block_size + offset) * dim;
+            const float w = s[j];
+            int64_t c = 0;
+            for (; c + LANES <= dim; c += LANES) {
+                lanes_f32 o;
+                memcpy(&o, out + c, sizeof o);
+                o += w * lanes_at(cache, values + c, dtype);
+                memcpy(out + c, &o, sizeof o);
+            }
+            for (; c < dim; ++c) out[c] = fmaf(w, load(cache, values + c, dtype), out[c]);
+        }
+        const int64_t to = (m * heads + h * group + i) * dim;
+        for (int64_t c = 0; c < dim; ++c) store(approx, to + c, out[c] / total, dtype);
+    }
+}
+
+/* Rows [first, first + count) of one request at KV head h: the blocks two or more of them read copied (keys whole),
+ * then each row verified. Returns -1 where memory for the copies ran out. */
+static int verify_listed_tile(int64_t first, int64_t count, int64_t h, const listed_t *list, const void *query,
+                              int64_t q_stride, const void *cache, const int32_t *row_table, const int64_t *token,
+                              int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int dtype,
+                              void *approx, listed_scratch_t *t) {
+    int64_t copied = 0, touched = 0;
+    for (int64_t m = first; m < first + count && count > 1; ++m) { /* how many rows read each block */
+        const int64_t *pos = listed_positions(list, m, h);
+        const uint8_t *valid = listed_valid(list, m, h);
+        for (int64_t j = 0; j < list->width; ++j)
+            if (!valid || valid[j]) {
+                const int64_t b = pos[j] / block_size;
+                if (t->last[b] != m) {
+                    if (t->last[b] < 0) t->touched[touched++] = b;
+                    t->last[b] = m;
+                    if (++t->readers[b] == 2) t->copy[b] = (int32_t)copied++;
+                }
+            }
+    }
+    int status = 0;
+    if (copied > t->copies_held) {
+        float *more = realloc(t->copies, sizeof(float) * copied * block_size * dim);
+        if (more) t->copies = more, t->copies_held = copied;
+        else status = -1;
+    }
+    for (int64_t k = 0; k < touched && !status; ++k) { /* each copied block's keys made whole */
+        const int64_t b = t->touched[k];
+        if (t->copy[b] < 0) continue;
+        const int64_t keys = ((int64_t)row_table[b] * kv_heads + h) * 2 * block_size * dim;
+        float *to = t->copies + (int64_t)t->copy[b] * block_size * dim;
+        for (int64_t d = 0; d < dim; ++d)
+            for (int64_t o = 0; o < block_size; ++o) to[o * dim + d] = load(cache, keys + d * block_size + o, dtype);
+    }
+    for (int64_t m = first; m < first + count && !status; ++m)
+        verify_listed_row(m, h, list, query, q_stride, cache, row_table, token, heads, kv_heads, dim, block_size,
+                          scale, dtype, approx, t);
+    for (int64_t k = 0; k < touched; ++k) /* reset what the tile marked */
+        t->last[t->touched[k]] = -1, t->readers[t->touched[k]] = 0, t->copy[t->touched[k]] = -1;
+    return status;
+}
+
+/* alspec_verify for rows whose keys are listed (verify_listed_tile): positions (rows, Hkv, width) int64 logical
+ * positions inside each row's context, valid (uint8) and bias (float32) the same (NULL: none), their row and head
+ * strides in ``strides`` (positions', valid's, bias'; a head stride of 0 where one list serves every head), each
+ * slot next to the last. The rest as alspec_verify's. */
+int alspec_verify_listed(const void *query, int64_t q_stride, void *exact, int64_t o_stride, const void *cache,
+                         const int32_t *table, int64_t table_stride, int64_t rows, const int64_t *token,
+                         const int64_t *request, const int64_t *positions, const uint8_t *valid, const float *bias,
+                         int64_t width, const int64_t *strides, int64_t heads, int64_t kv_heads, int64_t dim,
+                         int64_t block_size, float scale, int dtype, void *approx, float *d2, float *n2, int decide,
+                         double lambda, const int64_t *live, int8_t accepted, int8_t rejected, int8_t *codes,
+                         float *ratios) {
+    const listed_t list = {positions, valid, bias, width, {{strides[0], strides[1]}, {strides[2], strides[3]},
+                                                          {strides[4], strides[5]}}};
+    const int64_t padded = (width + LANES - 1) / LANES * LANES + LANES;
+    int64_t most = 0, count = 0; /* the furthest position listed; the tiles: consecutive rows of a request */
+    for (int64_t m = 0; m < rows; ++m)
+        for (int64_t h = 0; h < kv_heads; ++h) {
+            const int64_t *pos = listed_positions(&list, m, h);
+            const uint8_t *ok = listed_valid(&list, m, h);
+            for (int64_t j = 0; j < width; ++j)
+                if ((!ok || ok[j]) && pos[j] > most) most = pos[j];
+        }
+    const int64_t blocks = most / block_size + 1;
+    tile_t *tiles = malloc(sizeof(tile_t) * (rows > 0 ? rows : 1));
+    if (!tiles) return -1;
+    for (int64_t m = 0; m < rows; ++count) {
+        tiles[count].first = m++;
+        while (m < rows && request[m] == request[tiles[count].first] && m - tiles[count].first < LISTED_TILE_ROWS) ++m;
+        tiles[count].count = m - tiles[count].first;
+    }
+    int failed = 0;
+#pragma omp parallel
+    {
+        listed_scratch_t t = {malloc(sizeof(int64_t) * padded), malloc(sizeof(int64_t) * blocks),
+                              malloc(sizeof(int64_t) * blocks), malloc(sizeof(int32_t) * blocks),
+                              malloc(sizeof(int32_t) * blocks), malloc(sizeof(float) * padded),
+                              malloc(sizeof(float) * dim * padded), malloc(sizeof(float) * dim),
+                              malloc(sizeof(float) * padded), malloc(sizeof(float) * dim), NULL, 0};
+        if (!t.at || !t.last || !t.touched || !t.readers || !t.copy || !t.bias || !t.keys || !t.q || !t.w || !t.acc) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            for (int64_t b = 0; b < blocks; ++b) t.last[b] = -1, t.readers[b] = 0, t.copy[b] = -1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t work = 0; work < count * kv_heads; ++work) {
+            if (failed) continue;
+            const tile_t tile = tiles[work / kv_heads];
+            if (verify_listed_tile(tile.first, tile.count, work % kv_heads, &list, query, q_stride, cache,
+                                   table + request[tile.first] * table_stride, token, heads, kv_heads, dim,
+                                   block_size, scale, dtype, approx, &t)) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+        free(t.at), free(t.last), free(t.touched), free(t.readers), free(t.copy), free(t.bias), free(t.keys);
+        free(t.q), free(t.w), free(t.acc), free(t.copies);
+        /* the loop's barrier: every A~ is written, and every thread reads the same ``failed`` */
+        if (!failed) {
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < rows; ++m)
+                measure_row(m, exact, o_stride, approx, token, heads, dim, dtype, d2, n2, decide, lambda, live,
+                            accepted, rejected, codes, ratios);
+        }
+    }
+    free(tiles);
     return failed ? -1 : 0;
 }

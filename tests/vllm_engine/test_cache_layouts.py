@@ -120,12 +120,14 @@ def test_plain_paths_read_every_layout(layout: "KVCacheLayout", geometry, approx
 @pytest.mark.parametrize("geometry,approx,S,align", CASES, ids=["16-sink", "32-local", "32-sink-aligned"])
 def test_cpu_attn_paths_read_its_layout(geometry, approx: str, S: int, align: int) -> None:
     """CPU_ATTN's packing (keys transposed per block) in the layout it declares, LBHNC, in vLLM's allocation: the C
-    kernel, the tiles and the gathered path decide as the oracle; ``choose`` picks the C kernel there."""
+    kernel, its listed keys' kernel, the tiles and the gathered path decide as the oracle; ``choose`` picks the C
+    kernel there, and the listed keys' kernel for a draft that selects by content."""
     step = build_step("cpu-vec", S, geometry=(geometry[0], 16))
     cache = vllm_view(step["cache"], KVCacheLayout.LBHNC)
     settings = Settings(thresholds=(0.1,), window=S, window_align=align, approx=make_approximation(approx))
     assert choose(settings.approx, LAYOUTS["cpu-vec"], cache).name == "native"
-    check_against_oracle(step, cache, approx, S, align, ["native", "tiles", "gathered"])
+    assert choose(make_approximation("topk"), LAYOUTS["cpu-vec"], cache).name == "listed"
+    check_against_oracle(step, cache, approx, S, align, ["native", "listed", "tiles", "gathered"])
 
 
 def test_the_verifier_chosen_on_a_plain_cuda_cache(monkeypatch: pytest.MonkeyPatch) -> None:

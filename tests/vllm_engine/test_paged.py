@@ -322,7 +322,8 @@ def test_special_thresholds(layout):
 def paths(layout: str) -> list[str]:
     """The paths a layout's cache is verified on: the CPU kernel reads the CPU layout only, the paged Triton
     verifier (in Triton's interpreter here) the plain layouts only."""
-    return [p for p in VERIFIERS if p not in ("native", "triton") or getattr(LAYOUTS[layout], p)]
+    return [p for p in VERIFIERS if p not in ("native", "listed", "triton")
+            or getattr(LAYOUTS[layout], {"listed": "native"}.get(p, p))]
 
 
 TENSOR_PARALLEL = [(layout, way) for layout in ("plain", "cpu-vec") for way in paths(layout)]
@@ -420,7 +421,8 @@ def test_streamed_decides_as_gathered(layout, approx, S, align):
         got[path] = verify_layer(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
                                  rows, settings, 0, step["scale"], verifier=VERIFIERS[path]()), out
         plan = step_plan(step, rows, settings, VERIFIERS[path]())
-        assert type(plan.prepared) is {"tiles": Tiles, "native": NativeRows, "triton": NativeRows}.get(path, type(None))
+        assert type(plan.prepared) is {"tiles": Tiles, "native": NativeRows, "triton": NativeRows,
+                                       "listed": tuple}.get(path, type(None))
     tiles = step_plan(step, rows, settings, VERIFIERS["tiles"]()).prepared
     assert {g.token.shape[1] for g in tiles.groups} == {1, tile_size(S)}
     (codes_ref, ratios_ref), out_ref = got.pop("gathered")
@@ -595,6 +597,135 @@ def test_cpu_kernel_does_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(*got))
+
+
+# ---- 6b. the listed kernel (verify_cpu.c's rows of a draft that selects by content) against the gathered path ----
+def _content_drafts() -> list[tuple[str, dict]]:
+    """Every draft that runs in vLLM and needs no prompt observed first (the prompt scorers are compared end to end
+    in test_vllm_drafts.py), by its model_args at a window of 8, the sink's ranges among them."""
+    from default_approximations import DEFAULT_APPROXIMATIONS
+    from default_presses import DEFAULT_PRESSES
+
+    drafts = [(name, args(8)) for name, args in DEFAULT_APPROXIMATIONS.items()]
+    drafts += [(f"kvpress:{name}", args(8)) for name, args in DEFAULT_PRESSES.items()]
+    made = [(name, args, make_approximation(name, args or None)) for name, args in drafts]
+    return [(name, args) for name, args, a in made if not a.hf_only and not a.prompt_keys]
+
+
+CONTENT_DRAFTS = _content_drafts()
+
+
+def _listed_against_gathered(step: dict, approx: Approximation, lam: float, rows: StepRows | None = None,
+                             atol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both ways on one layer of ``step`` (build_step's keys, or a _rolling case's): the same codes and measures,
+    d/n and committed outputs to float32 rounding; returns the listed way's codes and d/n."""
+    got = {}
+    for path in ("listed", "gathered"):
+        fresh = rows or StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5),
+                                       seeds=torch.tensor([7, 2**32 - 5, 0, 123_456_789, 99]))
+        fresh.plans.clear()
+        settings = Settings(thresholds=(lam,), window=step["S"], window_align=1, approx=approx)
+        out = step["output"].clone()
+        got[path] = verify_and_count(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
+                                     fresh, settings, 0, step["scale"], verifier=VERIFIERS[path]()), out
+    ((codes, ratios, measures), out), ((codes_ref, ratios_ref, measures_ref), out_ref) = got["listed"], got["gathered"]
+    assert torch.equal(codes, codes_ref)
+    torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=atol)
+    assert measures.keys() == measures_ref.keys()
+    for name in measures:
+        torch.testing.assert_close(measures[name], measures_ref[name], rtol=1e-5, atol=1e-6, equal_nan=True)
+    return codes, ratios
+
+
+@pytest.mark.parametrize("name,args", CONTENT_DRAFTS, ids=[n for n, _ in CONTENT_DRAFTS])
+def test_listed_kernel_decides_every_draft_as_gathered(name, args):
+    """Every content draft on the CPU layout (build_step's prefill, decode rows and a chunk; shared and shuffled
+    blocks, garbage in every unread slot), verified by the listed kernel: the gathered path's decisions at a lambda
+    between the measured ratios, its d/n and outputs to float32 rounding, its measures; the engine chooses it."""
+    step = build_step("cpu-vec", 8)
+    approx = make_approximation(name, args or None)
+    assert choose(approx, step["layout"], step["cache"]).name == ("native" if approx.keys_by_position else "listed")
+    _, ratios = _listed_against_gathered(step, approx, 0.3)
+    measured = ratios[ratios.isfinite()].tolist()
+    codes, _ = _listed_against_gathered(step, approx, split_lambda(measured, gap=1e-4))
+    assert {ACCEPTED, REJECTED} <= set(codes.tolist())
+
+
+def _prefill_case(tokens: int, block: int) -> dict:
+    """_rolling's one request prefilling ``tokens`` positions, in build_step's terms, on the CPU layout."""
+    case = _rolling(S=8, tokens=tokens, block=block)
+    cache = torch.empty_like(case["cache"])
+    plain = case["cache"]
+    for b in range(cache.shape[0]):  # the same keys and values, in the CPU layout
+        for o in range(block):
+            write_cpu_vec(cache, b, o, plain[b, :, o, :64], plain[b, :, o, 64:])
+    return dict(query=case["query"], output=case["out"], cache=cache, table=case["table"], N=block,
+                layout=LAYOUTS["cpu-vec"], scale=case["scale"], S=8, rows=case["rows"])
+
+
+@pytest.mark.parametrize("name", ["topk", "quest", "kvpress:KnormPress", "vattention"])
+def test_listed_kernel_tiles_of_a_prefill_decide_as_gathered(name):
+    """A 300-token prefill (one request, tiles of 64 rows): blocks two rows read are copied once and read there, the
+    rest from the cache. Decisions and d/n as the gathered path's, in blocks of 16 and of 128 keys."""
+    args = dict(CONTENT_DRAFTS)[name]
+    for block in (16, 128):
+        case = _prefill_case(300, block)
+        _listed_against_gathered(case, make_approximation(name, args or None), 0.3, case["rows"], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["topk", "quest", "vattention"])
+def test_listed_kernel_bits_do_not_depend_on_the_rows_beside(name):
+    """A position's d/n is the same bits whether its row is verified alone (keys read from the cache) or among a
+    prefill's tiles (keys read from the tile's copies of shared blocks): how a step is cut never moves a decision."""
+    args = dict(CONTENT_DRAFTS)[name]
+    case = _prefill_case(200, 16)
+    settings = Settings(thresholds=(0.3,), window=8, window_align=1, approx=make_approximation(name, args or None))
+
+    def ratios(lo: int, hi: int) -> torch.Tensor:
+        rows = StepRows.build(torch.tensor([0, hi - lo]), torch.tensor([hi]), torch.tensor([0]), torch.tensor([7]))
+        _, got = verify_layer(case["query"][lo:hi], case["output"][lo:hi].clone(), case["cache"], case["layout"],
+                              case["table"], case["N"], rows, settings, 0, case["scale"], verifier=verifiers.Listed())
+        return got
+
+    whole = ratios(0, 200)
+    assert whole[16:].isfinite().all()
+    for at in (20, 99, 150, 199):
+        assert torch.equal(ratios(at, at + 1), whole[at:at + 1]), at
+
+
+def test_listed_kernel_reads_no_slot_that_does_not_count():
+    """Slots a draft marks as not counting are never read: pointed into a block of NaN keys and values, they leave
+    A~ finite and equal, bit for bit, to the same rows with those slots dropped. A log-weight is added to its key's
+    score: a row with a key weighted differs."""
+    step = build_step("cpu-vec", 8)
+    size = step["N"]
+    poisoned = torch.full_like(step["cache"][:1], math.nan)
+    cache = torch.cat([step["cache"], poisoned])  # every request's first block made NaN
+    table = step["table"].clone()
+    table[:, 0] = len(cache) - 1
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+    live = (rows.pos >= size + 8).nonzero().squeeze(1)
+    assert len(live) >= 8 and len(rows.request[live].unique()) >= 2
+    g = torch.Generator().manual_seed(5)
+    kept = torch.stack([size + torch.randperm(int(p) + 1 - size, generator=g)[:8] for p in rows.pos[live]])
+    kept = kept[:, None, :].expand(-1, HKV, -1)  # 8 keys past the first block, the same for both KV heads
+    nowhere = torch.full((len(live), HKV, 2), 3)  # a position in the NaN block
+    listed = torch.cat([nowhere, kept, nowhere], -1)
+    valid = torch.ones_like(listed, dtype=torch.bool)
+    valid[..., :2] = valid[..., -2:] = False
+    token, request = rows.token[live], rows.request[live]
+
+    def approx(positions: torch.Tensor, valid: torch.Tensor | None, weight: torch.Tensor | None) -> torch.Tensor:
+        return native.verify_listed(step["query"], step["output"], cache, table,
+                                    native.Listed(token, request, live, positions, valid, weight), step["scale"],
+                                    native.Scratch())[0].clone()
+
+    masked, dropped = approx(listed, valid, None), approx(kept, None, None)
+    assert masked.isfinite().all() and torch.equal(masked, dropped)
+    weight = torch.zeros(kept.shape)
+    weight[..., 0] = 2.0
+    assert (approx(kept, None, weight) - dropped).abs().amax(-1).gt(1e-3).all()
 
 
 def test_without_a_compiler_the_cpu_layout_verifies_by_tiles(monkeypatch, tmp_path, caplog):
