@@ -409,3 +409,14 @@ def test_denominator_error_within_epsilon_with_probability_one_minus_delta(param
     assert len(set(budgets)) >= 20 and below >= 0.9 * len(budgets), (sorted(set(budgets)), below)
     p_value = binomtest(up + down, pairs, delta, alternative="greater").pvalue
     assert p_value > 1e-3, f"|D~ - D| > eps D in {up + down} of {pairs} pairs (> delta = {delta}: p = {p_value:.2g})"
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.5, 1.0])
+def test_the_chosen_keys_come_first_as_a_stable_sort_puts_them(share):
+    """The selection's slots (the chosen keys first, each part in key order) are those of a stable sort of the
+    chosen mask, at every share of keys chosen, none and all among them."""
+    from alspec_eval.approximations.vattention import _chosen_first
+
+    chosen = torch.rand(5, 3, 257, generator=torch.Generator().manual_seed(0)) < share
+    want = chosen.to(torch.int8).sort(dim=-1, descending=True, stable=True).indices
+    assert torch.equal(_chosen_first(chosen), want)

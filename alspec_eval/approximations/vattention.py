@@ -90,7 +90,7 @@ class VAttention(Approximation):
         sample = rest & (rank < budget[..., None])
         chosen = fixed | sample
         # every key's slot, the chosen first: as wide as the cache, so that no count is read back to size it
-        order = chosen.to(torch.int8).sort(dim=-1, descending=True, stable=True).indices
+        order = _chosen_first(chosen)
         valid = torch.arange(length, device=key.device) < chosen.sum(-1, keepdim=True)
         weight = (m.double() / budget.clamp(min=1).double()).log().float()  # log(m / B), float32
         log_weight = torch.where(sample.gather(-1, order), weight[..., None], 0.0)
@@ -130,6 +130,16 @@ class VAttention(Approximation):
         # (four); per KV head the priorities, ranks, sorts and masks
         return key.shape[2] * (key.shape[1] * key.shape[3] * key.element_size() + 40 * query_heads
                                + 48 * key.shape[1])
+
+
+def _chosen_first(chosen: torch.Tensor) -> torch.Tensor:
+    """The keys' indices (..., L), the chosen first, each part in key order: a stable sort of ``~chosen``, made by
+    counting (a key's slot is the chosen keys before it, or the count chosen plus the others before it)."""
+    taken = chosen.long()
+    before = taken.cumsum(-1) - taken
+    index = torch.arange(chosen.shape[-1], device=chosen.device).expand_as(taken)
+    slot = torch.where(chosen, before, taken.sum(-1, keepdim=True) + index - before)
+    return torch.empty_like(slot).scatter_(-1, slot, index)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

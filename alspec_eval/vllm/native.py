@@ -147,6 +147,8 @@ def library() -> ctypes.CDLL | None:
                                          _I64, _PTR, _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int, _PTR, _PTR,
                                          _PTR, ctypes.c_int, ctypes.c_double, _PTR, ctypes.c_int8, ctypes.c_int8, _PTR,
                                          _PTR]
+    lib.alspec_read_blocks.restype = None
+    lib.alspec_read_blocks.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR]
     lib.alspec_exp.restype = None
     lib.alspec_exp.argtypes = [_PTR, _PTR, _I64]
     return lib
@@ -197,6 +199,24 @@ def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, blo
     approx, d2, n2 = scratch.take(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token))
     _call(query, exact, kv_cache, table, rows, scale, (approx.data_ptr(), d2.data_ptr(), n2.data_ptr()))
     return approx, d2, n2
+
+
+def read_blocks(kv_cache: torch.Tensor, ids: torch.Tensor,
+                values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """CPU_ATTN's whole blocks ``ids`` (R, nb) as :meth:`.paged.CpuVecLayout.blocks` returns them, (R, Hkv, nb N, D)
+    keys (and values), in one pass (torch's way is an index_select, then a copy that transposes every block's keys:
+    two passes, the second element by element); None where the kernel does not read this cache."""
+    if kv_cache.device.type != "cpu" or kv_cache.element_size() not in (2, 4) or not kv_cache.is_contiguous() \
+            or library() is None:
+        return None
+    _, heads, size, twice = kv_cache.shape
+    rows, count = ids.shape
+    ids = ids.long().contiguous()
+    keys = kv_cache.new_empty(rows, heads, count * size, twice // 2)
+    held = torch.empty_like(keys) if values else None
+    library().alspec_read_blocks(kv_cache.data_ptr(), heads, size, twice // 2, kv_cache.element_size(),
+                                 ids.data_ptr(), rows, count, keys.data_ptr(), None if held is None else held.data_ptr())
+    return keys, held
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from ..bounds import Breaches
 from ..errors import ConfigError
 from ..measures import Selection, measure
 from .kept import page_summaries
+from .native import read_blocks
 from .tiled import VERIFY_BUDGET
 
 # vLLM's caches arrive in the attention call as (num_blocks, Hkv, N, 2D): per block and KV head, N keys and their
@@ -110,6 +111,13 @@ class CpuVecLayout:
 
     def blocks(self, kv_cache: torch.Tensor, ids: torch.Tensor,
                values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """In one pass of the C kernel where it reads this cache (:func:`.native.read_blocks`), else torch's."""
+        read = read_blocks(kv_cache, ids, values)
+        return read if read is not None else self.blocks_by_torch(kv_cache, ids, values)
+
+    def blocks_by_torch(self, kv_cache: torch.Tensor, ids: torch.Tensor,
+                        values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`blocks` in torch ops: a copy of each block selected, then of its keys transposed."""
         _, heads, size, twice = kv_cache.shape
         dim, (rows, count) = twice // 2, ids.shape
         flat = kv_cache.view(-1, heads, size * twice)

@@ -793,3 +793,37 @@ int alspec_verify_listed(const void *query, int64_t q_stride, void *exact, int64
     free(tiles);
     return failed ? -1 : 0;
 }
+
+/* Whole blocks' keys (and values) as the drafts read a context: ids (rows, count) physical blocks; keys out (rows,
+ * Hkv, count N, D), each block's transposed (D x N) keys made whole (N x D) in tiles of 16 x 16 elements; values out
+ * (NULL: not read) the same shape, each block's (N x D) values copied. Elements of ``element`` bytes (4 or 2), moved,
+ * never converted: torch's index_select and permuted copy, in one pass. */
+void alspec_read_blocks(const void *cache, int64_t kv_heads, int64_t block_size, int64_t dim, int64_t element,
+                        const int64_t *ids, int64_t rows, int64_t count, void *keys, void *values) {
+    enum { T = 16 };
+    const int64_t block_elems = 2 * block_size * dim, span = block_size * dim;
+#pragma omp parallel for schedule(static)
+    for (int64_t work = 0; work < rows * kv_heads * count; ++work) {
+        const int64_t r = work / (kv_heads * count), h = work / count % kv_heads, b = work % count;
+        const int64_t from = (ids[r * count + b] * kv_heads + h) * block_elems;
+        const int64_t to = ((r * kv_heads + h) * count + b) * span;
+        for (int64_t d0 = 0; d0 < dim; d0 += T)
+            for (int64_t o0 = 0; o0 < block_size; o0 += T) {
+                const int64_t d1 = d0 + T < dim ? d0 + T : dim, o1 = o0 + T < block_size ? o0 + T : block_size;
+                if (element == 4) {
+                    const uint32_t *in = (const uint32_t *)cache + from;
+                    uint32_t *out = (uint32_t *)keys + to;
+                    for (int64_t o = o0; o < o1; ++o)
+                        for (int64_t d = d0; d < d1; ++d) out[o * dim + d] = in[d * block_size + o];
+                } else {
+                    const uint16_t *in = (const uint16_t *)cache + from;
+                    uint16_t *out = (uint16_t *)keys + to;
+                    for (int64_t o = o0; o < o1; ++o)
+                        for (int64_t d = d0; d < d1; ++d) out[o * dim + d] = in[d * block_size + o];
+                }
+            }
+        if (values)
+            memcpy((char *)values + to * element, (const char *)cache + (from + span) * element,
+                   (size_t)(span * element));
+    }
+}

@@ -993,3 +993,20 @@ def test_lagkv_reads_no_context_once_its_stores_hold_the_settled_scores(monkeypa
     assert sum(reads) == 4
     for got in (first, again):
         assert torch.equal(got[0], alone[0]) and torch.equal(got[1].nan_to_num(-1), alone[1].nan_to_num(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size,dim", [(16, 8), (32, 24), (128, 64)])
+def test_cpu_blocks_read_in_one_pass_are_torch_s(dtype, size, dim):
+    """CPU_ATTN's whole blocks read by the C kernel (keys transposed back in tiles of 16, values copied) are torch's
+    index_select and permuted copy, bit for bit: blocks repeated and in any order, a head dim and a block size that
+    are not multiples of a tile, with and without the values; and the kernel is what reads them."""
+    layout = CpuVecLayout()
+    cache = torch.randn(40, 3, size, 2 * dim, generator=torch.Generator().manual_seed(1)).to(dtype)
+    ids = torch.randint(0, 40, (4, 7), generator=torch.Generator().manual_seed(2))
+    ids[1, 3] = ids[0, 0]
+    for values in (True, False):
+        assert native.read_blocks(cache, ids, values) is not None
+        got, want = layout.blocks(cache, ids, values), layout.blocks_by_torch(cache, ids, values)
+        assert torch.equal(got[0], want[0])
+        assert got[1] is None if not values else torch.equal(got[1], want[1])
