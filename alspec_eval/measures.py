@@ -32,6 +32,13 @@ class Selection:
     log_weight: torch.Tensor | None
 
 
+def measures_keys(approx: Any) -> bool:
+    """Whether a measure the draft declares reads the keys (the denominator's): an engine then hands
+    :func:`measure` the keys themselves."""
+    promise = approx.promise()
+    return promise is not None and promise.denominator
+
+
 def measure(approx: Any, window: int, taken: Selection, scale: float,
             softcap: float | None = None) -> dict[str, torch.Tensor]:
     """The measures ``approx`` declares, (r,) float32 each by name (:data:`.stats.KEYS_READ`,
@@ -40,8 +47,8 @@ def measure(approx: Any, window: int, taken: Selection, scale: float,
     out = {}
     if approx.max_keys(window) is None:
         out[KEYS_READ] = semantics.keys_read(taken.index, taken.valid)
-    promise = approx.promise()
-    if promise is not None and promise.denominator:
+    if measures_keys(approx):
+        promise = approx.promise()
         keys = taken.cache.index_select(0, taken.rows)
         span = torch.arange(keys.shape[2], device=keys.device)
         allowed = (span >= taken.low.reshape(-1, 1)) & (span <= taken.high.reshape(-1, 1))  # (r, L)

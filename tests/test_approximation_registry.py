@@ -125,3 +125,19 @@ def test_importing_the_package_loads_no_approximation_and_no_torch():
             "m.rsplit('.', 1)[1] in ('sink', 'local', 'quest', 'topk') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_draft_that_ranks_by_scores_defines_how():
+    """ranks_by_scores without select_scored is refused when the class is defined; top-k's select is its
+    select_scored on semantics.key_scores of its keys."""
+    from alspec_eval import semantics
+    from alspec_eval.approximations.topk import TopK
+
+    with pytest.raises(TypeError, match="declares ranks_by_scores but no select_scored"):
+        dataclass(frozen=True)(type("Scored", (Approximation,), {"ranks_by_scores": True}))
+    g = torch.Generator().manual_seed(0)
+    query, key = torch.randn(3, 6, 8, generator=g), torch.randn(2, 2, 40, 8, generator=g)
+    rows, pos, pad = torch.tensor([0, 1, 1]), torch.tensor([30, 20, 35]), torch.tensor([0, 3])[[0, 1, 1]]
+    scores = semantics.key_scores(query, key.index_select(0, rows))
+    assert torch.equal(TopK().select(query, key, rows, pos, pad, 4, (), None)[0],
+                       TopK().select_scored(scores, rows, pos, pad, 4, (), None)[0])

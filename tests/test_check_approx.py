@@ -68,6 +68,28 @@ def test_a_draft_whose_generator_is_seeded_per_call_breaks_the_contract(monkeypa
     assert any(line.startswith("llama: teacher forcing") for line in broken), broken
 
 
+def test_a_draft_whose_scored_selection_differs_breaks_the_paged_property(capsys):
+    """A draft that ranks by scores selects through select_scored where the engine scores its keys in place (vLLM's
+    CPU kernel): one whose select_scored ranks otherwise than its select breaks the paged property, in one line."""
+    from dataclasses import dataclass
+
+    from alspec_eval import semantics
+    from alspec_eval.approximations.topk import TopK
+
+    @dataclass(frozen=True)
+    class ScoredOtherwise(TopK):
+        def select(self, query, key, rows, pos, pad, window, passed, prepared):
+            scores = semantics.key_scores(query, key.index_select(0, rows))
+            return TopK.select_scored(self, scores, rows, pos, pad, window, passed, prepared)
+
+        def select_scored(self, scores, *rest):
+            return super().select_scored(-scores, *rest)  # the worst keys, where the engine scores them
+
+    assert not check(ScoredOtherwise(), 8, ["llama"])
+    broken = [line for line in capsys.readouterr().out.splitlines() if "BROKEN" in line]
+    assert len(broken) == 1 and broken[0].startswith("llama: a paged cache (vLLM) selects as a contiguous one"), broken
+
+
 def test_the_documented_example_keeps_the_contract(monkeypatch, capsys):
     """docs/design.md's own approximation, run as written: registered, made from approx_args, and it passes."""
     text = (TESTS.parent / "docs" / "design.md").read_text()

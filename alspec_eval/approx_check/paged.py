@@ -3,16 +3,20 @@ selection from the contiguous, left-padded cache the HF engine holds, on the sam
 
 The paged cache is laid out as vLLM lays it out: blocks of 16 and of 128 tokens in both layouts alspec-vllm reads,
 physical blocks in shuffled order, two requests sharing their common prefix's blocks, a prompt observed over
-three steps (chunked prefill), and a draft's page summaries kept beside the cache (Quest's bounds) as the engine
-keeps them. Torch only: no vLLM, no model (random keys of a family's head geometry).
+three steps (chunked prefill), a draft's page summaries kept beside the cache (Quest's bounds) as the engine
+keeps them, and a draft that ranks by scores scored where its keys lie on the CPU's layout, as the engine's C kernel
+scores them (``select_scored``). Torch only: no vLLM, no model (random keys of a family's head geometry).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from ..approximations import Approximation, LayerInputs, Site, draw_inputs, selection
 from ..semantics import request_seed
+from ..vllm import native
 from ..vllm.kept import allocate
 from ..vllm.paged import (CpuVecLayout, PlainLayout, PromptRows, Prompts, Settings, observation_first, observe_layer,
                           selected_positions)
@@ -80,9 +84,10 @@ class Batch:
         query = torch.cat([q[p] for q, p in zip(self.queries, self.pos)])
         observed = {row: prompts.observed.get((row, 0)) for row in range(len(self.lengths))}
         kept = allocate(approx, cache, layout) if approx.kept_page() else None  # as the engine keeps them
+        scorer = functools.partial(native.key_scores, cache, table) if native.usable(layout, cache) else None
         positions, valid, log_weight, _ = selected_positions(query, cache, layout, table, block_size, request, pos,
                                                              settings, observed, kept=kept,
-                                                             seed=self.seeds()[request], site=SITE)
+                                                             seed=self.seeds()[request], site=SITE, scorer=scorer)
         return _sets(positions, valid, self.kv_heads, log_weight)
 
     def seeds(self) -> torch.Tensor:

@@ -73,6 +73,10 @@ class Approximation:
     # its select draws at random: per_pass also gets each position's request seed (seed=) and prepare the layer's
     # Site (site=), so that every engine, tensor-parallel rank and rerun draws alike (vAttention's sample)
     draws: ClassVar[bool] = False
+    # select reads the keys only through their scores (semantics.key_scores: q.k, per KV head the largest over its
+    # group) and selects from them in select_scored, so an engine that scores keys where they lie (vLLM's CPU kernel)
+    # copies no context for it (top-k)
+    ranks_by_scores: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -83,6 +87,9 @@ class Approximation:
         if cls.draws and fixed:
             raise TypeError(f"{cls.__qualname__} declares draws and {', '.join(fixed)}: the tiles, the kernels and "
                             "the TT op give no request seed or layer; a draft that draws selects its keys in select")
+        if cls.ranks_by_scores and cls.select_scored is Approximation.select_scored:
+            raise TypeError(f"{cls.__qualname__} declares ranks_by_scores but no select_scored: define it (select "
+                            "then calls it with semantics.key_scores of its keys)")
 
     # ------------------------------------------------------------------ settings
 
@@ -230,6 +237,13 @@ class Approximation:
         ``pos``, left padding ``pad``, and their slice of :meth:`per_pass`): the keys A~ attends to per KV head.
         Never a key past ``pos`` or of the padding, at most 2S of them (``alspec-check-approx`` checks; a key outside
         [0, pos] is read as the nearest inside and the run refused after the call: :mod:`alspec_eval.bounds`)."""
+        raise NotImplementedError
+
+    def select_scored(self, scores: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
+                      window: int, passed: tuple[torch.Tensor | None, ...], prepared: Any) -> Selected:
+        """:meth:`select` of a draft that ``ranks_by_scores``, from its rows' scores (r, Hkv, L): each row's query
+        against its own keys (:func:`alspec_eval.semantics.key_scores`), any slot past ``pos`` whatever the engine
+        holds there (-inf, or another row's key's score): the draft never keeps it."""
         raise NotImplementedError
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:

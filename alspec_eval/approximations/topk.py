@@ -16,16 +16,21 @@ class TopK(Approximation):
     description = "the 2S keys with the largest exact scores"
     marker, colour = "P", "tab:purple"
     oracle = True
+    ranks_by_scores = True
 
     def keys_read(self, context: int, window: int) -> float:
         return context  # every key's score: it starts no earlier than A
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:
-        logical = torch.arange(key.shape[2], device=key.device) - pad[:, None]
+        return self.select_scored(semantics.key_scores(query, key.index_select(0, rows)), rows, pos, pad, window,
+                                  passed, prepared)
+
+    def select_scored(self, scores: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
+                      window: int, passed: tuple, prepared: None) -> Selected:
+        logical = torch.arange(scores.shape[-1], device=scores.device) - pad[:, None]
         allowed = (logical >= 0) & (logical <= pos[:, None])  # the row's own keys up to the current token
-        scores = semantics.key_scores(query, key.index_select(0, rows)).masked_fill(~allowed[:, None, :], -torch.inf)
-        return semantics.topk_positions(scores, window), None
+        return semantics.topk_positions(scores.masked_fill(~allowed[:, None, :], -torch.inf), window), None
 
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         # the row's gathered keys, its scores per query head and per KV head, and the sort's values and indices

@@ -147,6 +147,9 @@ def library() -> ctypes.CDLL | None:
                                          _I64, _PTR, _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int, _PTR, _PTR,
                                          _PTR, ctypes.c_int, ctypes.c_double, _PTR, ctypes.c_int8, ctypes.c_int8, _PTR,
                                          _PTR]
+    lib.alspec_key_scores.restype = ctypes.c_int
+    lib.alspec_key_scores.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64,
+                                      ctypes.c_int, _PTR, _I64]
     lib.alspec_read_blocks.restype = None
     lib.alspec_read_blocks.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR]
     lib.alspec_exp.restype = None
@@ -217,6 +220,24 @@ def read_blocks(kv_cache: torch.Tensor, ids: torch.Tensor,
     library().alspec_read_blocks(kv_cache.data_ptr(), heads, size, twice // 2, kv_cache.element_size(),
                                  ids.data_ptr(), rows, count, keys.data_ptr(), None if held is None else held.data_ptr())
     return keys, held
+
+
+def key_scores(kv_cache: torch.Tensor, block_table: torch.Tensor, query: torch.Tensor, request: torch.Tensor,
+               pos: torch.Tensor, width: int) -> torch.Tensor:
+    """:func:`alspec_eval.semantics.key_scores` of rows whose queries are ``query`` (r, Hq, D) against their requests'
+    keys up to ``pos`` (batch rows ``request``, (r,) each), straight from the cache: (r, Hkv, width) float32, every
+    slot past a row's position -inf. No key is copied (the keys stay transposed, as the cache holds them)."""
+    table = _inputs(query, query, kv_cache, block_table)
+    rows, heads, dim = query.shape
+    _, kv_heads, block_size, _ = kv_cache.shape
+    token, request = torch.arange(rows), request.long().contiguous()
+    length = (pos.long() + 1).contiguous()
+    out = torch.empty(rows, kv_heads, width)
+    if library().alspec_key_scores(query.data_ptr(), query.stride(0), kv_cache.data_ptr(), table.data_ptr(),
+                                   table.stride(0), rows, token.data_ptr(), request.data_ptr(), length.data_ptr(),
+                                   heads, kv_heads, dim, block_size, DTYPES[kv_cache.dtype], out.data_ptr(), width):
+        raise MemoryError(f"alspec-vllm's CPU kernel ran out of memory scoring {rows} rows")
+    return out
 
 
 @dataclass(frozen=True)

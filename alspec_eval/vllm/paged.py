@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,13 +19,18 @@ from .. import semantics
 from ..approximations.base import Ranges, Site, draw_inputs, selection
 from ..bounds import Breaches
 from ..errors import ConfigError
-from ..measures import Selection, measure
+from ..measures import Selection, measure, measures_keys
 from .kept import page_summaries
 from .native import read_blocks
 from .tiled import VERIFY_BUDGET
 
 # vLLM's caches arrive in the attention call as (num_blocks, Hkv, N, 2D): per block and KV head, N keys and their
 # values. How the 2D elements of a (block, head) are packed depends on the backend and, on the CPU, its ISA.
+
+
+# a verifier's scores of keys where they lie: (queries (r, Hq, D), batch rows (r,), positions (r,), width) ->
+# semantics.key_scores of each row against its request's keys up to its position, (r, Hkv, width), -inf past it
+Scorer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 class LayoutError(ConfigError):
@@ -411,9 +417,9 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
 def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
                        observed: dict[int, Any], groups: Contexts | None = None, kept: torch.Tensor | None = None,
-                       seed: torch.Tensor | None = None, site: Site | None = None,
-                       scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
-                                                    dict[str, torch.Tensor]]:
+                       seed: torch.Tensor | None = None, site: Site | None = None, scale: float = 1.0,
+                       scorer: Scorer | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                                                              dict[str, torch.Tensor]]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
     (M, Hkv or 1, n), which count (None: all), and a weighted draft's log-weights (None: none). Where they depend on
     the position alone (``position_ranges``), its ranges listed, as the other paths read them (cut to [0, pos]:
@@ -425,15 +431,19 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     (:class:`Contexts`), where the step built them once for all its layers. ``kept``: the layer's page summaries of a
     draft that keeps them (:mod:`.kept`), prepared from instead of the keys. ``seed`` (the rows' request seeds) and
     ``site`` (the layer's): what a draft that draws at random draws from. Last, what the draft's declarations ask
-    each row to measure (:func:`.measures.measure`, at the model's ``scale``; none for a draft fixed by position)."""
+    each row to measure (:func:`.measures.measure`, at the model's ``scale``; none for a draft fixed by position).
+    ``scorer``: where the verifier scores keys where they lie (:data:`Scorer`), a draft that ``ranks_by_scores``
+    (and measures no key) selects from its scores, and no context is read."""
     if settings.approx.keys_by_position:
         return *_listed(*position_keys(settings, pos, query.device)), None, {}
     if groups is None:
         groups = Contexts.build(request, pos, settings.approx, kv_cache)
     seed = torch.zeros_like(pos) if seed is None else seed
+    if not settings.approx.ranks_by_scores or measures_keys(settings.approx):
+        scorer = None
     positions, valid, log_weight, measures = _selected(query, kv_cache, layout, block_table, block_size, pos,
                                                        settings, observed, groups, kept, seed,
-                                                       site or Site(0, settings.first_kv_head), scale)
+                                                       site or Site(0, settings.first_kv_head), scale, scorer)
     last = pos.to(positions.device)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
@@ -479,8 +489,8 @@ class Contexts:
 
 def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
               pos: torch.Tensor, settings: Settings, observed: dict[int, Any], contexts: Contexts,
-              kept: torch.Tensor | None, seed: torch.Tensor, site: Site,
-              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+              kept: torch.Tensor | None, seed: torch.Tensor, site: Site, scale: float,
+              scorer: Scorer | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
     """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them,
     and each row's measures."""
     approx, window = settings.approx, settings.window
@@ -493,7 +503,7 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
     requests, lengths = contexts.requests, contexts.lengths
     for group, mine, local in contexts.groups:
         stores = [observed.get(r) for r in requests[group].tolist()] if approx.keeps_scores else None
-        if approx.reads_keys and kept is None and (stores is None or any(
+        if approx.reads_keys and kept is None and scorer is None and (stores is None or any(
                 approx.needs_keys(store, n) for store, n in zip(stores, lengths[group].tolist()))):
             keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group],
                                               lengths[group], approx.reads_layer)
@@ -518,9 +528,15 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
             mine_query = query[mine[part]]
-            index, chosen, weight = selection(approx, approx.select(
-                mine_query, keys, rows[part], where[part], row_pad[part], window,
-                tuple(None if t is None else t[part] for t in passed), prepared))
+            passed_part = tuple(None if t is None else t[part] for t in passed)
+            if scorer is None:
+                selected = approx.select(mine_query, keys, rows[part], where[part], row_pad[part], window,
+                                         passed_part, prepared)
+            else:  # scored where the keys lie, as wide as the contexts read would be
+                scores = scorer(mine_query, requests[group][rows[part]], where[part], keys.shape[2])
+                selected = approx.select_scored(scores, rows[part], where[part], row_pad[part], window, passed_part,
+                                                prepared)
+            index, chosen, weight = selection(approx, selected)
             width = index.shape[-1]
             if width > positions.shape[-1]:  # more keys than declared (alspec-check-approx says so): read, as hf does
                 more = (0, width - positions.shape[-1])

@@ -827,3 +827,56 @@ void alspec_read_blocks(const void *cache, int64_t kv_heads, int64_t block_size,
                    (size_t)(span * element));
     }
 }
+
+/* q.k of every key of each row's context straight from the cache (semantics.key_scores): per KV head the largest
+ * over its group of query heads, float32 (each score one chain of fmas over the channels in order), out (rows, Hkv,
+ * width); a row's keys at [0, length) through its request's block table, every slot past them -inf; NaN wins the
+ * max, as torch's amax. Returns 0, or -1 where scratch memory ran out. */
+int alspec_key_scores(const void *query, int64_t q_stride, const void *cache, const int32_t *table,
+                       int64_t table_stride, int64_t rows, const int64_t *token, const int64_t *request,
+                       const int64_t *length, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
+                       int dtype, float *out, int64_t width) {
+    const int64_t group = heads / kv_heads, block_elems = 2 * block_size * dim;
+    const int64_t pad6 = (group + 5) / 6 * 6 - group, pad4 = (group + 3) / 4 * 4 - group;
+    const int64_t pad3 = (group + 2) / 3 * 3 - group;
+    const int qs = pad6 <= pad4 && pad6 <= pad3 ? 6 : pad4 <= pad3 ? 4 : 3; /* as verify_tile blocks its queries */
+    const int64_t padded = (group + qs - 1) / qs * qs;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *q = malloc(sizeof(float) * padded * dim);
+        float *s = malloc(sizeof(float) * padded * block_size);
+        if (!q || !s) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t work = 0; work < rows * kv_heads; ++work) {
+            if (failed) continue;
+            const int64_t m = work / kv_heads, h = work % kv_heads, n = length[m] < width ? length[m] : width;
+            const int32_t *row_table = table + request[m] * table_stride;
+            float *o = out + work * width;
+            for (int64_t i = 0; i < padded; ++i) { /* the group's queries as float32 rows, the padding zero */
+                const int64_t at = token[m] * q_stride + (h * group + i) * dim;
+                for (int64_t d = 0; d < dim; ++d) q[i * dim + d] = i < group ? load(query, at + d, dtype) : 0.0f;
+            }
+            for (int64_t p = 0; p < n; p += block_size) {
+                const int64_t run = n - p < block_size ? n - p : block_size;
+                score_run(qs, padded, q, dim, cache, ((int64_t)row_table[p / block_size] * kv_heads + h) * block_elems,
+                          block_size, dtype, s, block_size, run);
+                for (int64_t j = 0; j < run; ++j) {
+                    float best = s[j];
+                    for (int64_t i = 1; i < group; ++i) {
+                        const float x = s[i * block_size + j];
+                        best = x > best || isnan(x) ? x : best; /* NaN stays */
+                    }
+                    o[p + j] = best;
+                }
+            }
+            for (int64_t j = n; j < width; ++j) o[j] = -INFINITY;
+        }
+        free(q);
+        free(s);
+    }
+    return failed ? -1 : 0;
+}

@@ -1010,3 +1010,66 @@ def test_cpu_blocks_read_in_one_pass_are_torch_s(dtype, size, dim):
         got, want = layout.blocks(cache, ids, values), layout.blocks_by_torch(cache, ids, values)
         assert torch.equal(got[0], want[0])
         assert got[1] is None if not values else torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group,dim,size", [(1, 8, 16), (3, 16, 32), (4, 64, 128), (8, 24, 16)])
+def test_cpu_key_scores_are_semantics_key_scores(dtype, group, dim, size):
+    """Keys scored where they lie (the listed kernel's scorer): each row's semantics.key_scores against its own
+    request's keys up to its position, to float32 rounding (the same products, summed in the channels' order), -inf
+    past it, at GQA groups of 1 to 8 (query blocks of 3, 4 and 6, padded) and blocks of 16 to 128 keys; a NaN key
+    scores NaN, as torch's max keeps it."""
+    from alspec_eval import semantics
+
+    step = build_step("cpu-vec", 8 if size < 128 else 48, geometry=(size, dim))  # requests sharing a block
+    cache, query = step["cache"].to(dtype), torch.randn(len(step["tok"]), group * HKV, dim).to(dtype)
+    request = torch.tensor([r for r, _ in step["tok"]])
+    pos = torch.tensor([p for _, p in step["tok"]])
+    width = int(pos.max()) + 3
+    keys, _ = step["layout"].blocks(cache, step["table"][:, :-(-width // size)], False)
+    want = semantics.key_scores(query, keys[request][:, :, :width])
+    want = want.masked_fill(torch.arange(width) > pos[:, None, None], -math.inf)
+    got = native.key_scores(cache, step["table"], query, request, pos, width)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.isinf(), want.isinf())
+    poisoned = cache.clone().view(cache.shape[0], HKV, -1)
+    block = step["table"][3, 0]  # request 3's first block (request 0's too: they share it)
+    poisoned[block, 1, 5 * size + 1] = math.nan  # its key 1's channel 5, at KV head 1
+    got = native.key_scores(poisoned.view(cache.shape), step["table"], query, request, pos, width)
+    reads = (step["table"][request, 0] == block) & (pos >= 1)  # the rows whose keys include it
+    assert torch.equal(got[:, 1, 1].isnan(), reads) and not got[:, 0].isnan().any()
+    assert (step["table"][request, 0] == block).any() and (step["table"][request, 0] != block).any()
+    if group > 1:  # one query head's NaN: its KV head's scores, the largest over the group, are NaN
+        query[4, 1, 0] = math.nan
+        got = native.key_scores(cache, step["table"], query, request, pos, width)
+        assert got[4, 0, :int(pos[4]) + 1].isnan().all() and not got[4, 1].isnan().any()
+
+
+def test_a_draft_that_ranks_by_scores_reads_no_context_on_the_cpu(monkeypatch):
+    """Top-k through the listed kernel scores its keys where they lie: no context is read (its decisions are the
+    gathered path's: test_listed_kernel_decides_every_draft_as_gathered), unless a measure it declares reads the keys
+    (a promise on the denominator): then the context is read and the measure taken."""
+    import alspec_eval.vllm.paged as paged
+    from alspec_eval.approximations.base import Promise
+    from alspec_eval.approximations.topk import TopK
+    from alspec_eval.stats import DENOMINATOR
+
+    @dataclass(frozen=True)
+    class PromisingTopK(TopK):
+        def promise(self) -> Promise:
+            return Promise(0.5, 0.5, denominator=True)
+
+    reads = []
+    original = paged.read_contexts
+    monkeypatch.setattr(paged, "read_contexts", lambda *a: reads.append(1) or original(*a))
+    step = build_step("cpu-vec", 8)
+    for approx, read in ((TopK(), False), (PromisingTopK(), True)):
+        reads.clear()
+        rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+        settings = Settings(thresholds=(0.3,), window=8, window_align=1, approx=approx)
+        codes, _, measures = verify_and_count(step["query"], step["output"].clone(), step["cache"], step["layout"],
+                                              step["table"], step["N"], rows, settings, 0, step["scale"],
+                                              verifier=verifiers.Listed())
+        assert bool(reads) == read and (codes == ACCEPTED).any()
+        assert set(measures) == ({DENOMINATOR} if read else set())
+    _listed_against_gathered(step, PromisingTopK(), 0.3)
