@@ -19,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -198,10 +199,29 @@ def verify(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, blo
     :func:`~alspec_eval.semantics.squared_distances`, for every row in one call; what a tensor-parallel rank sums
     with the others' before any decides. The three are views of ``scratch`` (the engine's), overwritten by the next
     call."""
+    return _measured(_call, query, exact, kv_cache, block_table, rows, scale, scratch)
+
+
+def _measured(call: Callable[..., None], query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor,
+              block_table: torch.Tensor, rows: Any, scale: float,
+              scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A~, d^2 and n^2 of ``rows`` by a kernel's ``call``, in ``scratch``."""
     table = _inputs(query, exact, kv_cache, block_table)
     approx, d2, n2 = scratch.take(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token))
-    _call(query, exact, kv_cache, table, rows, scale, (approx.data_ptr(), d2.data_ptr(), n2.data_ptr()))
+    call(query, exact, kv_cache, table, rows, scale, (approx.data_ptr(), d2.data_ptr(), n2.data_ptr()))
     return approx, d2, n2
+
+
+def _decided(call: Callable[..., None], query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+             rows: Any, scale: float, lam: float, codes: torch.Tensor, ratios: torch.Tensor,
+             scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_measured`, decided at ``lam`` and committed in the same call; copies of ``codes`` and ``ratios``."""
+    table = _inputs(query, exact, kv_cache, block_table)
+    codes, ratios = codes.clone(), ratios.clone()
+    call(query, exact, kv_cache, table, rows, scale,
+         scratch.addresses(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token)),
+         1, lam, rows.live.data_ptr(), ACCEPTED, REJECTED, codes.data_ptr(), ratios.data_ptr())
+    return codes, ratios
 
 
 def read_blocks(kv_cache: torch.Tensor, ids: torch.Tensor,
@@ -285,22 +305,14 @@ def verify_listed(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tens
                   rows: Listed, scale: float, scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`verify` for rows whose keys are listed per KV head (:class:`Listed`): A~ over the listed keys that
     count, in the list's order (no other key is read), and d^2, n^2."""
-    table = _inputs(query, exact, kv_cache, block_table)
-    approx, d2, n2 = scratch.take(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token))
-    _call_listed(query, exact, kv_cache, table, rows, scale, (approx.data_ptr(), d2.data_ptr(), n2.data_ptr()))
-    return approx, d2, n2
+    return _measured(_call_listed, query, exact, kv_cache, block_table, rows, scale, scratch)
 
 
 def verify_listed_and_decide(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor,
                              block_table: torch.Tensor, rows: Listed, scale: float, lam: float, codes: torch.Tensor,
                              ratios: torch.Tensor, scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`verify_listed`, decided and committed in the same call as :func:`verify_and_decide` does."""
-    table = _inputs(query, exact, kv_cache, block_table)
-    codes, ratios = codes.clone(), ratios.clone()
-    _call_listed(query, exact, kv_cache, table, rows, scale,
-                 scratch.addresses(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token)),
-                 1, lam, rows.live.data_ptr(), ACCEPTED, REJECTED, codes.data_ptr(), ratios.data_ptr())
-    return codes, ratios
+    return _decided(_call_listed, query, exact, kv_cache, block_table, rows, scale, lam, codes, ratios, scratch)
 
 
 def verify_and_decide(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -309,9 +321,4 @@ def verify_and_decide(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.
     """:func:`verify`, then, where no other rank holds heads of the rows, :func:`alspec_eval.semantics.accept` at
     ``lam`` and :func:`~alspec_eval.semantics.commit` into ``exact`` in place, in the same call; returns copies of the
     step's ``codes`` (int8) and ``ratios`` (d/n) with the rows' decisions."""
-    table = _inputs(query, exact, kv_cache, block_table)
-    codes, ratios = codes.clone(), ratios.clone()
-    _call(query, exact, kv_cache, table, rows, scale,
-          scratch.addresses(kv_cache.dtype, query.shape[1], query.shape[2], len(rows.token)),
-          1, lam, rows.live.data_ptr(), ACCEPTED, REJECTED, codes.data_ptr(), ratios.data_ptr())
-    return codes, ratios
+    return _decided(_call, query, exact, kv_cache, block_table, rows, scale, lam, codes, ratios, scratch)

@@ -9,8 +9,8 @@ Torch only, no vLLM: the tests call it on synthetic caches in every layout :data
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch

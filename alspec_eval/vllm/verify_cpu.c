@@ -496,6 +496,16 @@ static void measure_row(int64_t m, void *exact, int64_t o_stride, const void *ap
     ratios[live[m]] = d / n;
 }
 
+/* measure_row for every row, shared among the threads of the enclosing parallel region. */
+static void measure_rows(int64_t rows, void *exact, int64_t o_stride, const void *approx, const int64_t *token,
+                         int64_t heads, int64_t dim, int dtype, float *d2, float *n2, int decide, double lambda,
+                         const int64_t *live, int8_t accepted, int8_t rejected, int8_t *codes, float *ratios) {
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < rows; ++m)
+        measure_row(m, exact, o_stride, approx, token, heads, dim, dtype, d2, n2, decide, lambda, live, accepted,
+                    rejected, codes, ratios);
+}
+
 /* query (tokens, Hq, D) with ``q_stride`` elements a token; exact (tokens, Hq, D) with ``o_stride``; cache (blocks,
  * Hkv, N, 2D); table (requests, table_stride) int32; per row its token, request and ``ranges`` [starts, ends);
  * approx (rows, Hq, D) out, in the dtype; d2, n2 (rows,) out; where ``decide``, each row decided at ``lambda``
@@ -558,12 +568,9 @@ int alspec_verify(const void *query, int64_t q_stride, void *exact, int64_t o_st
         free(sum);
         free(acc);
         /* the loop's barrier: every A~ is written, and every thread reads the same ``failed`` */
-        if (!failed) {
-#pragma omp for schedule(static)
-            for (int64_t m = 0; m < rows; ++m)
-                measure_row(m, exact, o_stride, approx, token, heads, dim, dtype, d2, n2, decide, lambda, live,
-                            accepted, rejected, codes, ratios);
-        }
+        if (!failed)
+            measure_rows(rows, exact, o_stride, approx, token, heads, dim, dtype, d2, n2, decide, lambda, live,
+                         accepted, rejected, codes, ratios);
     }
     free(tiles);
     free(lo);
@@ -783,12 +790,9 @@ int alspec_verify_listed(const void *query, int64_t q_stride, void *exact, int64
         free(t.at), free(t.last), free(t.touched), free(t.readers), free(t.copy), free(t.bias), free(t.keys);
         free(t.q), free(t.w), free(t.acc), free(t.copies);
         /* the loop's barrier: every A~ is written, and every thread reads the same ``failed`` */
-        if (!failed) {
-#pragma omp for schedule(static)
-            for (int64_t m = 0; m < rows; ++m)
-                measure_row(m, exact, o_stride, approx, token, heads, dim, dtype, d2, n2, decide, lambda, live,
-                            accepted, rejected, codes, ratios);
-        }
+        if (!failed)
+            measure_rows(rows, exact, o_stride, approx, token, heads, dim, dtype, d2, n2, decide, lambda, live,
+                         accepted, rejected, codes, ratios);
     }
     free(tiles);
     return failed ? -1 : 0;
