@@ -1,6 +1,7 @@
 """Every draft that runs inside vLLM selects from its paged cache the keys it selects from the HF engine's contiguous
 one (approx_check.paged: both layouts, blocks of 16 and 128, shuffled and shared blocks, a prompt observed over three
-prefill steps, a request with an empty prompt); a reader that gets the block table wrong is caught;
+prefill steps, a request with an empty prompt); a reader that gets the block table wrong is caught, of the contexts
+or of keys scored where they lie;
 and the drafts that cannot run there are exactly those that read what only the HF layer has, refused in one line.
 Torch only, no vLLM."""
 
@@ -60,6 +61,13 @@ def _shifted(read):
     return read_contexts
 
 
+def _shifted_scores(score):
+    """The same, for keys scored where they lie (vLLM's CPU kernel: a draft that ranks by scores)."""
+    def key_scores(*args):
+        return score(*args).roll(-1, -1)
+    return key_scores
+
+
 def _other_request(read):
     """A reader that takes each request's blocks from the next row of the block table."""
     def read_contexts(kv_cache, layout, block_table, block_size, request, *rest):
@@ -67,10 +75,22 @@ def _other_request(read):
     return read_contexts
 
 
-@pytest.mark.parametrize("broken", [_shifted, _other_request])
+def _other_request_scores(score):
+    def key_scores(kv_cache, block_table, query, request, *rest):
+        return score(kv_cache, block_table, query, (request + 1) % len(block_table), *rest)
+    return key_scores
+
+
+@pytest.mark.parametrize("broken", [(_shifted, _shifted_scores), (_other_request, _other_request_scores)],
+                         ids=["shifted", "other_request"])
 @pytest.mark.parametrize("name", ["topk", "snapkv", "KeyDiffPress"])
 def test_a_reader_that_gets_the_cache_wrong_is_caught(monkeypatch, broken, name):
-    monkeypatch.setattr(paged, "read_contexts", broken(paged.read_contexts))
+    """On both layouts at blocks of 16 and 128, whether the draft's keys are read (contexts) or scored where they
+    lie (top-k on the CPU's layout, where the C kernel builds)."""
+    from alspec_eval.vllm import native
+
+    monkeypatch.setattr(paged, "read_contexts", broken[0](paged.read_contexts))
+    monkeypatch.setattr(native, "key_scores", broken[1](native.key_scores))
     found = [line for line in check.paged_equals_contiguous(draft(name), 4, 2, 16, WINDOW)
              if "declares reads_keys" not in line]  # snapkv's hint: its prompt's keys were read wrong
     assert len(found) == 4 and all("positions select other keys" in line for line in found), found
