@@ -652,6 +652,31 @@ def test_listed_kernel_decides_every_draft_as_gathered(name, args):
     assert {ACCEPTED, REJECTED} <= set(codes.tolist())
 
 
+def test_listed_kernel_under_tensor_parallel_measures_as_alone():
+    """A measuring draft (vAttention: its densities and its denominator's misses) through the listed kernel with a
+    tensor-parallel reduce (one rank: the sum is its own): the same codes, d/n and measures as deciding in the
+    kernel's one call, and as the gathered path's under the same reduce."""
+    step = build_step("cpu-vec", 8)
+    approx = make_approximation("vattention", dict(CONTENT_DRAFTS)["vattention"])
+    got = {}
+    for path, reduce in (("listed", None), ("listed", lambda x: x), ("gathered", lambda x: x)):
+        rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5),
+                              seeds=torch.tensor([7, 2**32 - 5, 0, 123_456_789, 99]))
+        settings = Settings(thresholds=(0.3,), window=8, window_align=1, approx=approx)
+        got[path, reduce is None] = verify_and_count(step["query"], step["output"].clone(), step["cache"],
+                                                     step["layout"], step["table"], step["N"], rows, settings, 0,
+                                                     step["scale"], reduce=reduce, verifier=VERIFIERS[path]())
+    alone = got["listed", True]
+    assert len(alone[2]) == 2 and all(m.isfinite().any() for m in alone[2].values())
+    for key in (("listed", False), ("gathered", False)):
+        codes, ratios, measures = got[key]
+        assert torch.equal(codes, alone[0]), key
+        torch.testing.assert_close(ratios, alone[1], rtol=1e-5, atol=0, equal_nan=True)
+        assert measures.keys() == alone[2].keys(), key
+        for name in measures:
+            torch.testing.assert_close(measures[name], alone[2][name], rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 def _prefill_case(tokens: int, block: int) -> dict:
     """_rolling's one request prefilling ``tokens`` positions, in build_step's terms, on the CPU layout."""
     case = _rolling(S=8, tokens=tokens, block=block)
