@@ -255,6 +255,14 @@ static void score_run(const int qs, int64_t padded, const float *q, int64_t dim,
     }
 }
 
+/* How many queries score_run scores together, for ``queries`` of them: 6, 4 or 3, whichever pads least (the larger
+ * on a tie); the padding is computed and dropped. */
+static inline int query_block(int64_t queries) {
+    const int64_t pad6 = (queries + 5) / 6 * 6 - queries, pad4 = (queries + 3) / 4 * 4 - queries;
+    const int64_t pad3 = (queries + 2) / 3 * 3 - queries;
+    return pad6 <= pad4 && pad6 <= pad3 ? 6 : pad4 <= pad3 ? 4 : 3;
+}
+
 /* Queries of one P @ V pass at ``chunks`` x LANES channels: as many as keep their accumulators in registers. */
 static inline int pv_queries(int chunks) { return chunks <= 4 ? 6 : chunks <= 6 ? 4 : 3; }
 
@@ -352,11 +360,7 @@ static void verify_tile(const tile_t tile, const int64_t *lo, const int64_t *hi,
                         int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int dtype, void *approx,
                         float *q, float *scores, float *w, float *sum, float *acc, float *spare) {
     const int64_t group = heads / kv_heads, block_elems = 2 * block_size * dim, queries = tile.count * group;
-    const int64_t pad6 = (queries + 5) / 6 * 6 - queries, pad4 = (queries + 3) / 4 * 4 - queries;
-    const int64_t pad3 = (queries + 2) / 3 * 3 - queries;
-    /* scored in blocks of 6, 4 or 3 queries, whichever pads least (the larger on a tie), the padding computed and
-     * dropped */
-    const int qs = pad6 <= pad4 && pad6 <= pad3 ? 6 : pad4 <= pad3 ? 4 : 3;
+    const int qs = query_block(queries);
     const int64_t padded = (queries + qs - 1) / qs * qs;
     int64_t width = 0;
     for (int64_t k = 0; k < ranges; ++k) width += hi[k] - lo[k];
@@ -841,9 +845,7 @@ int alspec_key_scores(const void *query, int64_t q_stride, const void *cache, co
                        const int64_t *length, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
                        int dtype, float *out, int64_t width) {
     const int64_t group = heads / kv_heads, block_elems = 2 * block_size * dim;
-    const int64_t pad6 = (group + 5) / 6 * 6 - group, pad4 = (group + 3) / 4 * 4 - group;
-    const int64_t pad3 = (group + 2) / 3 * 3 - group;
-    const int qs = pad6 <= pad4 && pad6 <= pad3 ? 6 : pad4 <= pad3 ? 4 : 3; /* as verify_tile blocks its queries */
+    const int qs = query_block(group);
     const int64_t padded = (group + qs - 1) / qs * qs;
     int failed = 0;
 #pragma omp parallel
