@@ -12,49 +12,34 @@ blocks shuffled over the cache), on one thread as vLLM's CPU worker runs them:
   copy.
 
 Each pair is checked to agree (A~ and the scores to float32 rounding, the blocks bit for bit) before it is timed;
-the script exits 1 where they differ. Medians of interleaved rounds, milliseconds per call, and the ratio of torch's
+the script exits 1 where they differ. Each call starts with the caches flushed, as a decode step finds a layer's KV
+cache (``bench_kernels.median_ms``); medians of interleaved rounds, milliseconds per call, and the ratio of torch's
 time to the kernel's.
 
-    python benchmarks/bench_listed_cpu.py [--rounds 7] [--context 4096] [--window 64]
+    python benchmarks/bench_listed_cpu.py [--rounds 30] [--context 4096] [--window 64]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 128
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per figure (default 7)")
+    p.add_argument("--rounds", type=int, default=30, help="interleaved rounds per figure (default 30)")
     p.add_argument("--context", type=int, default=4096, help="keys in each request's context (default 4096)")
     p.add_argument("--window", type=int, default=64, help="S: each row lists 2S keys per KV head (default 64)")
     p.add_argument("--requests", type=int, default=4, help="requests (decode rows) in the step (default 4)")
     return p
 
 
-def timed(calls: dict[str, Callable[[], object]], rounds: int, repeat: int) -> dict[str, float]:
-    """Median milliseconds per call of each, rounds interleaved."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for call in calls.values():
-        call()  # warm: the kernel built and loaded, the allocator's pages touched
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            for _ in range(repeat):
-                call()
-            times[name].append((time.perf_counter() - start) / repeat * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     import torch
+    from bench_kernels import median_ms
 
     from alspec_eval import semantics
     from alspec_eval.vllm import native
@@ -85,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{len(prefill)} prefill rows, shared keys": (prefill, picked)}
 
     print(f"CPU_ATTN cache: {requests} requests of {length} keys, {HEADS}/{KV_HEADS} heads of {DIM}, blocks of "
-          f"{BLOCK}, float32, one thread; medians of {args.rounds} interleaved rounds, ms per call")
+          f"{BLOCK}, float32, one thread, caches flushed before each call; medians of {args.rounds} interleaved "
+          "rounds, ms per call")
     print(f"{'case':44s} {'torch':>9s} {'C':>9s} {'torch/C':>8s}")
     for name, (request, positions) in cases().items():
         count = len(request)
@@ -103,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             return native.verify_listed(query, exact, cache, table, listed, DIM ** -0.5, scratch)
 
         failed |= not all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(torch_way(), kernel()))
-        t = timed({"torch": torch_way, "C": kernel}, args.rounds, max(1, 200 // count))
+        t = median_ms({"torch": torch_way, "C": kernel}, args.rounds)
         print(f"{'listed: ' + name:44s} {t['torch']:9.3f} {t['C']:9.3f} {t['torch'] / t['C']:7.2f}x")
 
     request, pos = torch.arange(requests), torch.full((requests,), length - 1)
@@ -117,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         return native.key_scores(cache, table, query, request, pos, length)
 
     failed |= not torch.allclose(scores_by_torch(), scores_in_place(), rtol=1e-5, atol=1e-4)
-    t = timed({"torch": scores_by_torch, "C": scores_in_place}, args.rounds, 20)
+    t = median_ms({"torch": scores_by_torch, "C": scores_in_place}, args.rounds)
     print(f"{'scores: top-k, 4 decode rows':44s} {t['torch']:9.3f} {t['C']:9.3f} {t['torch'] / t['C']:7.2f}x")
 
     ids = table.long()
     failed |= not all(torch.equal(a, b) for a, b in zip(layout.blocks(cache, ids), layout.blocks_by_torch(cache, ids)))
-    t = timed({"torch": lambda: layout.blocks_by_torch(cache, ids), "C": lambda: native.read_blocks(cache, ids)},
-              args.rounds, 20)
+    t = median_ms({"torch": lambda: layout.blocks_by_torch(cache, ids), "C": lambda: native.read_blocks(cache, ids)},
+                  args.rounds)
     print(f"{'blocks: keys and values of 4 contexts':44s} {t['torch']:9.3f} {t['C']:9.3f} {t['torch'] / t['C']:7.2f}x")
     if failed:
         print("a kernel disagreed with torch's ops", file=sys.stderr)
