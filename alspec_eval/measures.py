@@ -49,7 +49,7 @@ def measure(approx: Any, window: int, taken: Selection, scale: float,
         out[KEYS_READ] = semantics.keys_read(taken.index, taken.valid)
     if measures_keys(approx):
         promise = approx.promise()
-        keys = taken.cache.index_select(0, taken.rows)
+        keys = semantics.rows_of(taken.cache, taken.rows)
         span = torch.arange(keys.shape[2], device=keys.device)
         allowed = (span >= taken.low.reshape(-1, 1)) & (span <= taken.high.reshape(-1, 1))  # (r, L)
         index = taken.index.clamp(0, keys.shape[2] - 1)  # a key outside [0, pos] is refused after the call

@@ -153,6 +153,15 @@ def key_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return (q @ keys.float().transpose(-1, -2)).amax(2)
 
 
+def rows_of(batch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``batch.index_select(0, rows)``: each speculated position's row of a per-row tensor (keys, page bounds). Where
+    the positions are the rows in order (a decode step: one position per row) on the CPU, the tensor itself, so that
+    no step copies every row's keys; on CUDA the check would read the rows back, so they are gathered."""
+    if rows.device.type == "cpu" and len(rows) == len(batch) and bool((rows == torch.arange(len(rows))).all()):
+        return batch
+    return batch.index_select(0, rows)
+
+
 def topk_positions(scores: torch.Tensor, window: int) -> torch.Tensor:
     """The 2S keys with the largest scores per KV head, (R, Hkv, 2S) (ties: the earlier key); keys that must not be
     chosen (past the current token, left padding) score -inf. A non-trivial context has more than 2S keys."""

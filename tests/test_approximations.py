@@ -118,3 +118,13 @@ def test_snapkv_ties_in_the_observation_window_take_the_earlier_keys():
     kept = sorted(index[0, 0][valid[0, 0]].tolist())
     expected = oracle.snapkv_kept_keys([scores[0, 0].tolist()], pos, prompt, window, 12)[0]
     assert kept == expected and kept[:4] == [22, 23, 24, 25]
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], [2, 0, 1], [0, 0, 1], [1, 1, 1], [0, 1], [0, 2]])
+def test_rows_of_is_index_select(rows: list[int]) -> None:
+    """A draft's rows of a per-row tensor: the tensor itself, uncopied, exactly where the positions are its rows in
+    order (a decode step), else gathered."""
+    batch = torch.randn(3, 2, 5)
+    got = semantics.rows_of(batch, torch.tensor(rows))
+    assert torch.equal(got, batch.index_select(0, torch.tensor(rows)))
+    assert (got.data_ptr() == batch.data_ptr()) == (rows == [0, 1, 2])

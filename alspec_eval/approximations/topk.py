@@ -23,7 +23,7 @@ class TopK(Approximation):
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: None) -> Selected:
-        return self.select_scored(semantics.key_scores(query, key.index_select(0, rows)), rows, pos, pad, window,
+        return self.select_scored(semantics.key_scores(query, semantics.rows_of(key, rows)), rows, pos, pad, window,
                                   passed, prepared)
 
     def select_scored(self, scores: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, pad: torch.Tensor,
