@@ -145,7 +145,8 @@ def library() -> ctypes.CDLL | None:
                                   ctypes.c_int, ctypes.c_double, _PTR, ctypes.c_int8, ctypes.c_int8, _PTR, _PTR]
     lib.alspec_verify_listed.restype = ctypes.c_int
     lib.alspec_verify_listed.argtypes = [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR,
-                                         _I64, _PTR, _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int, _PTR, _PTR,
+                                         _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_float,
+                                         ctypes.c_int, _PTR, _PTR,
                                          _PTR, ctypes.c_int, ctypes.c_double, _PTR, ctypes.c_int8, ctypes.c_int8, _PTR,
                                          _PTR]
     lib.alspec_key_scores.restype = ctypes.c_int
@@ -266,7 +267,9 @@ class Listed:
     (int64, host), where each is among the step's rows (``live``), and per row and KV head the logical positions of
     its keys (``positions``, (rows, Hkv or 1, n) int64), which slots count (``valid``, the same or None: all) and a
     weighted draft's log-weights (``log_weight``, (rows, Hkv, n) or None), as :func:`.paged.selected_positions`
-    returns them."""
+    returns them. ``context``: the keys the draft read to select (:func:`.paged.read_contexts`, (contexts, Hkv, L, D)
+    in the cache's dtype), and per row its context (``context_row``, int64, -1: none), which the kernel reads the
+    rows' keys from, whole, instead of gathering them from the cache's transposed blocks a cache line a channel."""
 
     token: torch.Tensor
     request: torch.Tensor
@@ -274,6 +277,8 @@ class Listed:
     positions: torch.Tensor
     valid: torch.Tensor | None
     log_weight: torch.Tensor | None
+    context: torch.Tensor | None = None
+    context_row: torch.Tensor | None = None
 
     def lists(self, kv_heads: int) -> tuple[list[torch.Tensor | None], Any]:
         """The three per-head lists as the kernel reads them (each list's slots dense) and their row and head strides
@@ -291,10 +296,21 @@ def _call_listed(query: torch.Tensor, exact: torch.Tensor, kv_cache: torch.Tenso
     _, kv_heads, block_size, _ = kv_cache.shape
     _, heads, dim = query.shape
     lists, strides = rows.lists(kv_heads)  # held until the kernel returns
+    context = rows.context
+    context_row = None if context is None else rows.context_row.long().contiguous()  # held until the kernel returns
+    if context is not None and not (context.dtype == kv_cache.dtype and context.device.type == "cpu"
+                                    and context.shape[1] == kv_heads and context.shape[-1] == dim
+                                    and context.stride(-1) == 1 and context.stride(-2) == dim):
+        raise ValueError(f"the listed kernel reads contexts of (contexts, {kv_heads}, L, {dim}) {kv_cache.dtype} keys "
+                         f"on the CPU, each position's keys whole; got {tuple(context.shape)} {context.dtype} with "
+                         f"strides {context.stride()}")
     status = library().alspec_verify_listed(
         query.data_ptr(), query.stride(0), exact.data_ptr(), exact.stride(0), kv_cache.data_ptr(), table.data_ptr(),
         table.stride(0), len(rows.token), rows.token.data_ptr(), rows.request.data_ptr(),
-        *(None if t is None else t.data_ptr() for t in lists), rows.positions.shape[-1], strides, heads, kv_heads,
+        *(None if t is None else t.data_ptr() for t in lists), rows.positions.shape[-1], strides,
+        None if context is None else context.data_ptr(),
+        None if context is None else context_row.data_ptr(),
+        None if context is None else (ctypes.c_int64 * 2)(context.stride(0), context.stride(1)), heads, kv_heads,
         dim, block_size, scale, DTYPES[kv_cache.dtype], *scratch, *(decision or (0, 0.0, None, 0, 0, None, None)))
     if status:
         raise MemoryError(f"alspec-vllm's CPU kernel ran out of memory for {len(rows.token)} rows of "

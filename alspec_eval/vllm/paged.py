@@ -418,8 +418,8 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
                        observed: dict[int, Any], groups: Contexts | None = None, kept: torch.Tensor | None = None,
                        seed: torch.Tensor | None = None, site: Site | None = None, scale: float = 1.0,
-                       scorer: Scorer | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
-                                                              dict[str, torch.Tensor]]:
+                       scorer: Scorer | None = None, read: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
     (M, Hkv or 1, n), which count (None: all), and a weighted draft's log-weights (None: none). Where they depend on
     the position alone (``position_ranges``), its ranges listed, as the other paths read them (cut to [0, pos]:
@@ -433,7 +433,8 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     ``site`` (the layer's): what a draft that draws at random draws from. Last, what the draft's declarations ask
     each row to measure (:func:`.measures.measure`, at the model's ``scale``; none for a draft fixed by position).
     ``scorer``: where the verifier scores keys where they lie (:data:`Scorer`), a draft that ``ranks_by_scores``
-    (and measures no key) selects from its scores, and no context is read."""
+    (and measures no key) selects from its scores, and no context is read. ``read``: where given, each group's
+    requests (batch rows) and the keys read for them are appended to it, for a verifier that reads A~'s keys there."""
     if settings.approx.keys_by_position:
         return *_listed(*position_keys(settings, pos, query.device)), None, {}
     if groups is None:
@@ -443,7 +444,7 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
         scorer = None
     positions, valid, log_weight, measures = _selected(query, kv_cache, layout, block_table, block_size, pos,
                                                        settings, observed, groups, kept, seed,
-                                                       site or Site(0, settings.first_kv_head), scale, scorer)
+                                                       site or Site(0, settings.first_kv_head), scale, scorer, read)
     last = pos.to(positions.device)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
@@ -489,8 +490,9 @@ class Contexts:
 
 def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
               pos: torch.Tensor, settings: Settings, observed: dict[int, Any], contexts: Contexts,
-              kept: torch.Tensor | None, seed: torch.Tensor, site: Site, scale: float,
-              scorer: Scorer | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+              kept: torch.Tensor | None, seed: torch.Tensor, site: Site, scale: float, scorer: Scorer | None,
+              read: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
     """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them,
     and each row's measures."""
     approx, window = settings.approx, settings.window
@@ -507,6 +509,8 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                 approx.needs_keys(store, n) for store, n in zip(stores, lengths[group].tolist()))):
             keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group],
                                               lengths[group], approx.reads_layer)
+            if read is not None:
+                read.append((requests[group], keys))
         else:
             keys, values, pad = unread_contexts(kv_cache, len(group), int(lengths[group].max()), approx.reads_layer)
         rows, where, seeds = local.to(keys.device), pos[mine].to(keys.device), seed[mine]

@@ -249,11 +249,12 @@ class Listed(Verifier):
     def verify(self, layer: Layer, rows: StepRows, plan: Plan, settings: Settings, observed: dict[int, Any],
                lam: float, reduce: Reduce | None) -> Decided:
         token, request, contexts = plan.prepared
+        read: list[tuple[torch.Tensor, torch.Tensor]] = []
         positions, valid, log_weight, measures = selected_positions(
             layer.query[plan.token], layer.kv_cache, layer.layout, layer.block_table, layer.block_size, request,
             rows.pos[plan.live], settings, observed, contexts, layer.kept, rows.seed[plan.live], layer.site,
-            layer.scale, functools.partial(native.key_scores, layer.kv_cache, layer.block_table))
-        listed = native.Listed(token, request, plan.live, positions, valid, log_weight)
+            layer.scale, functools.partial(native.key_scores, layer.kv_cache, layer.block_table), read)
+        listed = native.Listed(token, request, plan.live, positions, valid, log_weight, *_read_keys(read, request))
         if reduce is None:
             return *native.verify_listed_and_decide(layer.query, layer.output, layer.kv_cache, layer.block_table,
                                                     listed, layer.scale, lam, plan.codes, plan.ratios,
@@ -261,6 +262,19 @@ class Listed(Verifier):
         approx, d2, n2 = native.verify_listed(layer.query, layer.output, layer.kv_cache, layer.block_table, listed,
                                               layer.scale, self.scratch)
         return decide(layer, plan, approx, layer.output[plan.token], d2, n2, lam, reduce, measures)
+
+
+def _read_keys(read: list[tuple[torch.Tensor, torch.Tensor]],
+               request: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The contexts a draft read to select (one group of requests: the keys as the listed kernel reads them), and
+    each row's among them (-1: none); (None, None) where it read none, or several groups (each row then gathers its
+    keys from the cache: the same bits)."""
+    if len(read) != 1 or not len(request):
+        return None, None
+    requests, keys = read[0]
+    where = torch.full((int(max(request.max(), requests.max())) + 1,), -1, dtype=torch.long)
+    where[requests.long()] = torch.arange(len(requests))
+    return keys, where[request]
 
 
 # by preference: the first a draft and a cache admit is the engine's

@@ -599,6 +599,12 @@ typedef struct { /* each with its row and KV-head strides in elements (0: one li
     const uint8_t *valid;
     const float *bias;
     int64_t width, strides[3][2];
+    /* the contexts the draft read to select (NULL: none): (contexts, Hkv, L, D) keys in the cache's dtype, with
+     * ``context_strides`` of a context and a head (a position's D elements consecutive), and per row its context
+     * (context_row, -1: read from the cache) */
+    const void *context;
+    const int64_t *context_row;
+    int64_t context_strides[2];
 } listed_t;
 
 typedef struct { /* a thread's buffers */
@@ -634,9 +640,16 @@ static void verify_listed_row(int64_t m, int64_t h, const listed_t *list, const 
             t->bias[n++] = weight ? weight[j] : 0.0f;
         }
     const int64_t padded = (n + LANES - 1) / LANES * LANES;
+    const int64_t context = list->context ? list->context_row[m] : -1;
     float *keys = t->keys;
-    for (int64_t j = 0; j < n;) { /* keys as a (D, padded) matrix: from a copy, or a run of the cache's at a time */
+    for (int64_t j = 0; j < n;) { /* keys as a (D, padded) matrix: from the row's context, a copy, or the cache */
         const int64_t p = t->at[j], b = p / block_size, offset = p % block_size;
+        if (context >= 0) { /* whole keys, as the draft read them: D consecutive elements */
+            const int64_t at = context * list->context_strides[0] + h * list->context_strides[1] + p * dim;
+            for (int64_t d = 0; d < dim; ++d) keys[d * padded + j] = load(list->context, at + d, dtype);
+            ++j;
+            continue;
+        }
         if (t->copy[b] >= 0) {
             const float *k = t->copies + ((int64_t)t->copy[b] * block_size + offset) * dim;
             for (int64_t d = 0; d < dim; ++d) keys[d * padded + j] = k[d];
@@ -694,14 +707,16 @@ static void verify_listed_row(int64_t m, int64_t h, const listed_t *list, const 
     }
 }
 
-/* Rows [first, first + count) of one request at KV head h: the blocks two or more of them read copied (keys whole),
- * then each row verified. Returns -1 where memory for the copies ran out. */
+/* Rows [first, first + count) of one request at KV head h: the blocks two or more of them read copied (keys whole;
+ * none where the request's context is given), then each row verified. Returns -1 where memory for the copies ran
+ * out. */
 static int verify_listed_tile(int64_t first, int64_t count, int64_t h, const listed_t *list, const void *query,
                               int64_t q_stride, const void *cache, const int32_t *row_table, const int64_t *token,
                               int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int dtype,
                               void *approx, listed_scratch_t *t) {
     int64_t copied = 0, touched = 0;
-    for (int64_t m = first; m < first + count && count > 1; ++m) { /* how many rows read each block */
+    const int whole = list->context && list->context_row[first] >= 0; /* the request's keys given whole */
+    for (int64_t m = first; m < first + count && count > 1 && !whole; ++m) { /* how many rows read each block */
         const int64_t *pos = listed_positions(list, m, h);
         const uint8_t *valid = listed_valid(list, m, h);
         for (int64_t j = 0; j < list->width; ++j)
@@ -739,16 +754,20 @@ static int verify_listed_tile(int64_t first, int64_t count, int64_t h, const lis
 /* alspec_verify for rows whose keys are listed (verify_listed_tile): positions (rows, Hkv, width) int64 logical
  * positions inside each row's context, valid (uint8) and bias (float32) the same (NULL: none), their row and head
  * strides in ``strides`` (positions', valid's, bias'; a head stride of 0 where one list serves every head), each
- * slot next to the last. The rest as alspec_verify's. */
+ * slot next to the last; ``context`` (NULL: none), ``context_row`` and ``context_strides`` as listed_t's. Where a key
+ * is read from moves data only: the same bits from a context, a tile's copy or the cache. The rest as
+ * alspec_verify's. */
 int alspec_verify_listed(const void *query, int64_t q_stride, void *exact, int64_t o_stride, const void *cache,
                          const int32_t *table, int64_t table_stride, int64_t rows, const int64_t *token,
                          const int64_t *request, const int64_t *positions, const uint8_t *valid, const float *bias,
-                         int64_t width, const int64_t *strides, int64_t heads, int64_t kv_heads, int64_t dim,
+                         int64_t width, const int64_t *strides, const void *context, const int64_t *context_row,
+                         const int64_t *context_strides, int64_t heads, int64_t kv_heads, int64_t dim,
                          int64_t block_size, float scale, int dtype, void *approx, float *d2, float *n2, int decide,
                          double lambda, const int64_t *live, int8_t accepted, int8_t rejected, int8_t *codes,
                          float *ratios) {
     const listed_t list = {positions, valid, bias, width, {{strides[0], strides[1]}, {strides[2], strides[3]},
-                                                          {strides[4], strides[5]}}};
+                                                          {strides[4], strides[5]}}, context, context_row,
+                           {context ? context_strides[0] : 0, context ? context_strides[1] : 0}};
     const int64_t padded = (width + LANES - 1) / LANES * LANES + LANES;
     int64_t most = 0, count = 0; /* the furthest position listed; the tiles: consecutive rows of a request */
     for (int64_t m = 0; m < rows; ++m)

@@ -753,6 +753,84 @@ def test_listed_kernel_reads_no_slot_that_does_not_count():
     assert (approx(kept, None, weight) - dropped).abs().amax(-1).gt(1e-3).all()
 
 
+def test_listed_kernel_reads_keys_from_the_contexts_the_draft_read():
+    """Given the contexts a draft read to select (read_contexts' keys: a view, not contiguous), the listed kernel reads
+    each row's keys there, whole, with the same bits as from the cache's transposed blocks; a key changed in one
+    context moves A~ of exactly the rows that list it, and a row given no context (-1) reads the cache."""
+    from alspec_eval.vllm.paged import read_contexts
+
+    step = build_step("cpu-vec", 8)
+    cache, table, size = step["cache"], step["table"], step["N"]
+    rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+    live = (rows.pos >= 2 * 8).nonzero().squeeze(1)
+    token, request = rows.token[live], rows.request[live]
+    g = torch.Generator().manual_seed(3)
+    positions = torch.stack([torch.randperm(int(p) + 1, generator=g)[:12] for p in rows.pos[live]])[:, None, :]
+    positions = positions.expand(-1, HKV, -1).clone()
+    positions[:, 1] = positions[:, 1].flip(-1)  # the heads' lists in other orders
+    requests = request.unique()
+    lengths = torch.stack([rows.pos[live][request == r].max() + 1 for r in requests])
+    keys, _, _ = read_contexts(cache, step["layout"], table, size, requests, lengths, values=False)
+    held = keys.new_full((*keys.shape[:2], keys.shape[2] + 5, keys.shape[3]), math.nan)
+    held[:, :, :keys.shape[2]] = keys
+    keys = held[:, :, :keys.shape[2]]  # as read_contexts returns a context shorter than its blocks: a view
+    assert not keys.is_contiguous()
+    where = torch.full((5,), -1)
+    where[requests] = torch.arange(len(requests))
+
+    def verified(context: torch.Tensor | None, context_row: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        listed = native.Listed(token, request, live, positions, None, None, context, context_row)
+        return tuple(t.clone() for t in native.verify_listed(step["query"], step["output"], cache, table, listed,
+                                                             step["scale"], native.Scratch()))
+
+    from_cache = verified(None, None)
+    from_context = verified(keys, where[request])
+    for a, b in zip(from_cache, from_context, strict=True):
+        assert torch.equal(a, b)
+    changed = keys.clone()
+    r, p = int(request[0]), int(positions[0, 0, 0])
+    changed[int(where[r]), 0, p] += 4.0  # KV head 0's key at p of row 0's request
+    lists = ((request == r) & (positions[:, 0] == p).any(-1))
+    moved = (verified(changed, where[request])[0] != from_cache[0]).flatten(1).any(-1)
+    assert lists.any() and torch.equal(moved, lists)
+    alone = where[request].clone()
+    alone[request == r] = -1  # those rows read the cache
+    assert torch.equal(verified(changed, alone)[0], from_cache[0])
+
+
+def test_the_listed_verifier_hands_the_kernel_the_contexts_a_draft_read(monkeypatch):
+    """vAttention reads its requests' contexts to select: the listed kernel gets them (one group here), each row its
+    own, and KeyDiff too; top-k (scored in place) and Random (by chance) read none, and the kernel gets none."""
+    from alspec_eval.vllm.paged import read_contexts
+
+    given = {}
+    original = native.verify_listed_and_decide
+
+    def spy(*args, **kwargs):
+        given["rows"] = args[4]
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(native, "verify_listed_and_decide", spy)
+    step = build_step("cpu-vec", 8)
+    for name, reads in (("vattention", True), ("kvpress:KeyDiffPress", True), ("topk", False),
+                        ("kvpress:RandomPress", False)):
+        approx = make_approximation(name, dict(CONTENT_DRAFTS)[name] or None)
+        rows = StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+        settings = Settings(thresholds=(0.3,), window=8, window_align=1, approx=approx)
+        verify_and_count(step["query"], step["output"].clone(), step["cache"], step["layout"], step["table"],
+                         step["N"], rows, settings, 0, step["scale"], verifier=verifiers.Listed())
+        listed = given.pop("rows")
+        assert (listed.context is not None) == reads, name
+        if reads:  # each row's context is its own request's keys
+            assert listed.context.shape[0] == len(listed.request.unique()) and (listed.context_row >= 0).all()
+            for r in listed.request.unique().tolist():
+                length = int(rows.pos[listed.live][listed.request == r].max()) + 1
+                own, _, _ = read_contexts(step["cache"], step["layout"], step["table"], step["N"], torch.tensor([r]),
+                                          torch.tensor([length]), values=False)
+                for at in listed.context_row[listed.request == r].tolist():
+                    assert torch.equal(listed.context[at, :, :length], own[0])
+
+
 def test_without_a_compiler_the_cpu_layout_verifies_by_tiles(monkeypatch, tmp_path, caplog):
     """No C compiler: one warning naming the fix, and the CPU layout's rows go by tiles, with the same decisions."""
     step = build_step("cpu-vec", 8)
