@@ -60,7 +60,7 @@ class Quest(Approximation):
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: tuple[torch.Tensor, torch.Tensor]) -> Selected:
         page_min, page_max = prepared
-        bounds = semantics.page_bounds(query, page_min.index_select(0, rows), page_max.index_select(0, rows))
+        bounds = semantics.page_bounds(query, semantics.rows_of(page_min, rows), semantics.rows_of(page_max, rows))
         positions, valid = semantics.quest_positions(bounds, pos, window, self.page)
         return (positions + pad[:, None, None]).clamp_max(key.shape[2] - 1), valid
 
