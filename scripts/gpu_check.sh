@@ -66,9 +66,10 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ $quick = 1 ]; then
     kernel_args=(--rounds 5) adapter_args=(--prompts 4 --new-tokens 32 --repeats 3) sweep_args=(--prompts 1 --tokens 2048)
     paged_args=(--rounds 3 --contexts 2048,32768) verify_args=(--rounds 3 --contexts 4096,131072)
+    drafts_args=(--rounds 3 --contexts 4096,131072)
     test_args=(--ignore tests/kernels/test_triton_compile.py)  # every architecture's compile: proven on the CPU
 else
-    kernel_args=(--rounds 11) adapter_args=() sweep_args=() test_args=() paged_args=() verify_args=()
+    kernel_args=(--rounds 11) adapter_args=() sweep_args=() test_args=() paged_args=() verify_args=() drafts_args=()
 fi
 workers=()
 "$PY" -c "import xdist" 2>/dev/null && workers=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))" --dist loadfile)
@@ -81,6 +82,8 @@ part "paged-kernel" "first measure: the paged Triton call (block table, vLLM Fla
     "$PY" benchmarks/bench_paged_kernel.py "${paged_args[@]}"
 part "paged-verify" "alspec-vllm's CUDA verifier (A~ in place from vLLM's NHD and HND caches, d, n, decision, commit) beside flash decoding of A over the same cache, 8B shape, bf16, 4K-128K; A~ equal to the float64 reference within bf16 rounding" \
     "$PY" benchmarks/bench_paged_verify.py "${verify_args[@]}"
+part "paged-drafts" "first measure: one layer's verification per draft through the verifier the engine chooses (Triton for drafts by position, the gathered path for drafts by content), wall time beside flash decoding; kvpress's presses need kvpress installed" \
+    "$PY" benchmarks/bench_paged_drafts.py "${drafts_args[@]}"
 part "tests" "tests/gpu and tests/kernels pass on CUDA (bf16 checked against the reference here only)" \
     "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" "${test_args[@]}" tests/gpu tests/kernels
 part "adapter" "alspec/hf wall <= 1.10 with kernel=auto and <= 1.25 with kernel=model at batch 1 and 8 (8B shape, bf16)" \
