@@ -80,7 +80,7 @@ def page_summaries(kept: torch.Tensor, approx: Any, block_table: torch.Tensor, b
     page, g = approx.kept_page(), block_size // kept.shape[1]
     pages = length // page
     starts = torch.arange(pages * page // g, device=block_table.device) * g  # every part's first position
-    ids = block_table[requests.to(block_table.device)[:, None], starts // block_size].long()  # (b, parts)
+    ids = block_table[requests.to(block_table.device, non_blocking=True)[:, None], starts // block_size].long()
     rows = (ids * kept.shape[1] + starts % block_size // g).flatten()  # each part's row of the flattened summaries
     parts = kept.flatten(0, 1).index_select(0, rows).view(len(requests), -1, *kept.shape[2:])  # (b, pages P / g, ..)
     if page > g:  # a page of several parts (a page of one part is that part's summary)

@@ -360,7 +360,7 @@ def read_contexts(kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor
     table a block at a time: (b, Hkv, max length, D) each, and each row's padding (zeros: a shorter row's keys past
     its length are other blocks', which no draft reads, as none reads a key past its position)."""
     most = int(length.max())
-    ids = block_table[request.to(block_table.device), :-(-most // block_size)].long()
+    ids = block_table[request.to(block_table.device, non_blocking=True), :-(-most // block_size)].long()
     keys, held = layout.blocks(kv_cache, ids, values)
     return keys[:, :, :most], None if held is None else held[:, :, :most], torch.zeros_like(ids[:, 0])
 
@@ -445,7 +445,7 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     positions, valid, log_weight, measures = _selected(query, kv_cache, layout, block_table, block_size, pos,
                                                        settings, observed, groups, kept, seed,
                                                        site or Site(0, settings.first_kv_head), scale, scorer, read)
-    last = pos.to(positions.device)[:, None, None]
+    last = pos.to(positions.device, non_blocking=True)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
     return positions, valid, log_weight, measures
@@ -513,10 +513,12 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                 read.append((requests[group], keys))
         else:
             keys, values, pad = unread_contexts(kv_cache, len(group), int(lengths[group].max()), approx.reads_layer)
-        rows, where, seeds = local.to(keys.device), pos[mine].to(keys.device), seed[mine]
-        row_pad, mine = pad[rows], mine.to(keys.device)
+        seeds = seed[mine]
+        # the host's indices moved without waiting on the device (a GPU's stream runs on: nothing is read back)
+        rows, where = local.to(keys.device, non_blocking=True), pos[mine].to(keys.device, non_blocking=True)
+        row_pad, mine = pad[rows], mine.to(keys.device, non_blocking=True)
         passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align,
-                                 **draw_inputs(approx, seed=lambda: seeds.to(keys.device)))
+                                 **draw_inputs(approx, seed=lambda: seeds.to(keys.device, non_blocking=True)))
         drawn = draw_inputs(approx, site=lambda: site)
         if kept is not None:  # the pages' summaries, kept beside the cache
             prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests[group],
@@ -547,7 +549,8 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                 positions, valid = torch.nn.functional.pad(positions, more), torch.nn.functional.pad(valid, more)
                 log_weight = None if log_weight is None else torch.nn.functional.pad(log_weight, more)
             positions[mine[part], :, :width] = index - row_pad[part, None, None]
-            valid[mine[part], :, :width] = True if chosen is None else chosen
+            # a True made on the device: a Python True is copied from the host, which waits for a GPU
+            valid[mine[part], :, :width] = valid.new_ones(()) if chosen is None else chosen
             if log_weight is not None:
                 log_weight[mine[part], :, :width] = weight.float()
             taken = Selection(mine_query, keys, rows[part], row_pad[part], where[part], index, chosen, weight)
@@ -591,19 +594,19 @@ def gathered(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_tab
     positions = positions.expand(-1, kv_heads, -1)
     if valid is not None:
         positions = torch.where(valid, positions, 0)  # masked below; any slot of the row's own table is readable
-        valid = valid.to(kv_cache.device)[:, :, None, :]
+        valid = valid.to(kv_cache.device, non_blocking=True)[:, :, None, :]
     n = positions.shape[-1]
     element = kv_cache.element_size()
     per_row = 2 * kv_heads * n * dim * (element + (4 if element != 4 else 0)) + (3 * heads + kv_heads) * n * 4
     step = max(1, VERIFY_BUDGET // per_row)
-    request_at = request.to(block_table.device)
+    request_at = request.to(block_table.device, non_blocking=True)
     parts = []
     for lo in range(0, rows, step):
         part = slice(lo, lo + step)
-        block, offset = slots(block_table, request_at[part, None, None], positions[part].to(block_table.device),
-                              block_size)
+        block, offset = slots(block_table, request_at[part, None, None],
+                              positions[part].to(block_table.device, non_blocking=True), block_size)
         keys, values = layout.gather(kv_cache, block, offset)
-        bias = None if log_weight is None else log_weight[part, :, None, :].to(kv_cache.device)
+        bias = None if log_weight is None else log_weight[part, :, None, :].to(kv_cache.device, non_blocking=True)
         parts.append(semantics.attend(query[part, None], keys, values, None if valid is None else valid[part],
                                       scale, bias)[:, 0])
     return parts[0] if len(parts) == 1 else torch.cat(parts), measures
