@@ -10,6 +10,7 @@ of the sequence); ``pos`` is the current token's position, so the context holds 
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import zlib
@@ -153,11 +154,19 @@ def key_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return (q @ keys.float().transpose(-1, -2)).amax(2)
 
 
+@functools.cache
+def rows_in_order(count: int, device: torch.device) -> torch.Tensor:
+    """The rows 0..count-1 as an engine hands them to a draft where a step's positions are its batch's rows in order
+    (a decode step, which the engine knows on the host): one tensor per (count, device), so that :func:`rows_of`
+    knows them by identity, with nothing read back. Never written."""
+    return torch.arange(count, device=device)
+
+
 def rows_of(batch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``batch.index_select(0, rows)``: each speculated position's row of a per-row tensor (keys, page bounds). Where
-    the positions are the rows in order (a decode step: one position per row) on the CPU, the tensor itself, so that
-    no step copies every row's keys; on CUDA the check would read the rows back, so they are gathered."""
-    if rows.device.type == "cpu" and len(rows) == len(batch) and bool((rows == torch.arange(len(rows))).all()):
+    ``rows`` are :func:`rows_in_order` of the batch, the tensor itself: no step copies every row's keys, and nothing
+    is read back to know it."""
+    if len(rows) == len(batch) and rows is rows_in_order(len(rows), rows.device):
         return batch
     return batch.index_select(0, rows)
 

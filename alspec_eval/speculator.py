@@ -263,7 +263,8 @@ class Speculator:
         q = query if whole else query[rows, :, step.cols[part]][:, :, None, :]  # (r, Hq, 1, D): one query a position
         cfg = self.session.config
         passed = tuple(None if t is None else t[part] for t in step.keys)
-        index, valid, log_weight = selection(cfg.approx, cfg.approx.select(q[:, :, 0], key, rows, step.pos[part],
+        given = semantics.rows_in_order(len(rows), rows.device) if whole else rows  # known here: none read back
+        index, valid, log_weight = selection(cfg.approx, cfg.approx.select(q[:, :, 0], key, given, step.pos[part],
                                                                            step.pad[part], cfg.window, passed, shared))
         index = step.readable(index, valid, part)  # never a key outside [0, pos]
         k, v = selected(key, rows, index, whole), selected(value, rows, index, whole)  # (r, Hkv, n, D), n <= max_keys

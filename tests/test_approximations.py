@@ -120,11 +120,16 @@ def test_snapkv_ties_in_the_observation_window_take_the_earlier_keys():
     assert kept == expected and kept[:4] == [22, 23, 24, 25]
 
 
-@pytest.mark.parametrize("rows", [[0, 1, 2], [2, 0, 1], [0, 0, 1], [1, 1, 1], [0, 1], [0, 2]])
-def test_rows_of_is_index_select(rows: list[int]) -> None:
-    """A draft's rows of a per-row tensor: the tensor itself, uncopied, exactly where the positions are its rows in
-    order (a decode step), else gathered."""
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], [2, 0, 1], [0, 0, 1], [1, 1, 1], [0, 1], [0, 2], "in order", "two in order"])
+def test_rows_of_is_index_select(rows) -> None:
+    """A draft's rows of a per-row tensor: the tensor itself, uncopied, exactly where the engine handed the rows in
+    order (semantics.rows_in_order, for the whole batch; known on the host, nothing read back), else gathered, the
+    rows 0, 1, 2 built otherwise among them."""
     batch = torch.randn(3, 2, 5)
-    got = semantics.rows_of(batch, torch.tensor(rows))
-    assert torch.equal(got, batch.index_select(0, torch.tensor(rows)))
-    assert (got.data_ptr() == batch.data_ptr()) == (rows == [0, 1, 2])
+    named = {"in order": 3, "two in order": 2}
+    given = semantics.rows_in_order(named[rows], batch.device) if isinstance(rows, str) else torch.tensor(rows)
+    got = semantics.rows_of(batch, given)
+    assert torch.equal(got, batch.index_select(0, given))
+    assert (got.data_ptr() == batch.data_ptr()) == (rows == "in order")
+    assert torch.equal(semantics.rows_in_order(3, batch.device), torch.arange(3))

@@ -421,21 +421,3 @@ def test_the_chosen_keys_come_first_as_a_stable_sort_puts_them(share):
     want = chosen.to(torch.int8).sort(dim=-1, descending=True, stable=True).indices
     assert torch.equal(_chosen_first(chosen), want)
 
-
-@pytest.mark.parametrize("most", [0, 1, 64, 65, 256])  # a quarter of L = 256 keys: a partial selection up to it
-def test_which_keys_rank_below_a_count_is_the_stable_sorts_answer(most):
-    """The sample's keys (those ranked below a count in the order (priority, key)) as a stable sort ranks them: ties
-    in priority (the earlier key first), undrawn keys last, a count of 0 and each row's own count, whether the
-    largest count lets the CPU select partially (at most a quarter of the keys: 64 here, exactly and one past)."""
-    from alspec_eval.approximations.vattention import UNDRAWN, _Order
-
-    g = torch.Generator().manual_seed(most)
-    priority = torch.randint(0, 40, (3, 2, 256), generator=g)  # many ties
-    priority[torch.rand(3, 2, 256, generator=g) < 0.3] = UNDRAWN
-    count = torch.randint(0, most + 1, (3, 2), generator=g)
-    count[0, 0], count[2, 1] = most, 0
-    ranks = priority.sort(dim=-1, stable=True).indices.argsort(dim=-1)
-    order = _Order(priority)
-    assert torch.equal(order.below(count), ranks < count[..., None])
-    assert (order.ranks is None) == (4 * most <= 256)  # which way it went
-    assert torch.equal(order.below(count // 2), ranks < (count // 2)[..., None])  # asked again, either way

@@ -85,9 +85,9 @@ class VAttention(Approximation):
         m = rest.sum(-1)
         heads_at = prepared.first_kv_head + torch.arange(kv_heads, device=key.device)  # the model's KV heads
         draws = _priority(self.seed, passed[0], prepared.layer, pos, heads_at, logical)
-        order = _Order(torch.where(rest, draws, UNDRAWN))
-        budget = self._budget(scores, fixed, rest, order, m)
-        sample = rest & order.below(budget)
+        rank = _ranks(torch.where(rest, draws, UNDRAWN))
+        budget = self._budget(scores, fixed, rest, rank, m)
+        sample = rest & (rank < budget[..., None])
         chosen = fixed | sample
         # every key's slot, the chosen first: as wide as the cache, so that no count is read back to size it
         order = _chosen_first(chosen)
@@ -109,12 +109,12 @@ class VAttention(Approximation):
         tops = torch.zeros_like(edges).scatter_(-1, top, ranked.gather(-1, top) > -math.inf)
         return edges | tops
 
-    def _budget(self, scores: torch.Tensor, fixed: torch.Tensor, rest: torch.Tensor, order: _Order,
+    def _budget(self, scores: torch.Tensor, fixed: torch.Tensor, rest: torch.Tensor, rank: torch.Tensor,
                 m: torch.Tensor) -> torch.Tensor:
         """B per KV head (r, Hkv): the largest of its query heads' budgets from the base sample, within [b, m]."""
         m64 = m.double()
         base = torch.minimum(m64, (self.base_rate * m64).floor().clamp(min=2))  # b
-        in_base = (rest & order.below(base.long())).unsqueeze(2)  # (r, Hkv, 1, L)
+        in_base = (rest & (rank < base[..., None])).unsqueeze(2)  # (r, Hkv, 1, L)
         e = (scores - scores.amax(-1, keepdim=True)).exp().double()  # (r, Hkv, g, L); exp(-inf) = 0
         drawn = torch.where(in_base, e, 0.0)
         mean = drawn.sum(-1) / base.clamp(min=1)[..., None]
@@ -167,30 +167,8 @@ def _priority(seed: int, request: torch.Tensor, layer: int, pos: torch.Tensor, h
     return _lowbias32(u ^ (logical & MASK32)[:, None, :])
 
 
-class _Order:
-    """The keys of (..., L) priorities in the order (priority, key) ascending, asked which rank below a count per
-    row (the base sample, the sample). On the CPU, where every count asked is at most a quarter of L, a partial
-    selection of the smallest (priority, key) pairs (the largest count read back, free there); else each key's place
-    from one stable sort, made once and kept."""
-
-    def __init__(self, priority: torch.Tensor) -> None:
-        self.priority = priority
-        self.ranks: torch.Tensor | None = None
-
-    def below(self, count: torch.Tensor) -> torch.Tensor:
-        """Which keys rank below ``count`` (...,) in their row, (..., L) bool."""
-        length = self.priority.shape[-1]
-        if self.priority.device.type == "cpu":
-            most = int(count.max()) if count.numel() else 0
-            if 4 * most <= length:
-                if not most:
-                    return torch.zeros_like(self.priority, dtype=torch.bool)
-                pairs = self.priority * length + torch.arange(length)  # unique: the order's keys
-                smallest = pairs.topk(most, dim=-1, largest=False).values  # (..., most), ascending
-                last = smallest.gather(-1, (count - 1).clamp(min=0)[..., None])
-                return (pairs <= last) & (count[..., None] > 0)
-        if self.ranks is None:
-            order = self.priority.sort(dim=-1, stable=True).indices
-            self.ranks = torch.empty_like(order).scatter_(
-                -1, order, torch.arange(length, device=order.device).expand_as(order).contiguous())
-        return self.ranks < count[..., None]
+def _ranks(priority: torch.Tensor) -> torch.Tensor:
+    """Each key's place in the order (priority, key) ascending: the sample is the keys ranked below B."""
+    order = priority.sort(dim=-1, stable=True).indices
+    return torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device)
+                                            .expand_as(order).contiguous())

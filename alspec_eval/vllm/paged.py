@@ -514,8 +514,12 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         else:
             keys, values, pad = unread_contexts(kv_cache, len(group), int(lengths[group].max()), approx.reads_layer)
         seeds = seed[mine]
-        # the host's indices moved without waiting on the device (a GPU's stream runs on: nothing is read back)
-        rows, where = local.to(keys.device, non_blocking=True), pos[mine].to(keys.device, non_blocking=True)
+        # the host's indices moved without waiting on the device (a GPU's stream runs on: nothing is read back); rows
+        # that are the group's requests in order (a decode step), known here on the host, go as such (rows_of)
+        in_order = len(local) == len(group) and bool((local == torch.arange(len(local))).all())
+        rows = (semantics.rows_in_order(len(local), keys.device) if in_order
+                else local.to(keys.device, non_blocking=True))
+        where = pos[mine].to(keys.device, non_blocking=True)
         row_pad, mine = pad[rows], mine.to(keys.device, non_blocking=True)
         passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align,
                                  **draw_inputs(approx, seed=lambda: seeds.to(keys.device, non_blocking=True)))
@@ -533,14 +537,15 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
+            rows_part = rows if len(mine) <= step else rows[part]  # whole: the same tensor (rows_in_order's)
             mine_query = query[mine[part]]
             passed_part = tuple(None if t is None else t[part] for t in passed)
             if scorer is None:
-                selected = approx.select(mine_query, keys, rows[part], where[part], row_pad[part], window,
+                selected = approx.select(mine_query, keys, rows_part, where[part], row_pad[part], window,
                                          passed_part, prepared)
             else:  # scored where the keys lie, as wide as the contexts read would be
-                scores = scorer(mine_query, requests[group][rows[part]], where[part], keys.shape[2])
-                selected = approx.select_scored(scores, rows[part], where[part], row_pad[part], window, passed_part,
+                scores = scorer(mine_query, requests[group][rows_part], where[part], keys.shape[2])
+                selected = approx.select_scored(scores, rows_part, where[part], row_pad[part], window, passed_part,
                                                 prepared)
             index, chosen, weight = selection(approx, selected)
             width = index.shape[-1]
@@ -553,7 +558,7 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
             valid[mine[part], :, :width] = valid.new_ones(()) if chosen is None else chosen
             if log_weight is not None:
                 log_weight[mine[part], :, :width] = weight.float()
-            taken = Selection(mine_query, keys, rows[part], row_pad[part], where[part], index, chosen, weight)
+            taken = Selection(mine_query, keys, rows_part, row_pad[part], where[part], index, chosen, weight)
             for name, value in measure(approx, window, taken, scale).items():
                 if name not in measures:
                     measures[name] = torch.full((len(pos),), math.nan, device=query.device)
