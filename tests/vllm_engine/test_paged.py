@@ -961,6 +961,31 @@ def test_no_read_back_per_layer(layout, approx, tokens, monkeypatch):
     assert reads.calls.count("cpu") == 1 and taken.codes.shape == (tokens, 4)
 
 
+def test_a_decode_step_hands_a_draft_its_rows_in_order(monkeypatch):
+    """A decode step's rows are its requests in order, which vLLM's gathered path knows on the host: the draft gets
+    semantics.rows_in_order (known by identity: its keys used in place, nothing read back); a prefill's rows, repeated,
+    are gathered."""
+    from alspec_eval import semantics
+    from alspec_eval.approximations.vattention import VAttention
+
+    seen = []
+    original = VAttention.select
+
+    def select(self, query, key, rows, *args, **kwargs):
+        seen.append(rows is semantics.rows_in_order(len(rows), rows.device) and len(rows) == len(key))
+        return original(self, query, key, rows, *args, **kwargs)
+
+    monkeypatch.setattr(VAttention, "select", select)
+    case = _rolling(S=8, tokens=40)
+    settings = Settings(thresholds=(0.3,), window=8, window_align=1, approx=make_approximation("vattention"))
+    for tokens, in_order in ((1, True), (40, False)):  # one decode row; a prefill of 40 rows of one request
+        rows = StepRows.build(torch.tensor([0, tokens]), torch.tensor([40]), torch.tensor([0]), torch.tensor([7]))
+        verify_and_count(case["query"][40 - tokens:], case["out"][40 - tokens:].clone(), case["cache"],
+                         LAYOUTS["plain"], case["table"], case["block"], rows, settings, 0, case["scale"],
+                         verifier=Gathered())
+        assert seen.pop() is in_order and not seen
+
+
 class HostCopies(TorchFunctionMode):
     """Copies from the host that wait for the device on a GPU: ``.to`` a device of a CPU tensor without
     ``non_blocking``, and a Python number written into a tensor through an index (copied from the host)."""
