@@ -278,7 +278,7 @@ class Speculator:
         if mask is not None and mask.dtype == torch.bool and self.additive_mask:
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
         out, _ = self.base_attention(module, q, k, v, mask, scaling=scaling, **kwargs)
-        taken = Selection(q[:, :, 0], key, rows, step.low[part], step.high[part], index, valid, log_weight)
+        taken = Selection(q[:, :, 0], key, given, step.low[part], step.high[part], index, valid, log_weight)
         return out[:, 0], measure(cfg.approx, cfg.window, taken, scaling, kwargs.get("softcap"))  # out: (r, 1, Hq, D)
 
     def verify(self, approx: torch.Tensor, exact: torch.Tensor,
