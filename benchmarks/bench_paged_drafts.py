@@ -41,6 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--calls", type=int, default=5, help="calls per draft and round (default 5)")
     p.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after each shape, print each draft's N costliest host operations of one call (torch.profiler)")
     return p
 
 
@@ -143,11 +145,42 @@ def measure(args: argparse.Namespace, device, dtype, batch: int, ctx: int) -> bo
             sync()
             times[name].append((time.perf_counter() - start) / args.calls * 1e3)
     median = {name: statistics.median(t) for name, t in times.items()}
+    syncs = {name: host_waits(calls[name]) for name in names} if device.type == "cuda" else {}
     flash = f"{median['flash']:.3f}" if "flash" in median else "-"
-    cells = [f"failed ({failures[n]})" if n in failures else f"{median[n]:.2f} ({names[n]})" for n in args.drafts]
+    cells = [f"failed ({failures[n]})" if n in failures else
+             f"{median[n]:.2f} ({names[n]}" + (f", {syncs[n]} syncs)" if n in syncs else ")") for n in args.drafts]
     length = f"{ctx // 1024}K" if ctx % 1024 == 0 else str(ctx)
     print(f"| {batch} | {length} | {flash} | " + " | ".join(cells) + " |", flush=True)
+    if args.profile:
+        for name in names:
+            print(f"{name} at B {batch}, L {length}: the {args.profile} costliest host operations of one call")
+            print(host_profile(calls[name], args.profile), flush=True)
     return bool(failures)
+
+
+def host_waits(fn) -> int:
+    """How many times one call makes the host wait for the GPU (torch's sync debug mode's warnings)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def host_profile(fn, rows: int) -> str:
+    """One call's host operations by their own CPU time: where a host-bound verification spends it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
 
 
 if __name__ == "__main__":
