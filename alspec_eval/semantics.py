@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Sequence
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 def is_trivial(pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -169,6 +170,22 @@ def rows_of(batch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     if len(rows) == len(batch) and rows is rows_in_order(len(rows), rows.device):
         return batch
     return batch.index_select(0, rows)
+
+
+_HOST_VALUES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # device tensor -> the host's copy it was made from
+
+
+def known_on_host(tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``tensor``, which an engine made from the host's ``values`` (a step's rows and positions, copied to the device
+    without waiting), with those values kept beside it for :func:`host_values`, as long as ``tensor`` lives."""
+    _HOST_VALUES[tensor] = values
+    return tensor
+
+
+def host_values(tensor: torch.Tensor) -> list:
+    """``tensor.tolist()``, from the host's copy where the engine made it from one (:func:`known_on_host`): a draft
+    that needs a row's position as a Python int (to slice its keys) reads nothing back from a GPU."""
+    return _HOST_VALUES.get(tensor, tensor).tolist()
 
 
 def topk_positions(scores: torch.Tensor, window: int) -> torch.Tensor:

@@ -121,6 +121,22 @@ def test_snapkv_ties_in_the_observation_window_take_the_earlier_keys():
 
 
 
+def test_host_values_come_from_the_hosts_copy_while_the_tensor_lives() -> None:
+    """A tensor an engine made from the host's values (known_on_host) is read from that copy, by identity: another
+    tensor with equal values reads its own, and the copy goes with the tensor."""
+    import gc
+
+    kept = len(semantics._HOST_VALUES)
+    made = torch.tensor([5, 6])
+    given = semantics.known_on_host(made, torch.tensor([1, 2]))  # values that differ: the test sees which is read
+    assert given is made
+    assert semantics.host_values(given) == [1, 2]
+    assert semantics.host_values(torch.tensor([5, 6])) == [5, 6]
+    del given, made
+    gc.collect()
+    assert len(semantics._HOST_VALUES) == kept
+
+
 @pytest.mark.parametrize("rows", [[0, 1, 2], [2, 0, 1], [0, 0, 1], [1, 1, 1], [0, 1], [0, 2], "in order", "two in order"])
 def test_rows_of_is_index_select(rows) -> None:
     """A draft's rows of a per-row tensor: the tensor itself, uncopied, exactly where the engine handed the rows in

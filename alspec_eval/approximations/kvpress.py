@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import semantics
 from ..errors import ConfigError
 from .base import Approximation, LayerInputs, Ranges, Selected, scores_bytes
 from .prompt_scored import PromptRanking, PromptScored
@@ -145,13 +146,14 @@ def ranked(scores: torch.Tensor, keep: int, outside: torch.Tensor | None = None)
     The best 2 ``keep`` scores are ranked first (a partial selection, not a sort of all L): where every row's group
     at place ``keep`` ends before the last of them, the groups that reach the first ``keep`` places are whole among
     them, and that is the answer; else (a run of near-ties that long: one token's keys at layer 0) every score is
-    sorted. Deciding which reads one flag back."""
+    sorted. Deciding which reads one flag back, so on a GPU, where a read-back waits for the stream, every score is
+    sorted: the same answer, with nothing read back."""
     values = scores.float().nan_to_num(nan=-math.inf)
     if outside is not None:
         outside = outside.expand_as(values)
         values = values.masked_fill(outside, -math.inf)
     length = values.shape[-1]
-    if 2 * keep < length:
+    if 2 * keep < length and values.device.type == "cpu":
         best = values.topk(2 * keep, dim=-1)  # sorted, best first
         group = _groups(best.values)
         if bool((group[..., -1] != group[..., keep - 1]).all()):
@@ -248,7 +250,7 @@ class KeyScoredPress(_PressDraft):
         layer, kept = prepared
         length = key.shape[2]
         scored = torch.zeros(len(rows), key.shape[1], length, device=key.device)
-        for i, (row, p, a) in enumerate(zip(rows.tolist(), pos.tolist(), pad.tolist())):
+        for i, (row, p, a) in enumerate(zip(*map(semantics.host_values, (rows, pos, pad)))):
             keys = key[row:row + 1, :, a:a + p + 1]
             values = None if layer.value is None else layer.value[row:row + 1, :, a:a + p + 1]
             scored[i, :, a:a + p + 1] = self.row_scores(keys, values, window, layer.module,

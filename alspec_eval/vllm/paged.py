@@ -519,7 +519,8 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         in_order = len(local) == len(group) and bool((local == torch.arange(len(local))).all())
         rows = (semantics.rows_in_order(len(local), keys.device) if in_order
                 else local.to(keys.device, non_blocking=True))
-        where = pos[mine].to(keys.device, non_blocking=True)
+        host_pos = pos[mine]
+        where = host_pos.to(keys.device, non_blocking=True)
         row_pad, mine = pad[rows], mine.to(keys.device, non_blocking=True)
         passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align,
                                  **draw_inputs(approx, seed=lambda: seeds.to(keys.device, non_blocking=True)))
@@ -538,14 +539,18 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
             rows_part = rows if len(mine) <= step else rows[part]  # whole: the same tensor (rows_in_order's)
+            # a draft that slices each row's keys reads the rows and positions from the host's copies (host_values)
+            rows_part, where_part, pad_part = (semantics.known_on_host(rows_part, local[part]),
+                                               semantics.known_on_host(where[part], host_pos[part]),
+                                               semantics.known_on_host(row_pad[part], torch.zeros_like(host_pos[part])))
             mine_query = query[mine[part]]
             passed_part = tuple(None if t is None else t[part] for t in passed)
             if scorer is None:
-                selected = approx.select(mine_query, keys, rows_part, where[part], row_pad[part], window,
-                                         passed_part, prepared)
+                selected = approx.select(mine_query, keys, rows_part, where_part, pad_part, window, passed_part,
+                                         prepared)
             else:  # scored where the keys lie, as wide as the contexts read would be
-                scores = scorer(mine_query, requests[group][rows_part], where[part], keys.shape[2])
-                selected = approx.select_scored(scores, rows_part, where[part], row_pad[part], window, passed_part,
+                scores = scorer(mine_query, requests[group][rows_part], where_part, keys.shape[2])
+                selected = approx.select_scored(scores, rows_part, where_part, pad_part, window, passed_part,
                                                 prepared)
             index, chosen, weight = selection(approx, selected)
             width = index.shape[-1]
@@ -553,12 +558,12 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                 more = (0, width - positions.shape[-1])
                 positions, valid = torch.nn.functional.pad(positions, more), torch.nn.functional.pad(valid, more)
                 log_weight = None if log_weight is None else torch.nn.functional.pad(log_weight, more)
-            positions[mine[part], :, :width] = index - row_pad[part, None, None]
+            positions[mine[part], :, :width] = index - pad_part[:, None, None]
             # a True made on the device: a Python True is copied from the host, which waits for a GPU
             valid[mine[part], :, :width] = valid.new_ones(()) if chosen is None else chosen
             if log_weight is not None:
                 log_weight[mine[part], :, :width] = weight.float()
-            taken = Selection(mine_query, keys, rows_part, row_pad[part], where[part], index, chosen, weight)
+            taken = Selection(mine_query, keys, rows_part, pad_part, where_part, index, chosen, weight)
             for name, value in measure(approx, window, taken, scale).items():
                 if name not in measures:
                     measures[name] = torch.full((len(pos),), math.nan, device=query.device)

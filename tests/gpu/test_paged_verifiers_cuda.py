@@ -8,6 +8,8 @@ from the device's own generator."""
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -40,7 +42,9 @@ DRAFTS = [n for n in APPROXIMATIONS + [p for p in PRESSES if p != "RandomPress"]
           if not _approx(n).hf_only and not _approx(n).prompt_keys]
 
 
-def _verify(name: str, device: str, step: str, lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+def _layer(name: str, device: str, step: str, lam: float) -> tuple[Callable[[], tuple], str]:
+    """One layer's verification of ``step`` as the engine calls it (its first call builds the step's plan), and the
+    verifier the engine chose: each call returns the codes, d/n and output, on the CPU."""
     from alspec_eval.vllm import kept
     from alspec_eval.vllm.paged import Settings, StepRows, layout_for
     from alspec_eval.vllm.verifiers import choose, verify_and_count
@@ -48,11 +52,11 @@ def _verify(name: str, device: str, step: str, lam: float) -> tuple[torch.Tensor
     generator = torch.Generator().manual_seed(0)
     blocks = -(-max(CONTEXTS) // BLOCK)
     memory = torch.randn(len(CONTEXTS) * blocks, BLOCK, HKV, 2 * DIM, generator=generator)
-    table = torch.randperm(len(memory), generator=generator).view(len(CONTEXTS), blocks).int()
+    table = torch.randperm(len(memory), generator=generator).view(len(CONTEXTS), blocks).int().to(device)
     qsl = torch.tensor(STEPS[step])
     tokens = int(qsl[-1])
-    query = SHARPNESS * torch.randn(tokens, HQ, DIM, generator=generator)  # peaked attention: some rows accept
-    exact = torch.randn(tokens, HQ, DIM, generator=generator)
+    query = SHARPNESS * torch.randn(tokens, HQ, DIM, generator=generator).to(device)  # peaked: some rows accept
+    exact = torch.randn(tokens, HQ, DIM, generator=generator).to(device)
     approx = _approx(name)
     cache = memory.to(device).permute(0, 2, 1, 3)  # (blocks, Hkv, N, 2D) in NHD memory: FlashAttention's forward's
     layout = layout_for("FLASH_ATTN")
@@ -62,10 +66,19 @@ def _verify(name: str, device: str, step: str, lam: float) -> tuple[torch.Tensor
                           torch.arange(len(CONTEXTS)), prompt_lens=torch.zeros(len(CONTEXTS), dtype=torch.long),
                           seeds=torch.arange(len(CONTEXTS)) + 7)
     settings = Settings(thresholds=(lam,), window=WINDOW, window_align=1, approx=approx)
-    output = exact.to(device)
-    codes, ratios, _ = verify_and_count(query.to(device), output, cache, layout, table.to(device), BLOCK, rows,
-                                        settings, 0, DIM ** -0.5, verifier=verifier, kept=summaries)
-    return codes.cpu(), ratios.cpu(), output.cpu(), verifier.name
+
+    def call() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        output = exact.clone()
+        codes, ratios, _ = verify_and_count(query, output, cache, layout, table, BLOCK, rows, settings, 0,
+                                            DIM ** -0.5, verifier=verifier, kept=summaries)
+        return codes, ratios, output
+
+    return call, verifier.name
+
+
+def _verify(name: str, device: str, step: str, lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    call, path = _layer(name, device, step, lam)
+    return *(t.cpu() for t in call()), path
 
 
 @pytest.mark.parametrize("step", list(STEPS))
@@ -87,3 +100,22 @@ def test_a_draft_verified_on_the_gpu_decides_as_on_the_cpu(name: str, step: str)
     assert torch.equal(codes[~near], cpu_codes[~near]), path
     assert len(set(cpu_codes[measured].tolist())) == 2, "lambda split no rows: nothing accepted or rejected"
     torch.testing.assert_close(out, cpu_out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+@pytest.mark.parametrize("name", DRAFTS)
+def test_a_layer_after_the_steps_first_waits_for_nothing(name: str, step: str) -> None:
+    """Once the step's plan is built (its first layer), a layer's verification never makes the host wait for the
+    GPU (torch's sync debug mode: a read-back, a blocking copy): each wait would stall every layer of a decode step."""
+    call, path = _layer(name, "cuda", step, 0.5)
+    call()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    waits = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+    assert waits == [], (path, waits)

@@ -986,6 +986,43 @@ def test_a_decode_step_hands_a_draft_its_rows_in_order(monkeypatch):
         assert seen.pop() is in_order and not seen
 
 
+@pytest.mark.parametrize("budget", [None, 1], ids=["whole", "parts"])
+@pytest.mark.parametrize("approx", [name for name, args in CONTENT_DRAFTS  # drafts by position select nothing
+                                    if not make_approximation(name, args or None).keys_by_position])
+def test_a_draft_finds_its_rows_and_positions_on_the_host(approx, budget, monkeypatch):
+    """Every draft the gathered path runs is handed rows, positions and padding whose values the host holds
+    (semantics.host_values reads them there, so a press that slices each row's keys by its position reads nothing
+    back from a GPU), those values the tensors' own: in a decode step, a prefill's repeated rows, and rows in parts
+    (a context budget of one byte)."""
+    from alspec_eval import semantics
+    import alspec_eval.vllm.paged as paged
+
+    if budget is not None:
+        monkeypatch.setattr(paged, "CONTEXT_BUDGET", budget)
+    settings = Settings(thresholds=(0.3,), window=8, window_align=1,
+                        approx=make_approximation(approx, dict(CONTENT_DRAFTS)[approx] or None))
+    handed = []
+    cls = type(settings.approx)
+    for method in ("select", "select_scored"):
+        original = getattr(cls, method)
+
+        def spy(self, first, *args, _original=original, _method=method):
+            rows, pos, pad = args[1:4] if _method == "select" else args[:3]
+            handed.append([(t in semantics._HOST_VALUES, semantics.host_values(t) == t.tolist())
+                           for t in (rows, pos, pad)])
+            return _original(self, first, *args)
+
+        monkeypatch.setattr(cls, method, spy)
+    case = _rolling(S=8, tokens=40)
+    for tokens in (1, 40):  # one decode row; a prefill of 40 rows of one request
+        rows = StepRows.build(torch.tensor([0, tokens]), torch.tensor([40]), torch.tensor([0]), torch.tensor([7]))
+        verify_and_count(case["query"][40 - tokens:], case["out"][40 - tokens:].clone(), case["cache"],
+                         LAYOUTS["plain"], case["table"], case["block"], rows, settings, 0, case["scale"],
+                         verifier=Gathered())
+    assert handed and all(each == [(True, True)] * 3 for each in handed), handed
+    assert budget is None or len(handed) > 2  # rows in parts: one call per part
+
+
 class HostCopies(TorchFunctionMode):
     """Copies from the host that wait for the device on a GPU: ``.to`` a device of a CPU tensor without
     ``non_blocking``, and a Python number written into a tensor through an index (copied from the host)."""
