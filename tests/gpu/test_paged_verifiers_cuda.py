@@ -110,12 +110,17 @@ def test_a_layer_after_the_steps_first_waits_for_nothing(name: str, step: str) -
     call, path = _layer(name, "cuda", step, 0.5)
     call()
     torch.cuda.synchronize()
+    assert len(_waits(lambda: torch.ones(1, device="cuda").item())) == 1  # the count sees a read-back
+    assert _waits(call) == [], path
+
+
+def _waits(fn: Callable[[], object]) -> list[str]:
+    """Where ``fn`` made the host wait for the GPU: torch's sync debug mode's warnings (not its own notice)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            call()
+            fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    waits = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
-    assert waits == [], (path, waits)
+    return [str(w.message).splitlines()[0] for w in caught if "called a synchronizing" in str(w.message)]
