@@ -70,9 +70,10 @@ def default_approximation() -> Approximation:
     return make_approximation(DEFAULT)
 
 
-def order(approx: Approximation) -> tuple:
-    """Sort key: registry order, then the parameters."""
-    known = names()
+def order(approx: Approximation, known: list[str] | None = None) -> tuple:
+    """Sort key: registry order (``known``: :func:`names`, where a caller sorting many has it), then the
+    parameters."""
+    known = names() if known is None else known
     return (known.index(approx.name) if approx.name in known else len(known), approx.name, approx.slug)
 
 

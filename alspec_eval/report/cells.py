@@ -14,6 +14,7 @@ from typing import Any
 
 from alspec_eval.config import canonical_policy
 from alspec_eval.approximations import DEFAULT, Approximation, make_approximation, order
+from alspec_eval.approximations import names as registry_names
 from alspec_eval.rows import BASELINE, SINK, STATIC, Row
 from alspec_eval.stats import (DENSITY, EFFECTIVE_DENSITY, OUTPUT_ERROR, PROMISE_DENOMINATOR, PROMISE_DN, RATIO_EDGES,
                                SCHEMA_VERSION)
@@ -142,7 +143,7 @@ class Sweep:
         found = {c.gamma for c in self.cells if c.gamma is not None}
         return sorted(found | set(self.meta.get("gammas") or []))
 
-    @property
+    @functools.cached_property
     def approximations(self) -> list[Approximation]:
         """Every approximation of A~ the sweep declares (sweep.json's ``approx`` and ``approx_args``, a name's list of
         settings one each; sweeps before approximations: the sink; before the registry: quest's ``page``) or has a
@@ -164,11 +165,17 @@ class Sweep:
     def approx_order(self, approx: Approximation) -> tuple:
         """Sort key: the registry's order; one approximation's settings as sweep.json lists them (others found only
         in cells after them, by their parameters)."""
-        place = {a: i for i, a in enumerate(self._declared)}
-        known, name, slug = order(approx)
+        place, names = self._places
+        known, name, slug = order(approx, names)
         return known, name, place.get(approx, len(place)), slug
 
-    @property
+    @functools.cached_property
+    def _places(self) -> tuple[dict[Approximation, int], list[str]]:
+        """What :meth:`approx_order` compares, made once: each declared approximation's place, and the registry's
+        names (its entry points are read from every installed package's metadata)."""
+        return {a: i for i, a in enumerate(self._declared)}, registry_names()
+
+    @functools.cached_property
     def rows(self) -> list[Row]:
         """Every row the sweep declares or has a cell for, in Table 1's order: kinds in rows.KINDS order, rows of one
         kind by lambda or gamma, then by approximation (sink, quest, topk), so that each lambda's approximations

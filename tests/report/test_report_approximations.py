@@ -80,6 +80,21 @@ def test_rows_stand_together_per_lambda(approx_dir: Path):
     assert [r for r in cells[cells["task"] == TASKS[0]]["row"]] == expected
 
 
+def test_a_sweep_reads_the_registrys_entry_points_once(approx_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    """Ordering a sweep's rows compares approximations many times; the registry's entry points (every installed
+    package's metadata: seconds in a large environment) are read once for all of them, and as many times again the
+    same orders come out."""
+    from alspec_eval.approximations import registry
+
+    reads = []
+    points = registry.entry_points
+    monkeypatch.setattr(registry, "entry_points", lambda **kw: reads.append(1) or points(**kw))
+    sweep = load_sweep(approx_dir)
+    rows, approximations = sweep.rows, sweep.approximations
+    assert len(reads) == 1 and len(rows) > len(approximations) > 2
+    assert sweep.rows == rows and sweep.approximations == approximations and len(reads) == 1
+
+
 def test_every_file_is_written(approx_dir: Path, written: dict[str, Path]):
     heatmaps = {f"heatmap_{task}{suffix}.png" for task in TASKS for suffix in ("", f"_quest_p{PAGE}", "_topk")}
     assert set(written) == {"table1.md", "table1.csv", "score_vs_hit_rate.png", "hit_rate_by_approximation.png",
