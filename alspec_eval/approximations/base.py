@@ -187,6 +187,11 @@ class Approximation:
         (``reads_layer`` approximations only) the module, values and the pass's hidden states."""
         return None
 
+    def kept_observation(self, observed: Any, window: int) -> Any:
+        """What an engine keeps of :meth:`observe_prompt`'s result for the decode steps at a window of ``window``
+        (inside vLLM, also across calls, per prompt): all of it, unless a draft reads less of it."""
+        return observed
+
     def prompt_window(self) -> int:
         """How many of each prompt's last positions :meth:`observe_prompt` reads (one pass must hold them)."""
         return 0

@@ -36,6 +36,11 @@ class PromptScored(Approximation):
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         return scores_bytes(key)
 
+    def kept_observation(self, observed: PromptRanking, window: int) -> PromptRanking:
+        """What an engine keeps of a prompt's observation: the ranking's first 2S entries, all a step reads
+        (:func:`newest_and_top`), apart from the rest (a prompt of L keys ranks L per KV head and layer)."""
+        return PromptRanking(observed.order[..., :2 * window].clone())
+
     def stack_prepared(self, prepared: list[PromptRanking], window: int) -> PromptRanking:
         """The rankings' first 2S entries, which hold every key a step keeps (:func:`newest_and_top`), a row each,
         a shorter one filled with unscored marks."""

@@ -19,7 +19,7 @@ import torch
 
 from . import kept
 from .prefix_cache import TAG
-from .paged import PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observe_layer
+from .paged import PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observation_scope, observe_layer
 from .tiled import reserve
 from .verifiers import Verifier, choose, verify_and_count
 
@@ -60,7 +60,7 @@ class WorkerState:
                                "alspec-eval is tested with (the [vllm] extra)")
         query_start_loc, seq_lens = query_start_loc[:requests + 1], seq_lens[:requests]
         starts, tags, firsts, prompt_lens, seeds = self._tags(requests)
-        if self.prompts.queries or self.prompts.observed or self.prompts.settled:
+        if self.prompts.queries or self.prompts.observed or self.prompts.settled or self.prompts.digests:
             self.prompts.prune({args[TAG][1] for args in map(_extra_args, self.runner.requests.values())
                                 if TAG in args})
         return Step(StepRows.build(query_start_loc, seq_lens, starts, tags, prompt_lens, seeds),
@@ -85,6 +85,8 @@ class WorkerState:
                     firsts[row] = args[TAG][3]
                 if len(args[TAG]) > 4:
                     seeds[row] = args[TAG][4]
+                if len(args[TAG]) > 6 and args[TAG][5] is not None:  # a prompt-scoring draft's prompt digest
+                    self.prompts.digests[tags[row]] = (args[TAG][5], bool(args[TAG][6]))
         return (torch.tensor(starts), torch.tensor(tags), torch.tensor(firsts), torch.tensor(prompts),
                 torch.tensor(seeds))
 
@@ -121,10 +123,12 @@ class WorkerState:
         records, self.records = self.records, []
         layers = len(self.settings.thresholds) if self.settings else 0
         breaches = self.settings.breaches.pending() if self.settings else None
+        held = self.observations_held()
         if not records:
             count, last = (0, -1) if breaches is None else breaches.tolist()
             return Taken(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
-                         torch.empty(0, layers, dtype=torch.int8), torch.empty(0, layers), 0, count, last)
+                         torch.empty(0, layers, dtype=torch.int8), torch.empty(0, layers), 0, count, last,
+                         observed=held)
         steps: list[list[tuple]] = []
         for record in records:  # one pass's layers share its rows' tensors
             if not steps or steps[-1][0][0] is not record[0]:
@@ -155,7 +159,17 @@ class WorkerState:
         first = torch.full((len(keys),), len(inverse)).scatter_reduce(0, inverse, order, "amin")
         again = int((torch.bincount(inverse, minlength=len(keys)) > 1).sum())
         return Taken(keys >> 32, keys & 0xFFFFFFFF, codes[first], ratios[first], again, count, last,
-                     measured[first], names)
+                     measured[first], names, held)
+
+    def observations_held(self) -> tuple[int, ...]:
+        """The prompts (digests) whose observation this worker holds at every layer that observes (one whose
+        threshold speculates), what the driver may count on at the next call; none for a draft that observes
+        nothing."""
+        settings = self.settings
+        if settings is None or not settings.approx.prompt_keys:
+            return ()
+        observing = [i for i, lam in enumerate(settings.thresholds) if not math.isnan(lam) and lam != -math.inf]
+        return tuple(self.prompts.held(observation_scope(settings), observing))
 
 
 class Step(NamedTuple):
@@ -182,6 +196,7 @@ class Taken(NamedTuple):
     out_of_bounds_at: int  # the largest position among them (-1: none)
     measures: torch.Tensor | None = None  # (N, len(names), layers): each decision's measures (NaN: none)
     names: tuple[str, ...] = ()  # the measures' names (:func:`alspec_eval.measures.measure`), in that order
+    observed: tuple[int, ...] = ()  # the prompts whose observation the worker holds (WorkerState.observations_held)
 
     def by_request(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]:
         """Per request id its positions, codes, d/n and measures by name: views of the packed rows, one slice a

@@ -38,7 +38,7 @@ from ..smollm2 import SMOLLM2_ALIAS, smollm2_path
 from ..region import Trace
 from ..stats import AcceptanceStats, run_statistics
 from .paged import LayoutError, layout_for, observation_first
-from .prefix_cache import TAG
+from .prefix_cache import TAG, prompt_digest
 from .worker import taken as taken_from
 from .checks import (check_cpu_cache, check_data_parallel, check_engine_args, check_model_config, check_speculation,
                      vllm_model_class)
@@ -119,6 +119,8 @@ class ALSpecVLLM(VLLM):
         self._salt = hashlib.sha256(json.dumps(rules, sort_keys=True, default=str).encode()).hexdigest()[:16]
         plain = self.model.collective_rpc("alspec_configure", args=({
             **rules, "check_layout": os.environ.get(CHECK_LAYOUT) == "1", "dump": self.dump},))
+        # the prompts whose observation every worker holds, whose observation windows the prefix cache may serve
+        self._observed: set[int] = set.intersection(*map(set, self.model.collective_rpc("alspec_observed")))
         for name in sorted(set(itertools.chain(*plain))):
             layout_for(name)  # a backend whose cache it cannot read: one line naming it and those it reads
             raise LayoutError(f"vLLM's {name} in this engine is not alspec-vllm's (a later register_backend replaced "
@@ -252,15 +254,21 @@ class ALSpecVLLM(VLLM):
         salt = self._salt if self._live else None  # blocks that hold speculated positions: .prefix_cache
         for tokens, params_of, start, tag in zip(requests, sampling_params, starts, tags, strict=True):
             tagged = params_of.clone()
-            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag, salt, self._observed_from(start),
-                                                                    semantics.request_seed(tokens[:start])]}
+            first = self._observed_from(start)
+            # a prompt-scoring draft's observation reads the prompt's keys up to its end: kept by them across calls
+            digest = None if first is None else prompt_digest(tokens[:max(start, 1)])
+            tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag, salt, first,
+                                                                    semantics.request_seed(tokens[:start]), digest,
+                                                                    digest in self._observed]}
             params.append(tagged)
             prompts.append(TokensPrompt(prompt_token_ids=list(tokens)))
         outputs = self.model.generate(prompts, sampling_params=params, use_tqdm=self.batch_size == "auto",
                                       lora_request=self.lora_request)
         decisions: dict[int, tuple] = {}
         breaches = [0, -1]  # the draft's selections outside [0, pos], and the largest position among them
-        for taken in map(taken_from, self.model.collective_rpc("alspec_take")[::self.tensor_parallel_size]):
+        every = [taken_from(t) for t in self.model.collective_rpc("alspec_take")]
+        self._observed = set.intersection(*(set(taken.observed) for taken in every))  # what every worker holds
+        for taken in every[::self.tensor_parallel_size]:
             decisions.update(taken.by_request())  # each replica's first rank (the ranks of one replica decide alike)
             self.redecided += taken.redecided
             breaches = [breaches[0] + taken.out_of_bounds, max(breaches[1], taken.out_of_bounds_at)]

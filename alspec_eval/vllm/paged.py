@@ -8,6 +8,7 @@ Torch only, no vLLM: the tests call it on synthetic caches in every layout :data
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -300,22 +301,53 @@ def observation_first(start: int, window: int) -> int:
     return start - min(window, start)
 
 
+OBSERVATIONS_KEPT = 4096  # prompts (under one draft and window) whose observations a worker keeps across calls (each
+# 2S key indices per KV head and layer: 48 MB at 4,096 of a 32-layer model with 8 KV heads and S = 64), the least
+# recently used dropped
+
+
 @dataclass
 class Prompts:
     """What a worker keeps of requests across steps, per (request tag, layer): for a prompt-scoring draft the queries
     of the observation window until the prompt's end has passed the layer, then what ``observe_prompt`` made of
-    them; for a draft that ``keeps_scores``, the store its settled scores are kept in."""
+    them; for a draft that ``keeps_scores``, the store its settled scores are kept in. Across calls, per (prompt
+    digest, layer) under each draft and window (:func:`observation_scope`: a sweep's cells of other drafts between
+    them keep them), the observations themselves (``kept``, the :data:`OBSERVATIONS_KEPT` used last): a prompt seen
+    again is not observed again, and where every worker holds it the driver lets vLLM's prefix cache serve its
+    observation window (:mod:`.prefix_cache`). ``digests``: each live request's prompt digest and whether the
+    driver counted on the workers holding it."""
 
     queries: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     observed: dict[tuple[int, int], Any] = field(default_factory=dict)
     settled: dict[tuple[int, int], dict] = field(default_factory=dict)
+    digests: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    kept: collections.OrderedDict = field(default_factory=collections.OrderedDict)
 
     def prune(self, live: set[int]) -> None:
         """Forget the requests no longer in the engine (a preempted request keeps what it observed and what
-        settled: its keys are computed again, as they were)."""
+        settled: its keys are computed again, as they were); the observations kept by prompt stay."""
         for kept in (self.queries, self.observed, self.settled):
             for key in [k for k in kept if k[0] not in live]:
                 del kept[key]
+        for tag in [t for t in self.digests if t not in live]:
+            del self.digests[tag]
+
+    def held(self, scope: tuple, layers: list[int]) -> list[int]:
+        """The prompts (digests) observed under ``scope`` at every one of ``layers``, after the least recently used
+        beyond :data:`OBSERVATIONS_KEPT` (prompts under a scope) are dropped: what the driver may count on at the next
+        call."""
+        recent = list(dict.fromkeys((s, digest) for s, digest, _ in reversed(self.kept)))  # most recently used first
+        dropped = set(recent[OBSERVATIONS_KEPT:])
+        for key in [k for k in self.kept if k[:2] in dropped]:
+            del self.kept[key]
+        return sorted(d for s, d in recent[:OBSERVATIONS_KEPT]
+                      if s == scope and all((s, d, layer) in self.kept for layer in layers))
+
+
+def observation_scope(settings: Settings) -> tuple:
+    """What a kept observation was made under: the draft (its arguments) and the window, whose budget it is cut to
+    (``Approximation.kept_observation``)."""
+    return settings.approx, settings.window
 
 
 def slots(block_table: torch.Tensor, request: torch.Tensor, pos: torch.Tensor,
@@ -396,6 +428,16 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
         key = (tag, layer)
         if key in prompts.observed:  # a recompute after preemption: observed before
             continue
+        digest, held = prompts.digests.get(tag, (None, False))
+        stored = (observation_scope(settings), digest, layer)
+        if stored in prompts.kept:  # this prompt, observed in an earlier call
+            prompts.kept.move_to_end(stored)
+            prompts.observed[key] = prompts.kept[stored]
+            continue
+        if held:
+            raise RuntimeError(f"alspec-vllm: the driver counted on this worker holding the observation of a prompt "
+                               f"(digest {digest}) at layer {layer}, which it does not hold; its observation window "
+                               "may have come from the prefix cache unobserved")
         mine = (rows.tag == tag).nonzero().squeeze(1)
         first, start = int(rows.first[mine[0]]), int(rows.start[mine[0]])
         end = max(start, 1)
@@ -408,10 +450,13 @@ def observe_layer(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, bloc
         keys, values, _ = read_contexts(kv_cache, layout, block_table, block_size, rows.request[mine[:1]],
                                         torch.tensor([end]), approx.reads_layer)
         device = keys.device
-        prompts.observed[key] = approx.observe_prompt(
+        observation = approx.observe_prompt(
             kept.transpose(0, 1)[None], keys, scale, torch.tensor([start], device=device),
             torch.zeros(1, dtype=torch.long, device=device), first, **_layer_inputs(approx, values))
+        prompts.observed[key] = approx.kept_observation(observation, settings.window)
         del prompts.queries[key]
+        if digest is not None:
+            prompts.kept[stored] = prompts.observed[key]
 
 
 def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,

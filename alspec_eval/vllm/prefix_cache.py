@@ -10,23 +10,35 @@ after it differs through its parent. The driver puts both in the request's tag (
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from typing import Any
 
 TAG = "alspec"  # the key of SamplingParams.extra_args: [speculation start, request id, salt of the rules or None,
-# first position of a prompt-scoring draft's observation window or None, the request's seed (semantics.request_seed)]
+# first position of a prompt-scoring draft's observation window or None, the request's seed (semantics.request_seed),
+# the digest of its prompt (prompt_digest) or None, whether every worker holds that prompt's observation]
+
+
+def prompt_digest(tokens: list[int]) -> int:
+    """What a prompt-scoring draft's observation of a prompt is kept under across calls: BLAKE2b (64 bits, 63 kept)
+    of the tokens before the speculation start, each as 8 bytes little-endian signed (a CRC-32, as the request seed
+    is, would let two of a few thousand prompts share one)."""
+    packed = struct.pack(f"<{len(tokens)}q", *map(int, tokens))
+    return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little") & (2**63 - 1)
 
 
 def speculated_block_key(request: Any, start_token: int, end_token: int) -> tuple | None:
     """The extra key of the block of ``request`` over [start_token, end_token): the request's own id where the block
     holds a position whose query a prompt-scoring draft must read in this call (its observation window: the prefill
-    must run), else its rules and speculation start where it holds a speculated position under rules that can change
-    a KV entry, else None."""
+    must run, unless every worker holds the prompt's observation from an earlier call), else its rules and
+    speculation start where it holds a speculated position under rules that can change a KV entry, else None."""
     params = getattr(request, "sampling_params", None)
     args = getattr(params, "extra_args", None) or {}
     tag = args.get(TAG)
     if not tag:
         return None
-    if len(tag) > 3 and tag[3] is not None and end_token > tag[3]:
+    held = len(tag) > 6 and bool(tag[6])
+    if len(tag) > 3 and tag[3] is not None and end_token > tag[3] and not held:
         return (TAG, "observed", int(tag[1]))
     if len(tag) < 3 or tag[2] is None or end_token <= tag[0]:
         return None

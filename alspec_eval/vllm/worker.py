@@ -55,6 +55,10 @@ class ALSpecWorker:
         dumps, state.dumps = state.dumps, []
         return [{k: packed(v) if isinstance(v, torch.Tensor) else v for k, v in d.items()} for d in dumps]
 
+    def alspec_observed(self) -> tuple[int, ...]:
+        """The prompts whose observation this worker holds (:meth:`.backend.WorkerState.observations_held`)."""
+        return self._alspec().observations_held()
+
     def alspec_backend(self) -> str | None:
         return self._alspec().backend
 

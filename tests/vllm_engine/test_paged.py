@@ -1274,3 +1274,85 @@ def test_a_draft_that_ranks_by_scores_reads_no_context_on_the_cpu(monkeypatch):
         assert bool(reads) == read and (codes == ACCEPTED).any()
         assert set(measures) == ({DENOMINATOR} if read else set())
     _listed_against_gathered(step, PromisingTopK(), 0.3)
+
+
+# ---- observations kept across calls, per prompt (paged.Prompts.kept; the driver's side: test_vllm_drafts_tiny.py) ----
+def _observing(digest: int | None, held: bool, stored: object = None):
+    """One request (tag 5) whose step holds the last position of its observation window, at layer 1 of a snapkv
+    engine, and the worker's prompts: its digest, whether the driver counted on it, and ``stored`` kept for it."""
+    from alspec_eval.vllm.paged import PromptRows, Prompts, observation_scope
+
+    prompts = Prompts()
+    settings = Settings(thresholds=(0.1, 0.1), window=8, window_align=1, approx=make_approximation("snapkv"))
+    if digest is not None:
+        prompts.digests[5] = (digest, held)
+    if stored is not None:
+        prompts.kept[observation_scope(settings), digest, 1] = stored
+    rows = PromptRows(token=torch.tensor([0]), request=torch.tensor([0]), pos=torch.tensor([9]), tag=torch.tensor([5]),
+                      first=torch.tensor([8]), start=torch.tensor([10]))
+    return rows, settings, prompts
+
+
+def test_a_prompt_observed_in_an_earlier_call_is_not_observed_again():
+    """A kept observation of the request's prompt at the layer is the request's, and nothing is read (no cache is
+    given: a read would fail); the observation goes to the end of the least-recently-used order."""
+    from alspec_eval.vllm.paged import observe_layer
+
+    from alspec_eval.vllm.paged import observation_scope
+
+    stored = object()
+    rows, settings, prompts = _observing(77, held=True, stored=stored)
+    scope = observation_scope(settings)
+    prompts.kept[scope, 78, 1] = object()
+    prompts.kept[(scope[0], 16), 77, 1] = object()  # the same prompt under another window: another observation
+    observe_layer(torch.zeros(1, 9, 64), None, None, None, 16, rows, settings, 1, 0.125, prompts)
+    assert prompts.observed[5, 1] is stored and list(prompts.kept)[-1] == (scope, 77, 1)
+
+
+def test_a_prompt_the_driver_counted_on_but_not_kept_is_refused():
+    """The driver let the prefix cache serve the window of a prompt every worker said it held: a worker that does
+    not hold it would observe a window it never saw; it says so instead."""
+    from alspec_eval.vllm.paged import observe_layer
+
+    rows, settings, prompts = _observing(77, held=True)
+    with pytest.raises(RuntimeError, match="digest 77"):
+        observe_layer(torch.zeros(1, 9, 64), None, None, None, 16, rows, settings, 1, 0.125, prompts)
+
+
+def test_an_observation_is_kept_by_prompt_and_layer():
+    """A request's observation, made from its window, is kept under its prompt's digest and the layer (2S entries of
+    the ranking, all a step reads), and is the request's own; without a digest nothing is kept."""
+    from alspec_eval.vllm.paged import PromptRows, observation_scope, observe_layer
+
+    case = _rolling(S=8, tokens=64)
+    for digest in (77, None):
+        _, settings, prompts = _observing(digest, held=False)
+        window = PromptRows(token=torch.arange(10), request=torch.zeros(10, dtype=torch.long),
+                            pos=torch.arange(54, 64), tag=torch.full((10,), 5), first=torch.full((10,), 32),
+                            start=torch.full((10,), 64))
+        observe_layer(case["query"][54:64], case["cache"], LAYOUTS["plain"], case["table"], case["block"], window,
+                      settings, 1, case["scale"], prompts)
+        observed = prompts.observed[5, 1]
+        assert observed.order.shape[-1] == 2 * settings.window
+        assert list(prompts.kept) == ([(observation_scope(settings), 77, 1)] if digest else [])
+        assert all(v is observed for v in prompts.kept.values())
+
+
+def test_the_workers_hold_the_prompts_observed_at_every_layer_used_last(monkeypatch):
+    """What a worker reports holding: the prompts observed at every observing layer, the least recently used beyond
+    OBSERVATIONS_KEPT prompts dropped (and forgotten)."""
+    import alspec_eval.vllm.paged as paged
+
+    monkeypatch.setattr(paged, "OBSERVATIONS_KEPT", 2)
+    prompts, scope, other = paged.Prompts(), ("snapkv", 64), ("snapkv", 32)
+    for digest, layers in ((1, (0, 1)), (2, (0, 1)), (3, (0,)), (4, (0, 1))):
+        for layer in layers:
+            prompts.kept[scope, digest, layer] = object()
+    prompts.kept.move_to_end((scope, 2, 0))  # prompt 2 used again: 2 and 4 are the last two used
+    assert prompts.held(scope, [0, 1]) == [2, 4] and prompts.held(other, [0, 1]) == []
+    assert {d for _, d, _ in prompts.kept} == {2, 4}
+    prompts.kept[scope, 5, 0] = object()  # the newest, at one layer only: held where that layer is all that observes
+    assert prompts.held(scope, [0]) == [2, 5] and {d for _, d, _ in prompts.kept} == {2, 5}
+    assert prompts.held(scope, [0, 1]) == [2]
+    prompts.kept[other, 6, 0] = object()  # another window's observation counts among the two used last
+    assert prompts.held(other, [0]) == [6] and prompts.held(scope, [0]) == [5]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from alspec_eval.vllm.prefix_cache import TAG, speculated_block_key
+from alspec_eval.vllm.prefix_cache import TAG, prompt_digest, speculated_block_key
 
 
 def request(tag) -> SimpleNamespace:
@@ -56,3 +56,21 @@ def test_the_block_that_ends_at_the_window_s_first_position_is_shared_and_one_pa
 def test_two_requests_with_the_same_prompt_observe_apart():
     assert speculated_block_key(request([64, 1, None, 40]), 32, 64) != speculated_block_key(
         request([64, 2, None, 40]), 32, 64)
+
+
+def test_a_window_every_worker_has_observed_is_shared_and_speculated_blocks_still_carry_the_rules():
+    """The driver counts on every worker holding the prompt's observation (the tag's last field): its window may
+    come from the prefix cache (exact blocks, keyed by their tokens), and blocks past the start keep the rules."""
+    held, fresh = [64, 7, "r", 40, 0, 123, True], [64, 7, "r", 40, 0, 123, False]
+    assert speculated_block_key(request(held), 32, 64) is None
+    assert speculated_block_key(request(fresh), 32, 64) == (TAG, "observed", 7)
+    assert speculated_block_key(request(held), 64, 96) == (TAG, "r", 64)
+
+
+def test_a_prompts_digest_is_its_tokens():
+    """The same tokens, the same digest (63 bits); one token changed, one more, or the tokens' order: another."""
+    tokens = list(range(100, 600))
+    digest = prompt_digest(tokens)
+    assert digest == prompt_digest(list(tokens)) and 0 <= digest < 2**63
+    others = [tokens[:-1] + [7], tokens + [1], tokens[::-1], tokens[:-1]]
+    assert len({digest, *map(prompt_digest, others)}) == 1 + len(others)

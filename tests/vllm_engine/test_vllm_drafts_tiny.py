@@ -130,3 +130,39 @@ def test_a_draft_whose_ranges_leave_the_context_is_refused_in_one_line(alspec_ti
     assert length <= int(re.search(r"at position (\d+) ", message)[1]) < length + new - 1  # a generated token fed back
     assert "refused" not in alspec_tiny.statistics()["tasks"]
     assert alspec_tiny.generate_until([Instance("generate_until", {}, (prompt, dict(kwargs)), 0, ("alive", 0, 1))])
+
+
+def test_a_prompt_seen_again_is_not_observed_again_and_its_window_comes_from_the_prefix_cache(alspec_tiny, monkeypatch):
+    """SnapKV's prompts in a later call with the same draft, another draft's settings between them (as a sweep's
+    cells): every worker holds their observations, so the driver lets the prefix cache serve their observation
+    windows (more tokens cached than in the first call) and the decisions are the first call's, d/n for d/n. Under
+    another draft the workers hold none of them."""
+    lm = alspec_tiny
+    draft = {"approx": "snapkv", "approx_args": "observe:200;pool:3;recent:9"}  # this test's own: nothing kept yet
+    cached: list[list[int]] = []
+    generate = lm.model.generate
+
+    def counted(*args, **kwargs):
+        outputs = generate(*args, **kwargs)
+        cached.append([o.num_cached_tokens for o in outputs])
+        return outputs
+
+    lm.model.reset_prefix_cache()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm.model, "generate", counted)
+        with speculating(lm, lam=0.0, window=WINDOW):  # a baseline cell: every prompt block cached, exact
+            lm.generate_until([Instance("generate_until", {}, (p, dict(GEN_KWARGS)), i, ("gen", i, 1))
+                               for i, p in enumerate(PROMPTS)])
+        with speculating(lm, lam=0.0, window=WINDOW, **draft):
+            assert lm._observed == set()  # nothing observed under this draft yet
+            first = ratios_of(lm, monkeypatch)
+            held = set(lm._observed)
+        with speculating(lm, lam=0.0, window=WINDOW, approx="snapkv", approx_args="observe:100;pool:3;recent:9"):
+            assert lm._observed == set()  # another draft's observations: none held
+        with speculating(lm, lam=0.0, window=WINDOW, **draft):
+            assert lm._observed == held and len(held) == len(PROMPTS)
+            second = ratios_of(lm, monkeypatch)
+    assert second[0] == first[0] and [len(t) for t in second[1]] == [len(t) for t in first[1]]
+    for a, b in zip(second[1], first[1]):
+        assert torch.equal(a.nan_to_num(-1), b.nan_to_num(-1))
+    assert all(again > before for before, again in zip(cached[1], cached[2])), cached
