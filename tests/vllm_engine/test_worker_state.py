@@ -8,12 +8,13 @@ import math
 import pytest
 import torch
 
+from alspec_eval.approximations import default_approximation
 from alspec_eval.vllm.backend import WorkerState
 from alspec_eval.vllm.paged import Settings
 
 
 def test_take_puts_each_code_at_its_layer_and_position():
-    state = WorkerState(settings=Settings(thresholds=(0.1, 0.2, 0.3), window=4, window_align=1, approx=None))
+    state = WorkerState(settings=Settings(thresholds=(0.1, 0.2, 0.3), window=4, window_align=1, approx=default_approximation()))
     truth = {}
     for step in range(2):  # two steps, tags 7 and 9 interleaved, layers in order
         tag = torch.tensor([7, 7, 9])
@@ -46,7 +47,7 @@ def test_a_position_decided_again_keeps_its_first_decision():
     """vLLM recomputes a preempted request's positions (a prefill of everything so far) after their outputs were
     read: the first pass's decisions stand, in whatever order the passes' layers were recorded, and each position
     decided again is counted once."""
-    state = WorkerState(settings=Settings(thresholds=(0.1, 0.2), window=4, window_align=1, approx=None))
+    state = WorkerState(settings=Settings(thresholds=(0.1, 0.2), window=4, window_align=1, approx=default_approximation()))
     tag, pos = torch.tensor([5, 5, 6]), torch.tensor([30, 31, 40])
     for layer in (0, 1):  # first pass: request 5 at 30 and 31, request 6 at 40
         state.records.append((tag, pos, layer, torch.tensor([3, 2, 3]), torch.tensor([0.05, 0.5, 0.01]) + layer,
@@ -71,7 +72,7 @@ def test_take_carries_each_decisions_measures():
     where a layer measured none (an exact layer); a recompute keeps the first pass's, as it keeps its decisions."""
     from test_paged import ReadBacks
 
-    state = WorkerState(settings=Settings(thresholds=(0.1, 0.2, 0.3), window=4, window_align=1, approx=None))
+    state = WorkerState(settings=Settings(thresholds=(0.1, 0.2, 0.3), window=4, window_align=1, approx=default_approximation()))
     tag, pos = torch.tensor([5, 5, 6]), torch.tensor([30, 31, 40])
     state.records.append((tag, pos, 0, torch.tensor([3, 2, 3]), torch.tensor([0.1, 0.2, 0.3]),
                           {"keys": torch.tensor([17.0, 18.5, 40.0]), "denominator": torch.tensor([0.0, 0.5, 1.0])}))
@@ -93,7 +94,7 @@ def test_take_reads_the_breaches_in_its_one_read_back():
     the decisions' one read-back, and counting starts anew; with no decisions, alone."""
     from test_paged import ReadBacks
 
-    settings = Settings(thresholds=(0.1,), window=4, window_align=1, approx=None)
+    settings = Settings(thresholds=(0.1,), window=4, window_align=1, approx=default_approximation())
     state = WorkerState(settings=settings)
     state.records.append((torch.tensor([5, 6]), torch.tensor([30, 40]), 0, torch.tensor([3, 2]),
                           torch.tensor([0.1, 0.2]), {}))
