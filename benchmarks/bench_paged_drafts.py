@@ -84,6 +84,7 @@ def measure(args: argparse.Namespace, device, dtype, batch: int, ctx: int) -> bo
     import torch
 
     from alspec_eval.approximations import make_approximation
+    from alspec_eval.host_waits import host_waits
     from alspec_eval.vllm import kept
     from alspec_eval.vllm.paged import Settings, StepRows, layout_for
     from alspec_eval.vllm.verifiers import choose, verify_and_count
@@ -145,7 +146,7 @@ def measure(args: argparse.Namespace, device, dtype, batch: int, ctx: int) -> bo
             sync()
             times[name].append((time.perf_counter() - start) / args.calls * 1e3)
     median = {name: statistics.median(t) for name, t in times.items()}
-    syncs = {name: host_waits(calls[name]) for name in names} if device.type == "cuda" else {}
+    syncs = {name: len(host_waits(calls[name])) for name in names} if device.type == "cuda" else {}
     flash = f"{median['flash']:.3f}" if "flash" in median else "-"
     cells = [f"failed ({failures[n]})" if n in failures else
              f"{median[n]:.2f} ({names[n]}" + (f", {syncs[n]} syncs)" if n in syncs else ")") for n in args.drafts]
@@ -156,22 +157,6 @@ def measure(args: argparse.Namespace, device, dtype, batch: int, ctx: int) -> bo
             print(f"{name} at B {batch}, L {length}: the {args.profile} costliest host operations of one call")
             print(host_profile(calls[name], args.profile), flush=True)
     return bool(failures)
-
-
-def host_waits(fn) -> int:
-    """How many times one call makes the host wait for the GPU (torch's sync debug mode's warnings)."""
-    import warnings
-
-    import torch
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("called a synchronizing" in str(w.message) for w in caught)  # not the mode's own notice
 
 
 def host_profile(fn, rows: int) -> str:

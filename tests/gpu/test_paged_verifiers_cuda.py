@@ -8,12 +8,12 @@ from the device's own generator."""
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 
 import pytest
 import torch
 
+from alspec_eval.host_waits import host_waits
 from default_approximations import APPROXIMATIONS, approx_args
 from default_presses import PRESSES, press_args
 
@@ -110,17 +110,5 @@ def test_a_layer_after_the_steps_first_waits_for_nothing(name: str, step: str) -
     call, path = _layer(name, "cuda", step, 0.5)
     call()
     torch.cuda.synchronize()
-    assert len(_waits(lambda: torch.ones(1, device="cuda").item())) == 1  # the count sees a read-back
-    assert _waits(call) == [], path
-
-
-def _waits(fn: Callable[[], object]) -> list[str]:
-    """Where ``fn`` made the host wait for the GPU: torch's sync debug mode's warnings (not its own notice)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return [str(w.message).splitlines()[0] for w in caught if "called a synchronizing" in str(w.message)]
+    assert len(host_waits(lambda: torch.ones(1, device="cuda").item())) == 1  # the count sees a read-back
+    assert host_waits(call) == [], path
