@@ -19,7 +19,8 @@ import torch
 
 from . import kept
 from .prefix_cache import TAG
-from .paged import PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observation_scope, observe_layer
+from .paged import (PromptRows, Prompts, Settings, StepRows, check_newest, contexts, layout_for, observation_scope,
+                    observe_layer)
 from .tiled import reserve
 from .verifiers import Verifier, choose, verify_and_count
 

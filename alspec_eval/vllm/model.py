@@ -256,7 +256,7 @@ class ALSpecVLLM(VLLM):
             tagged = params_of.clone()
             first = self._observed_from(start)
             # a prompt-scoring draft's observation reads the prompt's keys up to its end: kept by them across calls
-            digest = None if first is None else prompt_digest(tokens[:max(start, 1)])
+            digest = None if first is None else prompt_digest(tokens, start)
             tagged.extra_args = {**(tagged.extra_args or {}), TAG: [start, tag, salt, first,
                                                                     semantics.request_seed(tokens[:start]), digest,
                                                                     digest in self._observed]}

@@ -584,7 +584,8 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         for lo in range(0, len(mine), step):
             part = slice(lo, lo + step)
             rows_part = rows if len(mine) <= step else rows[part]  # whole: the same tensor (rows_in_order's)
-            # a draft that slices each row's keys reads the rows and positions from the host's copies (host_values)
+            # a draft that slices each row's keys reads the rows and positions from the host's copies (host_values);
+            # the contexts read here have no left padding (read_contexts, unread_contexts)
             rows_part, where_part, pad_part = (semantics.known_on_host(rows_part, local[part]),
                                                semantics.known_on_host(where[part], host_pos[part]),
                                                semantics.known_on_host(row_pad[part], torch.zeros_like(host_pos[part])))

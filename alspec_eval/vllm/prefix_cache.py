@@ -19,11 +19,13 @@ TAG = "alspec"  # the key of SamplingParams.extra_args: [speculation start, requ
 # the digest of its prompt (prompt_digest) or None, whether every worker holds that prompt's observation]
 
 
-def prompt_digest(tokens: list[int]) -> int:
+def prompt_digest(tokens: list[int], start: int) -> int:
     """What a prompt-scoring draft's observation of a prompt is kept under across calls: BLAKE2b (64 bits, 63 kept)
-    of the tokens before the speculation start, each as 8 bytes little-endian signed (a CRC-32, as the request seed
-    is, would let two of a few thousand prompts share one)."""
-    packed = struct.pack(f"<{len(tokens)}q", *map(int, tokens))
+    of the speculation start and the tokens the observation reads (those before the start, at least the first), each
+    as 8 bytes little-endian signed (a CRC-32, as the request seed is, would let two of a few thousand prompts share
+    one; an empty prompt and a one-token prompt read the same token and observe apart)."""
+    read = [start, *tokens[:max(start, 1)]]
+    packed = struct.pack(f"<{len(read)}q", *map(int, read))
     return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little") & (2**63 - 1)
 
 

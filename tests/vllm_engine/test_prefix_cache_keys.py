@@ -70,7 +70,15 @@ def test_a_window_every_worker_has_observed_is_shared_and_speculated_blocks_stil
 def test_a_prompts_digest_is_its_tokens():
     """The same tokens, the same digest (63 bits); one token changed, one more, or the tokens' order: another."""
     tokens = list(range(100, 600))
-    digest = prompt_digest(tokens)
-    assert digest == prompt_digest(list(tokens)) and 0 <= digest < 2**63
+    digest = prompt_digest(tokens, len(tokens))
+    assert digest == prompt_digest(list(tokens), len(tokens)) and 0 <= digest < 2**63
     others = [tokens[:-1] + [7], tokens + [1], tokens[::-1], tokens[:-1]]
-    assert len({digest, *map(prompt_digest, others)}) == 1 + len(others)
+    assert len({digest, *(prompt_digest(t, len(t)) for t in others)}) == 1 + len(others)
+
+
+def test_a_prompts_digest_reads_the_tokens_before_its_start_and_the_start():
+    """Tokens past the speculation start do not count (a loglikelihood continuation); an empty prompt and a
+    one-token prompt, which both read the first token, differ by their start."""
+    tokens = list(range(100, 600))
+    assert prompt_digest(tokens, 300) == prompt_digest(tokens[:300] + [1, 2], 300) != prompt_digest(tokens, 301)
+    assert prompt_digest(tokens, 0) != prompt_digest(tokens, 1)
