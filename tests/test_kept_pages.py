@@ -1,5 +1,5 @@
 """Quest's page bounds and Knorm's key scores kept beside a paged cache (alspec_eval.vllm.kept) as an engine keeps them: made from the whole
-cache when the draft is configured, then the parts each step writes summarized again. After every step, every
+cache when the draft is configured, then the parts each step fills summarized again. After every step, every
 request's full pages have the summaries the draft's own ``prepare`` computes from its contiguous keys, bit for bit: through
 prompts prefilled in chunks, decode steps, a prefix shared by two requests, a block freed and written by another
 request, pages of one key, pages within a block and across blocks, in both layouts (the plain one also as the non-contiguous view of
@@ -124,8 +124,10 @@ def test_bounds_of_blocks_written_before_they_were_kept_are_made_from_the_cache(
     engine.check()
 
 
-def test_written_parts_are_every_part_holding_a_token_of_the_step():
-    query_start_loc = torch.tensor([0, 1, 1, 21, 53])
-    seq_lens = torch.tensor([16, 9, 40, 32])  # a decode at a part's last slot; none; a chunk over two; one whole
+def test_written_parts_are_every_part_the_step_fills():
+    # a decode at a part's last slot; none; a chunk over two parts, filling one; one whole; a chunk of exactly one
+    # part; a decode one slot short of a part's end; one slot into the next part
+    seq_lens = torch.tensor([16, 9, 40, 32, 48, 15, 17])
+    query_start_loc = torch.tensor([0, 1, 1, 21, 53, 69, 70, 71])
     row, block = kept.written_parts(query_start_loc, seq_lens, 16)
-    assert list(zip(row.tolist(), block.tolist())) == [(0, 0), (2, 1), (2, 2), (3, 0), (3, 1)]
+    assert list(zip(row.tolist(), block.tolist())) == [(0, 0), (2, 1), (3, 0), (3, 1), (4, 2)]

@@ -98,9 +98,9 @@ class WorkerState:
 
     def keep(self, name: str, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
              step: Step) -> torch.Tensor:
-        """Layer ``name``'s page summaries of a draft that keeps them (:mod:`.kept`), with the parts this step wrote
+        """Layer ``name``'s page summaries of a draft that keeps them (:mod:`.kept`), with the parts this step filled
         summarized again: made, from the whole cache, at the layer's first step after the driver configured it. The
-        parts written are found once per step and copied to the device once."""
+        parts filled are found once per step and copied to the device once."""
         approx = self.settings.approx
         if name not in self.kept:
             self.kept[name] = kept.allocate(approx, kv_cache, layout)

@@ -3,7 +3,7 @@ kvpress's Knorm scores), so that a decode step reads each page's summary instead
 
 A layer's summaries are one tensor, (num_blocks, N / g, Hkv, F): per physical block of N keys, one summary per part
 of g = gcd(page, N) keys; a page is page / g parts, within a block or across blocks, merged when read. They follow
-the cache: the parts a step writes are summarized again after the platform's backend has written them
+the cache: the parts a step fills are summarized again after the platform's backend has written them
 (:func:`keep_written`), so prefix-shared blocks share their summaries, and a block vLLM frees and hands to another
 request is summarized again when that request writes it. A part only counts once all its keys are written, which is
 true of every page a draft reads (full pages before the current one). Torch only, no vLLM.
@@ -50,13 +50,14 @@ def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any) -> torch.Tensor:
 
 def written_parts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                   size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The parts of ``size`` keys a step writes, as (batch row, logical part) pairs (host): every part that holds
-    one of its tokens."""
+    """The parts of ``size`` keys a step fills, as (batch row, logical part) pairs (host): every part whose last key
+    it writes. Only a full part's summary is read, and a part is summarized the step it fills, so a decode step
+    summarizes a part once every ``size`` steps."""
     requests = len(seq_lens)
     lengths = (query_start_loc[1:requests + 1] - query_start_loc[:requests]).long()
     ends = seq_lens.long()
-    first, last = (ends - lengths) // size, (ends - 1) // size
-    count = (last - first + 1).clamp(min=0) * (lengths > 0)
+    first = (ends - lengths) // size
+    count = (ends // size - first).clamp(min=0)
     row = torch.repeat_interleave(torch.arange(requests), count)
     offset = torch.arange(int(count.sum())) - torch.repeat_interleave(count.cumsum(0) - count, count)
     return row, first[row] + offset
@@ -64,7 +65,7 @@ def written_parts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
 
 def keep_written(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
                  written: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Summarize again the parts the step wrote (:func:`written_parts`, on the block table's device), found through
+    """Summarize again the parts the step filled (:func:`written_parts`, on the block table's device), found through
     the block table (nothing read back)."""
     row, part = written
     if len(row):
