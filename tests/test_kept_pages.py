@@ -131,3 +131,42 @@ def test_written_parts_are_every_part_the_step_fills():
     query_start_loc = torch.tensor([0, 1, 1, 21, 53, 69, 70, 71])
     row, block = kept.written_parts(query_start_loc, seq_lens, 16)
     assert list(zip(row.tolist(), block.tolist())) == [(0, 0), (2, 1), (3, 0), (3, 1), (4, 2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size, page, window", [(16, 16, 64), (16, 4, 16), (8, 24, 48), (16, 32, 64),
+                                                      (16, 1, 8)])
+def test_quest_pages_chosen_in_c_are_quests_own(dtype, block_size, page, window):
+    """The CPU kernel that bounds Quest's pages straight from the summaries kept beside the cache and chooses them
+    (native.quest_pages, what the listed verifier calls) lists the keys Quest's select lists from page_summaries,
+    slot for slot: pages within and across blocks, a page of one key, rows with fewer candidates than the budget, a
+    position at a page's first and last key, tied pages (the earlier first), a page whose bound is NaN (first), a
+    query head of NaN (every bound NaN: the earliest pages), positions past the longest row's context clamped."""
+    from alspec_eval.vllm import native
+
+    approx = SpeculationConfig(window=window, approx="quest", approx_args=f"page:{page}").approx
+    engine = Engine(approx, PlainLayout(), block_size, blocks=120, dtype=dtype)
+    engine.step({0: 200, 1: 9 * page + 3, 2: 3 * page, 3: 37})
+    parts = engine.kept.view(-1, *engine.kept.shape[2:])
+    per_block, g = engine.kept.shape[1], block_size // engine.kept.shape[1]
+
+    def part_row(row: int, first: int) -> int:  # the flattened summaries' row of the part at position ``first``
+        return int(engine.table[row, first // block_size]) * per_block + first % block_size // g
+
+    for k in range(page // g):  # row 0: page 7 a copy of page 2 (a tie); page 4's first channel NaN
+        parts[part_row(0, 7 * page + k * g)] = parts[part_row(0, 2 * page + k * g)]
+    parts[part_row(0, 4 * page), 0, 0] = float("nan")
+    request = torch.tensor([0, 0, 0, 1, 1, 2, 3, 0])
+    pos = torch.tensor([199, 8 * page, 8 * page - 1, 9 * page + 2, 5 * page, 3 * page - 1, 36, 150])
+    query = torch.randn(len(pos), 3 * HEADS, DIM, generator=torch.Generator().manual_seed(3)).to(dtype)
+    query[7, 4] = float("nan")  # KV head 1's group: every bound of row 7 at that head NaN
+    length = int(pos.max()) + 1
+    prepared = approx.prepare_pages(kept.page_summaries(engine.kept, approx, engine.table, block_size, request,
+                                                        length))
+    want = approx.select(query, torch.empty(len(pos), HEADS, length, DIM), torch.arange(len(pos)), pos,
+                         torch.zeros_like(pos), window, (), prepared)
+    got = native.quest_pages(query, engine.kept, engine.table, block_size, request, pos, page, window, length)
+    assert got is not None
+    assert torch.equal(got[1], want[1])
+    assert torch.equal(got[0], want[0])
+    assert want[1].any(-1).all()  # every row lists keys

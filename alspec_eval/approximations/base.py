@@ -236,6 +236,15 @@ class Approximation:
         bit for bit."""
         raise NotImplementedError
 
+    def select_kept(self, query: torch.Tensor, kept: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                    request: torch.Tensor, pos: torch.Tensor, window: int, length: int) -> Selected | None:
+        """:meth:`select` straight from the summaries a paged cache keeps (:meth:`kept_page`; ``kept`` (blocks, parts
+        a block, Hkv, F) through ``block_table``), in one native call, for positions ``pos`` of batch rows
+        ``request`` (host) without left padding, their contexts read to ``length`` keys: what an engine's native
+        verifier asks first. None (the default, and where no kernel reads these tensors): it prepares
+        (:meth:`prepare_pages`) and selects."""
+        return None
+
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple[torch.Tensor | None, ...], prepared: Any) -> Selected:
         """For speculated positions (their queries (r, Hq, D) after RoPE, batch rows ``rows``, logical positions

@@ -64,6 +64,12 @@ class Quest(Approximation):
         positions, valid = semantics.quest_positions(bounds, pos, window, self.page)
         return (positions + pad[:, None, None]).clamp_max(key.shape[2] - 1), valid
 
+    def select_kept(self, query: torch.Tensor, kept: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                    request: torch.Tensor, pos: torch.Tensor, window: int, length: int) -> Selected | None:
+        from ..vllm.native import quest_pages  # the CPU kernel: bounds and choice in one call, to float32 rounding
+
+        return quest_pages(query, kept, block_table, block_size, request, pos, self.page, window, length)
+
     def position_bytes(self, key: torch.Tensor, query_heads: int) -> int:
         pages = key.shape[2] // self.page
         return pages * key.shape[1] * (2 * key.shape[3] * key.element_size() + 4 * query_heads // key.shape[1] + 16)

@@ -152,6 +152,9 @@ def library() -> ctypes.CDLL | None:
     lib.alspec_key_scores.restype = ctypes.c_int
     lib.alspec_key_scores.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64,
                                       ctypes.c_int, _PTR, _I64]
+    lib.alspec_quest_pages.restype = ctypes.c_int
+    lib.alspec_quest_pages.argtypes = [_PTR, _I64, ctypes.c_int, _PTR, ctypes.c_int, _PTR, _I64, _I64, _PTR, _PTR,
+                                       _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR]
     lib.alspec_read_blocks.restype = None
     lib.alspec_read_blocks.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR]
     lib.alspec_exp.restype = None
@@ -259,6 +262,34 @@ def key_scores(kv_cache: torch.Tensor, block_table: torch.Tensor, query: torch.T
                                    heads, kv_heads, dim, block_size, DTYPES[kv_cache.dtype], out.data_ptr(), width):
         raise MemoryError(f"alspec-vllm's CPU kernel ran out of memory scoring {rows} rows")
     return out
+
+
+def quest_pages(query: torch.Tensor, kept: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                request: torch.Tensor, pos: torch.Tensor, page: int, window: int,
+                length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Quest's keys (``Quest.select`` from :func:`.kept.page_summaries`) of rows whose queries are ``query`` (r, Hq,
+    D), at logical positions ``pos`` of batch rows ``request`` (host, (r,) each), with no left padding, their
+    contexts read to ``length`` keys: each candidate page bounded straight from the summaries kept beside the cache
+    (``kept``, (blocks, parts a block, Hkv, 2D)), to float32 rounding, and chosen and listed in the same call; the
+    positions (r, Hkv, 2S) int64 and which count (bool). None where the kernel does not read these tensors."""
+    if query.device.type != "cpu" or kept.device.type != "cpu" or query.dtype not in DTYPES \
+            or kept.dtype not in DTYPES or not kept.is_contiguous() or library() is None:
+        return None
+    rows, heads, dim = query.shape
+    kv_heads, part = kept.shape[2], block_size // kept.shape[1]
+    query = query if query.stride(2) == 1 and query.stride(1) == dim else query.contiguous()
+    table = block_table if block_table.dtype == torch.int32 and block_table.stride(1) == 1 else \
+        block_table.to(torch.int32).contiguous()
+    request, pos = request.long().contiguous(), pos.long().contiguous()
+    others = 2 * window // page - 2
+    positions = torch.empty(rows, kv_heads, 2 * window, dtype=torch.long)
+    valid = torch.empty(rows, kv_heads, 2 * window, dtype=torch.bool)
+    if library().alspec_quest_pages(query.data_ptr(), query.stride(0), DTYPES[query.dtype], kept.data_ptr(),
+                                    DTYPES[kept.dtype], table.data_ptr(), table.stride(0), rows, request.data_ptr(),
+                                    pos.data_ptr(), heads, kv_heads, dim, block_size, part, page, others,
+                                    length // page, length, positions.data_ptr(), valid.data_ptr()):
+        raise MemoryError(f"alspec-vllm's CPU kernel ran out of memory choosing Quest's pages of {rows} rows")
+    return positions, valid
 
 
 @dataclass(frozen=True)

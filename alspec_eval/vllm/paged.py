@@ -463,7 +463,8 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
                        block_size: int, request: torch.Tensor, pos: torch.Tensor, settings: Settings,
                        observed: dict[int, Any], groups: Contexts | None = None, kept: torch.Tensor | None = None,
                        seed: torch.Tensor | None = None, site: Site | None = None, scale: float = 1.0,
-                       scorer: Scorer | None = None, read: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                       scorer: Scorer | None = None, read: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                       native: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
     """The logical positions of A~'s keys for speculating rows (their queries (M, Hq, D), batch rows, positions):
     (M, Hkv or 1, n), which count (None: all), and a weighted draft's log-weights (None: none). Where they depend on
@@ -479,7 +480,9 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     each row to measure (:func:`.measures.measure`, at the model's ``scale``; none for a draft fixed by position).
     ``scorer``: where the verifier scores keys where they lie (:data:`Scorer`), a draft that ``ranks_by_scores``
     (and measures no key) selects from its scores, and no context is read. ``read``: where given, each group's
-    requests (batch rows) and the keys read for them are appended to it, for a verifier that reads A~'s keys there."""
+    requests (batch rows) and the keys read for them are appended to it, for a verifier that reads A~'s keys there.
+    ``native``: a draft that keeps page summaries selects from them in one native call where it offers one
+    (``Approximation.select_kept``: the CPU verifier's), else prepares from them and selects."""
     if settings.approx.keys_by_position:
         return *_listed(*position_keys(settings, pos, query.device)), None, {}
     if groups is None:
@@ -489,7 +492,8 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
         scorer = None
     positions, valid, log_weight, measures = _selected(query, kv_cache, layout, block_table, block_size, pos,
                                                        settings, observed, groups, kept, seed,
-                                                       site or Site(0, settings.first_kv_head), scale, scorer, read)
+                                                       site or Site(0, settings.first_kv_head), scale, scorer, read,
+                                                       native)
     last = pos.to(positions.device, non_blocking=True)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
@@ -536,7 +540,7 @@ class Contexts:
 def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor, block_size: int,
               pos: torch.Tensor, settings: Settings, observed: dict[int, Any], contexts: Contexts,
               kept: torch.Tensor | None, seed: torch.Tensor, site: Site, scale: float, scorer: Scorer | None,
-              read: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+              read: list[tuple[torch.Tensor, torch.Tensor]] | None = None, native: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
     """:func:`selected_positions` of a draft that selects from each request's context, as the draft returned them,
     and each row's measures."""
@@ -570,9 +574,8 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
         passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align,
                                  **draw_inputs(approx, seed=lambda: seeds.to(keys.device, non_blocking=True)))
         drawn = draw_inputs(approx, site=lambda: site)
-        if kept is not None:  # the pages' summaries, kept beside the cache
-            prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests[group],
-                                                           keys.shape[2]))
+        if kept is not None:  # the pages' summaries, kept beside the cache: prepared below, unless read natively
+            prepared = None
         elif approx.prompt_keys:  # each request's prompt prepared from its own observation, then stacked
             each = [approx.prepare(keys[i:i + 1], pad[i:i + 1], window, observed.get(request),
                                    **_layer_inputs(approx, None if values is None else values[i:i + 1]), **drawn)
@@ -591,10 +594,16 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                                                semantics.known_on_host(row_pad[part], torch.zeros_like(host_pos[part])))
             mine_query = query[mine[part]]
             passed_part = tuple(None if t is None else t[part] for t in passed)
-            if scorer is None:
+            selected = None if kept is None or not native else approx.select_kept(
+                mine_query, kept, block_table, block_size, requests[group][local[part]], host_pos[part], window,
+                keys.shape[2])
+            if selected is None and kept is not None and prepared is None:
+                prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests[group],
+                                                               keys.shape[2]))
+            if selected is None and scorer is None:
                 selected = approx.select(mine_query, keys, rows_part, where_part, pad_part, window, passed_part,
                                          prepared)
-            else:  # scored where the keys lie, as wide as the contexts read would be
+            elif selected is None:  # scored where the keys lie, as wide as the contexts read would be
                 scores = scorer(mine_query, requests[group][rows_part], where_part, keys.shape[2])
                 selected = approx.select_scored(scores, rows_part, where_part, pad_part, window, passed_part,
                                                 prepared)

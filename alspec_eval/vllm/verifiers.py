@@ -253,7 +253,7 @@ class Listed(Verifier):
         positions, valid, log_weight, measures = selected_positions(
             layer.query[plan.token], layer.kv_cache, layer.layout, layer.block_table, layer.block_size, request,
             rows.pos[plan.live], settings, observed, contexts, layer.kept, rows.seed[plan.live], layer.site,
-            layer.scale, functools.partial(native.key_scores, layer.kv_cache, layer.block_table), read)
+            layer.scale, functools.partial(native.key_scores, layer.kv_cache, layer.block_table), read, native=True)
         listed = native.Listed(token, request, plan.live, positions, valid, log_weight, *_read_keys(read, request))
         if reduce is None:
             return *native.verify_listed_and_decide(layer.query, layer.output, layer.kv_cache, layer.block_table,

@@ -910,3 +910,137 @@ int alspec_key_scores(const void *query, int64_t q_stride, const void *cache, co
     }
     return failed ? -1 : 0;
 }
+
+/* Quest's selection straight from the page summaries kept beside the cache (semantics.page_bounds, then
+ * semantics.quest_positions and Quest.select's clamp, for rows without left padding). kept: (blocks, parts a block,
+ * Hkv, 2D) in kept_dtype, a part of ``part`` keys its channels' minima then maxima; a page of page / part parts merged
+ * (the minimum of minima, the maximum of maxima, NaN kept). Per row m and KV head h, each candidate page j
+ * (1 <= j < current = pos / page) is bounded by q+ . max + q- . min (q+ = max(q, 0), q- = min(q, 0), NaN kept),
+ * summed in LANES partial sums then halved in a fixed order (torch's products to float32 rounding), the largest over
+ * the group's query heads (NaN wins, as amax); every other page of [0, max(pages, others)) ranks as -inf. The pages:
+ * 0, the current one, then the ``others`` first of the stable descending order (NaN first, ties to the earlier page),
+ * each valid where it is a candidate; positions p page + i clamped to length - 1, valid where the page is and
+ * p page + i <= pos. Out: positions (rows, Hkv, n) int64 and valid (rows, Hkv, n) uint8, n = (others + 2) page.
+ * Returns 0, or -1 where scratch memory ran out. */
+static inline int ranks_before(float a, int64_t ia, float b, int64_t ib) { /* a strictly first in the order */
+    if (isnan(a) || isnan(b)) return isnan(a) && (!isnan(b) || ia < ib);
+    return a > b || (a == b && ia < ib);
+}
+
+static float page_bound(const float *q, int64_t group, int64_t dim, const float *low, const float *high) {
+    float top = 0.0f;
+    int nan = 0;
+    for (int64_t i = 0; i < group; ++i) {
+        const float *plus = q + 2 * i * dim, *minus = plus + dim;
+        float acc[LANES] = {0};
+        int64_t d = 0;
+        for (; d + LANES <= dim; d += LANES)
+            for (int l = 0; l < LANES; ++l) acc[l] += plus[d + l] * high[d + l] + minus[d + l] * low[d + l];
+        for (int64_t r = 0; d < dim; ++d, ++r) acc[r] += plus[d] * high[d] + minus[d] * low[d];
+        for (int w = LANES / 2; w > 0; w /= 2)
+            for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+        nan |= isnan(acc[0]);
+        top = i == 0 || acc[0] > top ? acc[0] : top;
+    }
+    return nan ? NAN : top;
+}
+
+static inline int64_t part_at(const int32_t *row_table, int64_t at, int64_t block_size, int64_t per_block,
+                              int64_t part) { /* the kept part holding logical position at, in parts */
+    return (int64_t)row_table[at / block_size] * per_block + at % block_size / part;
+}
+
+int alspec_quest_pages(const void *query, int64_t q_stride, int q_dtype, const void *kept, int kept_dtype,
+                       const int32_t *table, int64_t table_stride, int64_t rows, const int64_t *request,
+                       const int64_t *pos, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
+                       int64_t part, int64_t page, int64_t others, int64_t pages, int64_t length, int64_t *positions,
+                       uint8_t *valid) {
+    enum { AHEAD = 4 }; /* pages whose summaries are asked for before they are read: the blocks lie anywhere */
+    const int64_t group = heads / kv_heads, per_block = block_size / part, n = (others + 2) * page;
+    const int64_t ranked = pages > others ? pages : others, span = kv_heads * 2 * dim; /* a part's summaries */
+    const int64_t element = kept_dtype == FLOAT32 ? 4 : 2;
+    const int direct = page == part && kept_dtype == FLOAT32; /* a page's summary read where it lies */
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *q = malloc(sizeof(float) * 2 * heads * dim + 1); /* per query head: q+, then q- */
+        float *merged = malloc(sizeof(float) * span + 1);        /* a page's summaries, every KV head */
+        float *best = malloc(sizeof(float) * kv_heads * (others + 1));
+        int64_t *best_at = malloc(sizeof(int64_t) * kv_heads * (others + 1)), *held = malloc(sizeof(int64_t) * kv_heads);
+        if (!q || !merged || !best || !best_at || !held) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < rows; ++m) {
+            if (failed) continue;
+            const int64_t current = pos[m] / page;
+            const int32_t *row_table = table + request[m] * table_stride;
+            for (int64_t i = 0; i < heads; ++i)
+                for (int64_t d = 0; d < dim; ++d) {
+                    const float x = load(query, m * q_stride + i * dim + d, q_dtype);
+                    q[2 * i * dim + d] = x < 0.0f ? 0.0f : x; /* NaN stays, as torch's clamp */
+                    q[(2 * i + 1) * dim + d] = x > 0.0f ? 0.0f : x;
+                }
+            for (int64_t h = 0; h < kv_heads; ++h) held[h] = 0;
+            for (int64_t j = 0; j < ranked; ++j) {
+                const int candidate = j >= 1 && j < current;
+                if (candidate && j + AHEAD < current)
+                    for (int64_t k = 0; k < page / part; ++k) {
+                        const char *ahead = (const char *)kept
+                                            + part_at(row_table, (j + AHEAD) * page + k * part, block_size, per_block,
+                                                      part) * span * element;
+                        for (int64_t b = 0; b < span * element; b += 64) __builtin_prefetch(ahead + b);
+                    }
+                const float *summary = merged;
+                if (candidate && direct)
+                    summary = (const float *)kept + part_at(row_table, j * page, block_size, per_block, part) * span;
+                else if (candidate)
+                    for (int64_t k = 0; k < page / part; ++k) { /* the page's parts, merged */
+                        const int64_t from = part_at(row_table, j * page + k * part, block_size, per_block, part) * span;
+                        for (int64_t e = 0; e < span; ++e) {
+                            const float x = load(kept, from + e, kept_dtype), y = merged[e];
+                            const int lower = e % (2 * dim) < dim; /* a minimum, else a maximum */
+                            merged[e] = k == 0 || isnan(x) ? x : isnan(y) ? y : lower ? (x < y ? x : y)
+                                                                                     : (x > y ? x : y);
+                        }
+                    }
+                for (int64_t h = 0; h < kv_heads; ++h) {
+                    const float *low = summary + h * 2 * dim;
+                    const float bound = candidate ? page_bound(q + 2 * h * group * dim, group, dim, low, low + dim)
+                                                  : -INFINITY;
+                    float *top = best + h * (others + 1);
+                    int64_t *top_at = best_at + h * (others + 1);
+                    if (held[h] == others && !ranks_before(bound, j, top[others - 1], top_at[others - 1])) continue;
+                    int64_t slot = held[h] < others ? held[h]++ : others - 1;
+                    while (slot > 0 && ranks_before(bound, j, top[slot - 1], top_at[slot - 1])) {
+                        top[slot] = top[slot - 1];
+                        top_at[slot] = top_at[slot - 1];
+                        --slot;
+                    }
+                    top[slot] = bound;
+                    top_at[slot] = j;
+                }
+            }
+            for (int64_t h = 0; h < kv_heads; ++h) {
+                int64_t *out = positions + (m * kv_heads + h) * n;
+                uint8_t *ok = valid + (m * kv_heads + h) * n;
+                for (int64_t s = 0; s < others + 2; ++s) {
+                    const int64_t p = s == 0 ? 0 : s == 1 ? current : best_at[h * (others + 1) + s - 2];
+                    const int counts = s < 2 || (p >= 1 && p < current);
+                    for (int64_t i = 0; i < page; ++i) {
+                        const int64_t at = p * page + i;
+                        out[s * page + i] = at < length - 1 ? at : length - 1;
+                        ok[s * page + i] = (uint8_t)(counts && at <= pos[m]);
+                    }
+                }
+            }
+        }
+        free(q);
+        free(merged);
+        free(best);
+        free(best_at);
+        free(held);
+    }
+    return failed ? -1 : 0;
+}

@@ -618,8 +618,12 @@ CONTENT_DRAFTS = _content_drafts()
 def _listed_against_gathered(step: dict, approx: Approximation, lam: float, rows: StepRows | None = None,
                              atol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """Both ways on one layer of ``step`` (build_step's keys, or a _rolling case's): the same codes and measures,
-    d/n and committed outputs to float32 rounding; returns the listed way's codes and d/n."""
+    d/n and committed outputs to float32 rounding; returns the listed way's codes and d/n. A draft that keeps page
+    summaries (Quest, Knorm) selects from them, as the engine's do (the listed way in C where the draft offers it)."""
+    from alspec_eval.vllm import kept as kept_pages
+
     got = {}
+    summaries = None if approx.kept_page() is None else kept_pages.allocate(approx, step["cache"], step["layout"])
     for path in ("listed", "gathered"):
         fresh = rows or StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5),
                                        seeds=torch.tensor([7, 2**32 - 5, 0, 123_456_789, 99]))
@@ -627,7 +631,8 @@ def _listed_against_gathered(step: dict, approx: Approximation, lam: float, rows
         settings = Settings(thresholds=(lam,), window=step["S"], window_align=1, approx=approx)
         out = step["output"].clone()
         got[path] = verify_and_count(step["query"], out, step["cache"], step["layout"], step["table"], step["N"],
-                                     fresh, settings, 0, step["scale"], verifier=VERIFIERS[path]()), out
+                                     fresh, settings, 0, step["scale"], verifier=VERIFIERS[path](),
+                                     kept=summaries), out
     ((codes, ratios, measures), out), ((codes_ref, ratios_ref, measures_ref), out_ref) = got["listed"], got["gathered"]
     assert torch.equal(codes, codes_ref)
     torch.testing.assert_close(ratios, ratios_ref, rtol=1e-5, atol=0, equal_nan=True)
