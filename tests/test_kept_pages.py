@@ -7,6 +7,8 @@ an NHD allocation, FlashAttention's default on CUDA). Torch only, no vLLM."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -170,3 +172,35 @@ def test_quest_pages_chosen_in_c_are_quests_own(dtype, block_size, page, window)
     assert torch.equal(got[1], want[1])
     assert torch.equal(got[0], want[0])
     assert want[1].any(-1).all()  # every row lists keys
+
+
+def test_kept_scores_ranked_in_c_are_kvpress_ranking():
+    """The CPU kernel that reads Knorm's kept scores and ranks them (native.rank_kept, what the listed verifier calls)
+    keeps kvpress.ranked's keys in its order, key for key: scores at random, a run of near-ties longer than twice the
+    budget (every key sorted), NaN (as -inf), infinities, exact and signed-zero ties (the earlier key first), a row
+    shorter than the budget (its keys, then those past it, earlier first), rows sharing blocks."""
+    from alspec_eval.approximations.kvpress import TIE, _outside, ranked
+    from alspec_eval.vllm import native
+
+    g = torch.Generator().manual_seed(5)
+    block_size, kv_heads, blocks, keep = 16, 2, 90, 32
+    kept_scores = torch.randn(blocks, block_size, kv_heads, 1, generator=g)
+    table = torch.randperm(blocks, generator=g)[:4 * 20].view(4, 20).to(torch.int32)
+    table[3, :5] = table[0, :5]  # row 3 starts with row 0's blocks
+    flat = kept_scores.view(-1, kv_heads)
+
+    def slot(row: int, j: int) -> int:
+        return int(table[row, j // block_size]) * block_size + j % block_size
+
+    for j in range(40, 140):  # row 1, head 0: near-ties (2^-20 apart, within TIE) at the top, longer than 2 keep
+        flat[slot(1, j), 0] = 5.0 * (1 + (j % 7) * 2.0 ** -20)
+    for j, x in zip(range(10, 20), [math.nan, math.inf, -math.inf, 3.0, 3.0, 0.0, -0.0, math.nan, 9.0, 9.0]):
+        flat[slot(2, j), 1] = x
+    request = torch.tensor([0, 1, 2, 3, 0, 1])
+    pos = torch.tensor([300, 250, 120, 20, 31, 180])
+    length = int(pos.max()) + 1
+    dense = torch.stack([torch.stack([flat[slot(int(r), j)] for j in range(length)], -1) for r in request])
+    want = ranked(dense, keep, _outside(length, pos, torch.zeros_like(pos)))
+    got = native.rank_kept(kept_scores, table, block_size, request, pos, keep, length, TIE)
+    assert got is not None and torch.equal(got, want)
+    assert native.rank_kept(kept_scores, table, block_size, request, pos, keep, keep - 1, TIE) is None

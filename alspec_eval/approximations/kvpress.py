@@ -293,6 +293,13 @@ class KeyAlonePress(KeyScoredPress):
     def prepare_pages(self, pages: torch.Tensor) -> torch.Tensor:
         return pages[..., 0]
 
+    def select_kept(self, query: torch.Tensor, kept: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                    request: torch.Tensor, pos: torch.Tensor, window: int, length: int) -> Selected | None:
+        from ..vllm.native import rank_kept  # the CPU kernel: every row's kept scores read and ranked in one call
+
+        chosen = rank_kept(kept, block_table, block_size, request, pos, 2 * window, length, TIE)
+        return None if chosen is None else (chosen, None)
+
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: torch.Tensor) -> Selected:
         """Every position at once (:func:`ranked` reads one flag back): a row's keys outside its own [0, p] rank

@@ -155,6 +155,8 @@ def library() -> ctypes.CDLL | None:
     lib.alspec_quest_pages.restype = ctypes.c_int
     lib.alspec_quest_pages.argtypes = [_PTR, _I64, ctypes.c_int, _PTR, ctypes.c_int, _PTR, _I64, _I64, _PTR, _PTR,
                                        _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR]
+    lib.alspec_rank_kept.restype = ctypes.c_int
+    lib.alspec_rank_kept.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_float, _PTR]
     lib.alspec_read_blocks.restype = None
     lib.alspec_read_blocks.argtypes = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR]
     lib.alspec_exp.restype = None
@@ -290,6 +292,26 @@ def quest_pages(query: torch.Tensor, kept: torch.Tensor, block_table: torch.Tens
                                     length // page, length, positions.data_ptr(), valid.data_ptr()):
         raise MemoryError(f"alspec-vllm's CPU kernel ran out of memory choosing Quest's pages of {rows} rows")
     return positions, valid
+
+
+def rank_kept(kept: torch.Tensor, block_table: torch.Tensor, block_size: int, request: torch.Tensor,
+              pos: torch.Tensor, keep: int, length: int, tie: float) -> torch.Tensor | None:
+    """kvpress's ranking (``kvpress.ranked``, ties within ``tie``) of the per-key scores kept beside the cache
+    (``kept``, (blocks, N, Hkv, 1) float32: a key-only press that scores each key alone) of rows at logical positions
+    ``pos`` of batch rows ``request`` (host, (r,) each), with no left padding, their contexts read to ``length``
+    keys: the ``keep`` best keys of each row's [0, pos] per KV head, (r, Hkv, keep) int64, read and ranked in one
+    call. None where the kernel does not read these tensors."""
+    if kept.device.type != "cpu" or kept.dtype != torch.float32 or kept.shape[1] != block_size \
+            or kept.shape[-1] != 1 or not kept.is_contiguous() or length < keep or library() is None:
+        return None
+    table = block_table if block_table.dtype == torch.int32 and block_table.stride(1) == 1 else \
+        block_table.to(torch.int32).contiguous()
+    request, pos = request.long().contiguous(), pos.long().contiguous()
+    out = torch.empty(len(pos), kept.shape[2], keep, dtype=torch.long)
+    if library().alspec_rank_kept(kept.data_ptr(), table.data_ptr(), table.stride(0), len(pos), request.data_ptr(),
+                                  pos.data_ptr(), kept.shape[2], block_size, keep, length, tie, out.data_ptr()):
+        raise MemoryError(f"alspec-vllm's CPU kernel ran out of memory ranking the kept scores of {len(pos)} rows")
+    return out
 
 
 @dataclass(frozen=True)

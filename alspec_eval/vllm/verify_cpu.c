@@ -1044,3 +1044,112 @@ int alspec_quest_pages(const void *query, int64_t q_stride, int q_dtype, const v
     }
     return failed ? -1 : 0;
 }
+
+/* kvpress's ranked (alspec_eval/approximations/kvpress.py) of the per-key scores kept beside the cache (a key-only
+ * press whose score reads its key alone: Knorm), for rows without left padding. kept: (blocks, N, Hkv) float32, one
+ * score per key. Per row m and KV head h, its keys [0, pos] (NaN as -inf) in the stable descending order; a score
+ * within ``tie`` (relative) of the next better one, or equal to it, is in its group (both finite for the first); the
+ * ``keep`` first by (group, key), in that order; keys past pos (the context read to ``length``) after them, earlier
+ * first. The order's first 2 keep are found by a heap and sorted; where the group at place keep runs past them,
+ * every key is sorted. Out: (rows, Hkv, keep) int64. Returns 0, or -1 where scratch memory ran out. */
+typedef struct {
+    float value;
+    int64_t key;
+} scored_t;
+
+static inline int scored_before(const scored_t *a, const scored_t *b) { /* a strictly first in the order */
+    return a->value > b->value || (a->value == b->value && a->key < b->key);
+}
+
+static int scored_order(const void *a, const void *b) {
+    return scored_before(a, b) ? -1 : scored_before(b, a) ? 1 : 0;
+}
+
+static int by_key(const void *a, const void *b) {
+    const int64_t x = ((const scored_t *)a)->key, y = ((const scored_t *)b)->key;
+    return (x > y) - (x < y);
+}
+
+static void sift_down(scored_t *heap, int64_t count, int64_t at) { /* the heap's root is its last in the order */
+    for (;;) {
+        int64_t worst = at;
+        const int64_t l = 2 * at + 1, r = l + 1;
+        if (l < count && scored_before(&heap[worst], &heap[l])) worst = l;
+        if (r < count && scored_before(&heap[worst], &heap[r])) worst = r;
+        if (worst == at) return;
+        const scored_t swap = heap[at];
+        heap[at] = heap[worst];
+        heap[worst] = swap;
+        at = worst;
+    }
+}
+
+static inline int same_group(float better, float worse, float tie) {
+    const float gap = better - worse, bound = tie * fmaxf(fabsf(better), fabsf(worse));
+    return better == worse || (gap <= bound && isfinite(better) && isfinite(worse));
+}
+
+/* the first ``keep`` of ``sorted`` (count, in the order) by (group, key), into out; returns whether the groups that
+ * reach place keep end before the last of them (or they are every key): then that is the answer */
+static int first_by_group(scored_t *sorted, int64_t count, int64_t every, int64_t keep, float tie, int64_t *out) {
+    int64_t end = 0, taken = 0;
+    while (taken < keep) {
+        int64_t start = end++;
+        while (end < count && same_group(sorted[end - 1].value, sorted[end].value, tie)) ++end;
+        if (end == count && count < every && end - start + taken >= keep) return 0; /* the group may run on */
+        qsort(sorted + start, (size_t)(end - start), sizeof(scored_t), by_key);
+        for (int64_t i = start; i < end && taken < keep; ++i) out[taken++] = sorted[i].key;
+        if (end == count) break;
+    }
+    return 1;
+}
+
+int alspec_rank_kept(const float *kept, const int32_t *table, int64_t table_stride, int64_t rows,
+                     const int64_t *request, const int64_t *pos, int64_t kv_heads, int64_t block_size, int64_t keep,
+                     int64_t length, float tie, int64_t *out) {
+    int failed = 0;
+    int64_t most = 0;
+    for (int64_t m = 0; m < rows; ++m) most = pos[m] + 1 > most ? pos[m] + 1 : most;
+#pragma omp parallel
+    {
+        scored_t *scores = malloc(sizeof(scored_t) * (most + 1)), *heap = malloc(sizeof(scored_t) * (2 * keep + 1));
+        if (!scores || !heap) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t work = 0; work < rows * kv_heads; ++work) {
+            if (failed) continue;
+            const int64_t m = work / kv_heads, h = work % kv_heads, count = pos[m] + 1 < length ? pos[m] + 1 : length;
+            const int32_t *row_table = table + request[m] * table_stride;
+            int64_t *o = out + work * keep;
+            for (int64_t j = 0; j < count; ++j) {
+                const float x = kept[((int64_t)row_table[j / block_size] * block_size + j % block_size) * kv_heads + h];
+                scores[j].value = isnan(x) ? -INFINITY : x;
+                scores[j].key = j;
+            }
+            int64_t taken = 0;
+            const int64_t top = 2 * keep < count ? 2 * keep : count;
+            if (top < count) { /* the order's first 2 keep: a heap whose root is the last of them */
+                memcpy(heap, scores, sizeof(scored_t) * top);
+                for (int64_t i = top / 2 - 1; i >= 0; --i) sift_down(heap, top, i);
+                for (int64_t j = top; j < count; ++j)
+                    if (scored_before(&scores[j], &heap[0])) {
+                        heap[0] = scores[j];
+                        sift_down(heap, top, 0);
+                    }
+                qsort(heap, (size_t)top, sizeof(scored_t), scored_order);
+                if (first_by_group(heap, top, count, keep, tie, o)) taken = keep < count ? keep : count;
+            }
+            if (!taken) {
+                qsort(scores, (size_t)count, sizeof(scored_t), scored_order);
+                first_by_group(scores, count, count, keep, tie, o);
+                taken = keep < count ? keep : count;
+            }
+            for (int64_t j = count; taken < keep; ++j) o[taken++] = j; /* keys past pos, earlier first */
+        }
+        free(scores);
+        free(heap);
+    }
+    return failed ? -1 : 0;
+}
