@@ -1050,38 +1050,60 @@ int alspec_quest_pages(const void *query, int64_t q_stride, int q_dtype, const v
  * score per key. Per row m and KV head h, its keys [0, pos] (NaN as -inf) in the stable descending order; a score
  * within ``tie`` (relative) of the next better one, or equal to it, is in its group (both finite for the first); the
  * ``keep`` first by (group, key), in that order; keys past pos (the context read to ``length``) after them, earlier
- * first. The order's first 2 keep are found by a heap and sorted; where the group at place keep runs past them,
+ * first. The order's first 2 keep are found by a heap and sorted by it; where the group at place keep runs past them,
  * every key is sorted. Out: (rows, Hkv, keep) int64. Returns 0, or -1 where scratch memory ran out. */
-typedef struct {
-    float value;
-    int64_t key;
-} scored_t;
-
-static inline int scored_before(const scored_t *a, const scored_t *b) { /* a strictly first in the order */
-    return a->value > b->value || (a->value == b->value && a->key < b->key);
+/* A key and its score as one int64 that orders as the order does (larger: first): the score's float32 bits made to
+ * order as the floats do (-0.0 as 0.0, NaN already -inf) above, and ``last`` - key (the earlier key larger) below. */
+static inline int64_t ranked_key(float score, int64_t key, int64_t last) {
+    const float x = score + 0.0f;
+    int32_t bits;
+    memcpy(&bits, &x, 4);
+    bits ^= (bits >> 31) & 0x7fffffff;
+    return (int64_t)bits * 4294967296LL + (last - key);
 }
 
-static int scored_order(const void *a, const void *b) {
-    return scored_before(a, b) ? -1 : scored_before(b, a) ? 1 : 0;
+static inline float ranked_score(int64_t ranked) {
+    int32_t bits = (int32_t)(ranked >> 32);
+    bits ^= (bits >> 31) & 0x7fffffff;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
 }
 
-static int by_key(const void *a, const void *b) {
-    const int64_t x = ((const scored_t *)a)->key, y = ((const scored_t *)b)->key;
-    return (x > y) - (x < y);
+static int descending(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
 }
 
-static void sift_down(scored_t *heap, int64_t count, int64_t at) { /* the heap's root is its last in the order */
+static int ascending(const void *a, const void *b) { return descending(b, a); }
+
+static void sift_down(int64_t *heap, int64_t count, int64_t at) { /* a min-heap: its root is the last in the order */
+    const int64_t moving = heap[at];
     for (;;) {
-        int64_t worst = at;
-        const int64_t l = 2 * at + 1, r = l + 1;
-        if (l < count && scored_before(&heap[worst], &heap[l])) worst = l;
-        if (r < count && scored_before(&heap[worst], &heap[r])) worst = r;
-        if (worst == at) return;
-        const scored_t swap = heap[at];
-        heap[at] = heap[worst];
-        heap[worst] = swap;
-        at = worst;
+        int64_t child = 2 * at + 1;
+        if (child >= count) break;
+        if (child + 1 < count && heap[child + 1] < heap[child]) ++child;
+        if (heap[child] >= moving) break;
+        heap[at] = heap[child];
+        at = child;
     }
+    heap[at] = moving;
+}
+
+/* a[0, n) in descending order, by bytes from the lowest (a radix sort: no comparison branches), ``spare`` n more */
+static void sort_descending(int64_t *a, int64_t n, int64_t *spare) {
+    int64_t *from = a, *to = spare;
+    for (int shift = 0; shift < 64; shift += 8) {
+        int64_t count[257] = {0};
+        for (int64_t i = 0; i < n; ++i) ++count[((~(uint64_t)from[i] ^ 0x8000000000000000ULL) >> shift & 255) + 1];
+        if (count[((~(uint64_t)from[0] ^ 0x8000000000000000ULL) >> shift & 255) + 1] == n) continue; /* one byte */
+        for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
+        for (int64_t i = 0; i < n; ++i) to[count[(~(uint64_t)from[i] ^ 0x8000000000000000ULL) >> shift & 255]++] = from[i];
+        int64_t *swap = from;
+        from = to;
+        to = swap;
+    }
+    if (from != a) memcpy(a, from, sizeof(int64_t) * n);
 }
 
 static inline int same_group(float better, float worse, float tie) {
@@ -1091,15 +1113,24 @@ static inline int same_group(float better, float worse, float tie) {
 
 /* the first ``keep`` of ``sorted`` (count, in the order) by (group, key), into out; returns whether the groups that
  * reach place keep end before the last of them (or they are every key): then that is the answer */
-static int first_by_group(scored_t *sorted, int64_t count, int64_t every, int64_t keep, float tie, int64_t *out) {
+static int first_by_group(int64_t *sorted, int64_t count, int64_t every, int64_t keep, float tie, int64_t last,
+                          int64_t *out) {
     int64_t end = 0, taken = 0;
-    while (taken < keep) {
-        int64_t start = end++;
-        while (end < count && same_group(sorted[end - 1].value, sorted[end].value, tie)) ++end;
+    while (taken < keep && end < count) {
+        const int64_t start = end++;
+        while (end < count && same_group(ranked_score(sorted[end - 1]), ranked_score(sorted[end]), tie)) ++end;
         if (end == count && count < every && end - start + taken >= keep) return 0; /* the group may run on */
-        qsort(sorted + start, (size_t)(end - start), sizeof(scored_t), by_key);
-        for (int64_t i = start; i < end && taken < keep; ++i) out[taken++] = sorted[i].key;
-        if (end == count) break;
+        for (int64_t i = start; i < end; ++i) sorted[i] = last - (sorted[i] & 0xffffffffLL); /* its keys */
+        if (end - start > 16)
+            qsort(sorted + start, (size_t)(end - start), sizeof(int64_t), ascending);
+        else /* a group is mostly one key: sorted here, no call */
+            for (int64_t i = start + 1; i < end; ++i)
+                for (int64_t k = i; k > start && sorted[k - 1] > sorted[k]; --k) {
+                    const int64_t swap = sorted[k];
+                    sorted[k] = sorted[k - 1];
+                    sorted[k - 1] = swap;
+                }
+        for (int64_t i = start; i < end && taken < keep; ++i) out[taken++] = sorted[i];
     }
     return 1;
 }
@@ -1112,7 +1143,7 @@ int alspec_rank_kept(const float *kept, const int32_t *table, int64_t table_stri
     for (int64_t m = 0; m < rows; ++m) most = pos[m] + 1 > most ? pos[m] + 1 : most;
 #pragma omp parallel
     {
-        scored_t *scores = malloc(sizeof(scored_t) * (most + 1)), *heap = malloc(sizeof(scored_t) * (2 * keep + 1));
+        int64_t *scores = malloc(sizeof(int64_t) * (most + 1)), *heap = malloc(sizeof(int64_t) * (4 * keep + 1));
         if (!scores || !heap) {
 #pragma omp atomic write
             failed = 1;
@@ -1121,29 +1152,33 @@ int alspec_rank_kept(const float *kept, const int32_t *table, int64_t table_stri
         for (int64_t work = 0; work < rows * kv_heads; ++work) {
             if (failed) continue;
             const int64_t m = work / kv_heads, h = work % kv_heads, count = pos[m] + 1 < length ? pos[m] + 1 : length;
+            const int64_t last = count - 1;
             const int32_t *row_table = table + request[m] * table_stride;
             int64_t *o = out + work * keep;
-            for (int64_t j = 0; j < count; ++j) {
-                const float x = kept[((int64_t)row_table[j / block_size] * block_size + j % block_size) * kv_heads + h];
-                scores[j].value = isnan(x) ? -INFINITY : x;
-                scores[j].key = j;
+            for (int64_t first = 0; first < count; first += block_size) { /* a block at a time: no division a key */
+                const float *block = kept + (int64_t)row_table[first / block_size] * block_size * kv_heads + h;
+                const int64_t run = count - first < block_size ? count - first : block_size;
+                for (int64_t k = 0; k < run; ++k) {
+                    const float x = block[k * kv_heads];
+                    scores[first + k] = ranked_key(isnan(x) ? -INFINITY : x, first + k, last);
+                }
             }
             int64_t taken = 0;
             const int64_t top = 2 * keep < count ? 2 * keep : count;
-            if (top < count) { /* the order's first 2 keep: a heap whose root is the last of them */
-                memcpy(heap, scores, sizeof(scored_t) * top);
+            if (top < count) { /* the order's first 2 keep: a min-heap whose root is the last of them */
+                memcpy(heap, scores, sizeof(int64_t) * top);
                 for (int64_t i = top / 2 - 1; i >= 0; --i) sift_down(heap, top, i);
                 for (int64_t j = top; j < count; ++j)
-                    if (scored_before(&scores[j], &heap[0])) {
+                    if (scores[j] > heap[0]) {
                         heap[0] = scores[j];
                         sift_down(heap, top, 0);
                     }
-                qsort(heap, (size_t)top, sizeof(scored_t), scored_order);
-                if (first_by_group(heap, top, count, keep, tie, o)) taken = keep < count ? keep : count;
+                sort_descending(heap, top, heap + top);
+                if (first_by_group(heap, top, count, keep, tie, last, o)) taken = keep < count ? keep : count;
             }
             if (!taken) {
-                qsort(scores, (size_t)count, sizeof(scored_t), scored_order);
-                first_by_group(scores, count, count, keep, tie, o);
+                qsort(scores, (size_t)count, sizeof(int64_t), descending);
+                first_by_group(scores, count, count, keep, tie, last, o);
                 taken = keep < count ? keep : count;
             }
             for (int64_t j = count; taken < keep; ++j) o[taken++] = j; /* keys past pos, earlier first */
