@@ -73,6 +73,10 @@ class Approximation:
     # its select draws at random: per_pass also gets each position's request seed (seed=) and prepare the layer's
     # Site (site=), so that every engine, tensor-parallel rank and rerun draws alike (vAttention's sample)
     draws: ClassVar[bool] = False
+    # select reads the positions and the keys' shape alone (no query, key, value or layer; reads_keys False, no
+    # draws): every layer of a step selects the same keys, so an engine that verifies layer by layer (vLLM) may
+    # select once a step (kvpress's RandomPress: its numbers are drawn from one fixed seed)
+    same_at_every_layer: ClassVar[bool] = False
     # select reads the keys only through their scores (semantics.key_scores: q.k, per KV head the largest over its
     # group) and selects from them in select_scored, so an engine that scores keys where they lie (vLLM's CPU kernel)
     # copies no context for it (top-k)
@@ -87,6 +91,9 @@ class Approximation:
         if cls.draws and fixed:
             raise TypeError(f"{cls.__qualname__} declares draws and {', '.join(fixed)}: the tiles, the kernels and "
                             "the TT op give no request seed or layer; a draft that draws selects its keys in select")
+        if cls.same_at_every_layer and (cls.reads_keys or cls.draws):
+            raise TypeError(f"{cls.__qualname__} declares same_at_every_layer but reads keys or draws per layer: "
+                            "declare it only where select reads the positions and the keys' shape alone")
         if cls.ranks_by_scores and cls.select_scored is Approximation.select_scored:
             raise TypeError(f"{cls.__qualname__} declares ranks_by_scores but no select_scored: define it (select "
                             "then calls it with semantics.key_scores of its keys)")

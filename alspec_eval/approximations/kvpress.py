@@ -362,9 +362,11 @@ class ChunkPairPress(KeyScoredPress):
 @dataclass(frozen=True)
 class PositionRankedPress(KeyScoredPress):
     """A key-only press that ranks by position or by chance: it reads no key to rank (only the keys' shape), so a
-    step costs 2S and vLLM reads no context for it."""
+    step costs 2S and vLLM reads no context for it. Its score draws from one fixed seed (:func:`score`), so every
+    layer ranks alike."""
 
     reads_keys = False
+    same_at_every_layer = True
 
     def keys_read(self, context: int, window: int) -> float:
         return min(2 * window, context)

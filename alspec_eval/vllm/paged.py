@@ -490,10 +490,16 @@ def selected_positions(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any,
     seed = torch.zeros_like(pos) if seed is None else seed
     if not settings.approx.ranks_by_scores or measures_keys(settings.approx):
         scorer = None
-    positions, valid, log_weight, measures = _selected(query, kv_cache, layout, block_table, block_size, pos,
-                                                       settings, observed, groups, kept, seed,
-                                                       site or Site(0, settings.first_kv_head), scale, scorer, read,
-                                                       native)
+    once = settings.approx.same_at_every_layer and not measures_keys(settings.approx)
+    if once and groups.selected:
+        positions, valid, log_weight, measures = groups.selected[0]
+    else:
+        positions, valid, log_weight, measures = _selected(query, kv_cache, layout, block_table, block_size, pos,
+                                                           settings, observed, groups, kept, seed,
+                                                           site or Site(0, settings.first_kv_head), scale, scorer,
+                                                           read, native)
+        if once:
+            groups.selected.append((positions, valid, log_weight, measures))
     last = pos.to(positions.device, non_blocking=True)[:, None, None]
     positions, outside = semantics.readable_keys(positions, valid, torch.zeros_like(last), last)
     settings.breaches.add(outside, pos)
@@ -511,6 +517,22 @@ def _listed(starts: torch.Tensor, ends: torch.Tensor,
 
 
 @dataclass(frozen=True)
+class Group:
+    """Requests whose contexts are read together, and the step's rows that select from them (host tensors)."""
+
+    group: torch.Tensor  # its requests, as indices into Contexts.requests
+    mine: torch.Tensor  # its rows, as indices into the step's selecting rows
+    local: torch.Tensor  # each row's request, as an index into the group
+    requests: torch.Tensor  # its requests' batch rows
+    lengths: torch.Tensor  # how many positions of each are read
+    pos: torch.Tensor  # its rows' positions
+    in_order: bool  # its rows are its requests, in order (a decode step): rows_in_order's, nothing indexed
+
+    def __iter__(self):  # (group, rows, local index), as the groups were
+        return iter((self.group, self.mine, self.local))
+
+
+@dataclass(frozen=True)
 class Contexts:
     """How a step's selecting rows read their requests' contexts: the requests (batch rows) and how far each is read,
     in groups whose contexts fit :data:`CONTEXT_BUDGET` together (:func:`_chunks`), and per group which rows are its
@@ -519,7 +541,9 @@ class Contexts:
 
     requests: torch.Tensor  # (r,) batch rows
     lengths: torch.Tensor  # (r,) how many positions of each are read
-    groups: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per group: its requests, rows, local index
+    groups: tuple[Group, ...]
+    # a draft that selects the same at every layer (same_at_every_layer): the step's selection, made at its first
+    selected: list = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def build(cls, request: torch.Tensor, pos: torch.Tensor, approx: Any, kv_cache: torch.Tensor) -> "Contexts":
@@ -533,7 +557,9 @@ class Contexts:
             local = torch.full((len(requests),), -1, dtype=torch.long)
             local[group] = torch.arange(len(group))
             mine = (local[inverse] >= 0).nonzero().squeeze(1)
-            groups.append((group, mine, local[inverse[mine]]))
+            index = local[inverse[mine]]
+            groups.append(Group(group, mine, index, requests[group], lengths[group], pos.cpu()[mine],
+                                len(index) == len(group) and bool((index == torch.arange(len(index))).all())))
         return cls(requests, lengths, tuple(groups))
 
 
@@ -547,40 +573,44 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
     approx, window = settings.approx, settings.window
     heads = kv_cache.shape[1]
     width = approx.max_keys(window) or 2 * window  # None (a budget up to the context): widened as selections come
-    positions = torch.zeros(len(pos), heads, width, dtype=torch.long, device=query.device)
-    valid = torch.zeros(len(pos), heads, width, dtype=torch.bool, device=query.device)
-    log_weight = torch.zeros(len(pos), heads, width, device=query.device) if approx.weighted else None
+
+    def blank() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return (torch.zeros(len(pos), heads, width, dtype=torch.long, device=query.device),
+                torch.zeros(len(pos), heads, width, dtype=torch.bool, device=query.device),
+                torch.zeros(len(pos), heads, width, device=query.device) if approx.weighted else None)
+
+    # one group of every row in order (a decode step): its one selection is the step's, as the draft returned it
+    whole = len(contexts.groups) == 1 and contexts.groups[0].in_order and len(contexts.groups[0].mine) == len(pos)
+    positions, valid, log_weight = (None, None, None) if whole else blank()
     measures: dict[str, torch.Tensor] = {}
-    requests, lengths = contexts.requests, contexts.lengths
-    for group, mine, local in contexts.groups:
-        stores = [observed.get(r) for r in requests[group].tolist()] if approx.keeps_scores else None
+    for each in contexts.groups:
+        group, mine, local, requests, lengths = each.group, each.mine, each.local, each.requests, each.lengths
+        stores = [observed.get(r) for r in requests.tolist()] if approx.keeps_scores else None
         if approx.reads_keys and kept is None and scorer is None and (stores is None or any(
-                approx.needs_keys(store, n) for store, n in zip(stores, lengths[group].tolist()))):
-            keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests[group],
-                                              lengths[group], approx.reads_layer)
+                approx.needs_keys(store, n) for store, n in zip(stores, lengths.tolist()))):
+            keys, values, pad = read_contexts(kv_cache, layout, block_table, block_size, requests, lengths,
+                                              approx.reads_layer)
             if read is not None:
-                read.append((requests[group], keys))
+                read.append((requests, keys))
         else:
-            keys, values, pad = unread_contexts(kv_cache, len(group), int(lengths[group].max()), approx.reads_layer)
-        seeds = seed[mine]
+            keys, values, pad = unread_contexts(kv_cache, len(group), int(lengths.max()), approx.reads_layer)
         # the host's indices moved without waiting on the device (a GPU's stream runs on: nothing is read back); rows
         # that are the group's requests in order (a decode step), known here on the host, go as such (rows_of)
-        in_order = len(local) == len(group) and bool((local == torch.arange(len(local))).all())
-        rows = (semantics.rows_in_order(len(local), keys.device) if in_order
+        rows = (semantics.rows_in_order(len(local), keys.device) if each.in_order
                 else local.to(keys.device, non_blocking=True))
-        host_pos = pos[mine]
+        host_pos = each.pos
         where = host_pos.to(keys.device, non_blocking=True)
-        row_pad, mine = pad[rows], mine.to(keys.device, non_blocking=True)
+        row_pad, mine, host_mine = pad[rows], mine.to(keys.device, non_blocking=True), mine
         passed = approx.per_pass(where, row_pad, keys.shape[2], window, settings.window_align,
-                                 **draw_inputs(approx, seed=lambda: seeds.to(keys.device, non_blocking=True)))
+                                 **draw_inputs(approx, seed=lambda: seed[host_mine].to(keys.device, non_blocking=True)))
         drawn = draw_inputs(approx, site=lambda: site)
         if kept is not None:  # the pages' summaries, kept beside the cache: prepared below, unless read natively
             prepared = None
         elif approx.prompt_keys:  # each request's prompt prepared from its own observation, then stacked
-            each = [approx.prepare(keys[i:i + 1], pad[i:i + 1], window, observed.get(request),
-                                   **_layer_inputs(approx, None if values is None else values[i:i + 1]), **drawn)
-                    for i, request in enumerate(requests[group].tolist())]
-            prepared = each[0] if len(each) == 1 else approx.stack_prepared(each, window)
+            alone = [approx.prepare(keys[i:i + 1], pad[i:i + 1], window, observed.get(request),
+                                    **_layer_inputs(approx, None if values is None else values[i:i + 1]), **drawn)
+                     for i, request in enumerate(requests.tolist())]
+            prepared = alone[0] if len(alone) == 1 else approx.stack_prepared(alone, window)
         else:  # a draft that keeps scores: each row's store
             prepared = approx.prepare(keys, pad, window, stores, **_layer_inputs(approx, values), **drawn)
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
@@ -595,35 +625,52 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
             mine_query = query[mine[part]]
             passed_part = tuple(None if t is None else t[part] for t in passed)
             selected = None if kept is None or not native else approx.select_kept(
-                mine_query, kept, block_table, block_size, requests[group][local[part]], host_pos[part], window,
+                mine_query, kept, block_table, block_size, requests[local[part]], host_pos[part], window,
                 keys.shape[2])
             if selected is None and kept is not None and prepared is None:
-                prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests[group],
+                prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests,
                                                                keys.shape[2]))
             if selected is None and scorer is None:
                 selected = approx.select(mine_query, keys, rows_part, where_part, pad_part, window, passed_part,
                                          prepared)
             elif selected is None:  # scored where the keys lie, as wide as the contexts read would be
-                scores = scorer(mine_query, requests[group][rows_part], where_part, keys.shape[2])
+                scores = scorer(mine_query, requests[rows_part], where_part, keys.shape[2])
                 selected = approx.select_scored(scores, rows_part, where_part, pad_part, window, passed_part,
                                                 prepared)
             index, chosen, weight = selection(approx, selected)
-            width = index.shape[-1]
-            if width > positions.shape[-1]:  # more keys than declared (alspec-check-approx says so): read, as hf does
-                more = (0, width - positions.shape[-1])
-                positions, valid = torch.nn.functional.pad(positions, more), torch.nn.functional.pad(valid, more)
-                log_weight = None if log_weight is None else torch.nn.functional.pad(log_weight, more)
-            positions[mine[part], :, :width] = index - pad_part[:, None, None]
-            # a True made on the device: a Python True is copied from the host, which waits for a GPU
-            valid[mine[part], :, :width] = valid.new_ones(()) if chosen is None else chosen
-            if log_weight is not None:
-                log_weight[mine[part], :, :width] = weight.float()
+            if whole and len(mine) <= step:  # the contexts read here have no left padding: the indices are positions
+                positions, valid, log_weight = index, chosen, None if weight is None else weight.float()
+            else:
+                positions, valid, log_weight = _placed(positions, valid, log_weight, blank, mine[part], pad_part,
+                                                       index, chosen, weight)
             taken = Selection(mine_query, keys, rows_part, pad_part, where_part, index, chosen, weight)
             for name, value in measure(approx, window, taken, scale).items():
                 if name not in measures:
                     measures[name] = torch.full((len(pos),), math.nan, device=query.device)
                 measures[name][mine[part]] = value
     return positions, valid, log_weight, measures
+
+
+def _placed(positions: torch.Tensor | None, valid: torch.Tensor | None, log_weight: torch.Tensor | None,
+            blank: Callable[[], tuple], rows: torch.Tensor, pad: torch.Tensor, index: torch.Tensor,
+            chosen: torch.Tensor | None, weight: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The step's positions, valid and log-weights (``blank``'s where None) with the selection of ``rows`` (indices
+    ``index`` into contexts left-padded by ``pad``) in their rows, widened where it lists more keys than declared
+    (alspec-check-approx says so: read, as hf does)."""
+    if positions is None:
+        positions, valid, log_weight = blank()
+    width = index.shape[-1]
+    if width > positions.shape[-1]:
+        more = (0, width - positions.shape[-1])
+        positions, valid = torch.nn.functional.pad(positions, more), torch.nn.functional.pad(valid, more)
+        log_weight = None if log_weight is None else torch.nn.functional.pad(log_weight, more)
+    positions[rows, :, :width] = index - pad[:, None, None]
+    # a True made on the device: a Python True is copied from the host, which waits for a GPU
+    valid[rows, :, :width] = valid.new_ones(()) if chosen is None else chosen
+    if log_weight is not None:
+        log_weight[rows, :, :width] = weight.float()
+    return positions, valid, log_weight
 
 
 def _chunks(lengths: torch.Tensor, per_token: int, one_each: bool, budget: int | None = None) -> list[torch.Tensor]:

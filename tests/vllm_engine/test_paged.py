@@ -657,6 +657,37 @@ def test_listed_kernel_decides_every_draft_as_gathered(name, args):
     assert {ACCEPTED, REJECTED} <= set(codes.tolist())
 
 
+@pytest.mark.parametrize("name,args,selections", [("kvpress:RandomPress", "seed:0", 1), ("kvpress:CURPress", None, 2)])
+@pytest.mark.parametrize("path", ["listed", "gathered"])
+def test_a_draft_that_selects_alike_at_every_layer_selects_once_a_step(monkeypatch, name, args, selections, path):
+    """A draft that declares same_at_every_layer (RandomPress: its numbers from one fixed seed) selects once a step:
+    the step's second layer lists the first layer's keys and decides as a step of its own would; a draft that reads
+    keys selects at every layer."""
+    step = build_step("cpu-vec", 8)
+    approx = make_approximation(name, args)
+    calls = []
+    select = type(approx).select
+    monkeypatch.setattr(type(approx), "select", lambda self, *a, **k: calls.append(1) or select(self, *a, **k))
+
+    def rows() -> StepRows:
+        return StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5))
+
+    settings = Settings(thresholds=(0.3, 0.3), window=step["S"], window_align=1, approx=approx)
+    shared = rows()
+    got = [verify_and_count(step["query"], step["output"].clone(), step["cache"], step["layout"], step["table"],
+                            step["N"], shared, settings, layer, step["scale"], verifier=VERIFIERS[path]())
+           for layer in (0, 1)]
+    assert len(calls) == selections
+    alone = verify_and_count(step["query"], step["output"].clone(), step["cache"], step["layout"], step["table"],
+                             step["N"], rows(), settings, 1, step["scale"], verifier=VERIFIERS[path]())
+    assert torch.equal(got[1][0], alone[0]) and torch.equal(got[1][1].nan_to_num(-1), alone[1].nan_to_num(-1))
+
+
+def test_same_at_every_layer_is_refused_for_a_draft_that_reads_keys():
+    with pytest.raises(TypeError, match="same_at_every_layer"):
+        type("ReadsKeys", (Approximation,), {"same_at_every_layer": True, "__module__": __name__})
+
+
 def test_listed_kernel_under_tensor_parallel_measures_as_alone():
     """A measuring draft (vAttention: its densities and its denominator's misses) through the listed kernel with a
     tensor-parallel reduce (one rank: the sum is its own): the same codes, d/n and measures as deciding in the
