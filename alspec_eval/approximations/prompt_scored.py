@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import semantics
 from ..errors import ConfigError
 from .base import Approximation, Selected, scores_bytes
 
@@ -44,9 +45,13 @@ class PromptScored(Approximation):
     def stack_prepared(self, prepared: list[PromptRanking], window: int) -> PromptRanking:
         """The rankings' first 2S entries, which hold every key a step keeps (:func:`newest_and_top`), a row each,
         a shorter one filled with unscored marks."""
-        first = [r.order[..., :2 * window] for r in prepared]
-        return PromptRanking(torch.cat([torch.nn.functional.pad(o, (0, 2 * window - o.shape[-1]), value=UNSCORED)
-                                        for o in first]))
+        def first(order: torch.Tensor) -> torch.Tensor:
+            if order.shape[-1] == 2 * window:  # as kept (kept_observation): no op a row
+                return order
+            order = order[..., :2 * window]
+            return torch.nn.functional.pad(order, (0, 2 * window - order.shape[-1]), value=UNSCORED)
+
+        return PromptRanking(torch.cat([first(r.order) for r in prepared]))
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ def newest_and_top(ranking: PromptRanking, key: torch.Tensor, rows: torch.Tensor
     budget = 2 * window - recent
     # at most ``recent`` prompt keys are among the newest, and unscored keys rank last: the first 2S of the ranking
     # hold every key a position keeps, so a step reads 2S of them per KV head, not the prompt's L
-    order = ranking.order[..., :2 * window][rows].long()  # (r, Hkv, <= 2S)
+    order = semantics.rows_of(ranking.order[..., :2 * window], rows).long()  # (r, Hkv, <= 2S)
     kept = order < newest[:, :1, None]  # older, and scored
     rank = kept.cumsum(-1)  # from 1
     slot = (rank * kept).clamp_(max=budget + 1)  # 1..budget: the first budget kept; 0 and budget + 1: none
