@@ -318,7 +318,7 @@ def test_knorm_scores_each_key_once_and_selects_as_position_by_position(monkeypa
     pos = torch.tensor([20, 59, 9, 40, 33, 52, 16])  # out of order, two rows interleaved
     calls = []
     scored = drafts.score
-    monkeypatch.setattr(drafts, "score", lambda *a: calls.append(tuple(a[3].shape[:3])) or scored(*a))
+    monkeypatch.setattr(drafts, "score", lambda *a, **k: calls.append(tuple(a[3].shape[:3])) or scored(*a, **k))
     prepared = draft.prepare(keys, pad, 4, None)
     once, _ = draft.select(None, keys, rows, pos, pad[rows], 4, (), prepared)
     assert calls == [(2, 2, 60)]  # the layer's keys, once, and none at a position
@@ -375,3 +375,17 @@ def test_streamingllm_reads_as_ranges_the_keys_its_press_keeps(n_sink):
     assert sum(widths) == 16 and ((ends - starts) == torch.tensor(widths)).all()
     with pytest.raises(ConfigError, match="n_sink:16 leaves no recent key"):
         SpeculationConfig(approx="kvpress:StreamingLLMPress", approx_args="n_sink:16", window=8)
+
+
+def test_knorm_scores_its_keys_without_the_seeded_random_state():
+    """Knorm's score reads its keys alone and draws nothing, so its draft calls the press without forking and
+    seeding the random state (vLLM scores every key a step writes, at every layer): the same scores as the seeded
+    call, and the caller's random state untouched."""
+    approx = make_approximation("kvpress:KnormPress")
+    keys = torch.randn(2, 3, 40, 16, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    got = approx.scores(keys)
+    assert torch.equal(torch.get_rng_state(), before)
+    want = drafts.score(approx.make_press(40, 40), None, None, keys, None, {})
+    assert torch.equal(got, want)

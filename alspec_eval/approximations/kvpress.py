@@ -121,9 +121,13 @@ def check_queries(module: torch.nn.Module) -> None:
 
 
 def score(press: Any, module: torch.nn.Module, hidden: torch.Tensor | None, keys: torch.Tensor,
-          values: torch.Tensor, kwargs: dict) -> torch.Tensor:
+          values: torch.Tensor, kwargs: dict, seeded: bool = True) -> torch.Tensor:
     """``press.score`` with the global random state forked and seeded: a press that draws random numbers draws the
-    same ones at every call, and the caller's random state is as it was."""
+    same ones at every call, and the caller's random state is as it was. ``seeded`` False: a press whose score is
+    its keys' alone (it draws nothing), called as it is (forking the state costs more than Knorm's score of a few
+    keys, which vLLM takes at every layer and step)."""
+    if not seeded:
+        return press.score(module, hidden, keys, values, None, kwargs)
     devices = [keys.device] if keys.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         # the generators of the keys' device only: torch.manual_seed also queues every other backend's seed with a
@@ -277,7 +281,7 @@ class KeyAlonePress(KeyScoredPress):
     def scores(self, keys: torch.Tensor) -> torch.Tensor:
         """The press's score of each key of (B, Hkv, L, D): (B, Hkv, L), in float32 or wider whatever the keys' dtype
         (kvpress's own rule); no other key enters a key's score."""
-        return score(self.make_press(keys.shape[2], keys.shape[2]), None, None, keys, None, {})
+        return score(self.make_press(keys.shape[2], keys.shape[2]), None, None, keys, None, {}, seeded=False)
 
     def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: Any = None,
                 layer: LayerInputs | None = None) -> torch.Tensor:

@@ -615,18 +615,22 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
             prepared = approx.prepare(keys, pad, window, stores, **_layer_inputs(approx, values), **drawn)
         step = max(1, CONTEXT_BUDGET // max(1, approx.position_bytes(keys, query.shape[1])))
         for lo in range(0, len(mine), step):
-            part = slice(lo, lo + step)
-            rows_part = rows if len(mine) <= step else rows[part]  # whole: the same tensor (rows_in_order's)
+            # one part (the usual case): the group's own tensors, no slice of each (rows_in_order's rows among them)
+            single, part = len(mine) <= step, slice(lo, lo + step)
+
+            def cut(t: torch.Tensor) -> torch.Tensor:
+                return t if single else t[part]
+
             # a draft that slices each row's keys reads the rows and positions from the host's copies (host_values);
             # the contexts read here have no left padding (read_contexts, unread_contexts)
-            rows_part, where_part, pad_part = (semantics.known_on_host(rows_part, local[part]),
-                                               semantics.known_on_host(where[part], host_pos[part]),
-                                               semantics.known_on_host(row_pad[part], torch.zeros_like(host_pos[part])))
-            mine_query = query[mine[part]]
-            passed_part = tuple(None if t is None else t[part] for t in passed)
+            rows_part, where_part, pad_part = (semantics.known_on_host(cut(rows), cut(local)),
+                                               semantics.known_on_host(cut(where), cut(host_pos)),
+                                               semantics.known_on_host(cut(row_pad), torch.zeros_like(cut(host_pos))))
+            mine_query = query if whole and single else query[cut(mine)]  # whole: every row, in order
+            passed_part = tuple(None if t is None else cut(t) for t in passed)
             selected = None if kept is None or not native else approx.select_kept(
-                mine_query, kept, block_table, block_size, requests[local[part]], host_pos[part], window,
-                keys.shape[2])
+                mine_query, kept, block_table, block_size, requests if each.in_order else requests[cut(local)],
+                cut(host_pos), window, keys.shape[2])
             if selected is None and kept is not None and prepared is None:
                 prepared = approx.prepare_pages(page_summaries(kept, approx, block_table, block_size, requests,
                                                                keys.shape[2]))
@@ -638,16 +642,16 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                 selected = approx.select_scored(scores, rows_part, where_part, pad_part, window, passed_part,
                                                 prepared)
             index, chosen, weight = selection(approx, selected)
-            if whole and len(mine) <= step:  # the contexts read here have no left padding: the indices are positions
+            if whole and single:  # the contexts read here have no left padding: the indices are positions
                 positions, valid, log_weight = index, chosen, None if weight is None else weight.float()
             else:
-                positions, valid, log_weight = _placed(positions, valid, log_weight, blank, mine[part], pad_part,
+                positions, valid, log_weight = _placed(positions, valid, log_weight, blank, cut(mine), pad_part,
                                                        index, chosen, weight)
             taken = Selection(mine_query, keys, rows_part, pad_part, where_part, index, chosen, weight)
             for name, value in measure(approx, window, taken, scale).items():
                 if name not in measures:
                     measures[name] = torch.full((len(pos),), math.nan, device=query.device)
-                measures[name][mine[part]] = value
+                measures[name][cut(mine)] = value
     return positions, valid, log_weight, measures
 
 
