@@ -643,7 +643,8 @@ def _selected(query: torch.Tensor, kv_cache: torch.Tensor, layout: Any, block_ta
                                                 prepared)
             index, chosen, weight = selection(approx, selected)
             if whole and single:  # the contexts read here have no left padding: the indices are positions
-                positions, valid, log_weight = index, chosen, None if weight is None else weight.float()
+                positions, valid = index.long(), None if chosen is None else chosen.bool()  # as _placed's are
+                log_weight = None if weight is None else weight.float()
             else:
                 positions, valid, log_weight = _placed(positions, valid, log_weight, blank, cut(mine), pad_part,
                                                        index, chosen, weight)

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from alspec_eval.approximations import make_approximation
 from alspec_eval.approximations.base import Approximation
+from alspec_eval.approximations.quest import Quest
 from alspec_eval.errors import ConfigError
 from alspec_eval.stats import ACCEPTED, REJECTED, TRIVIAL
 from alspec_eval.vllm import native, verifiers
@@ -681,6 +682,31 @@ def test_a_draft_that_selects_alike_at_every_layer_selects_once_a_step(monkeypat
     alone = verify_and_count(step["query"], step["output"].clone(), step["cache"], step["layout"], step["table"],
                              step["N"], rows(), settings, 1, step["scale"], verifier=VERIFIERS[path]())
     assert torch.equal(got[1][0], alone[0]) and torch.equal(got[1][1].nan_to_num(-1), alone[1].nan_to_num(-1))
+
+
+@dataclass(frozen=True)
+class NarrowQuest(Quest):
+    """Quest as a user's draft might return it: int32 indices and a uint8 mask."""
+
+    def select(self, *args, **kwargs):
+        index, valid = super().select(*args, **kwargs)
+        return index.int(), valid.to(torch.uint8)
+
+
+@pytest.mark.parametrize("path", ["listed", "gathered"])
+def test_a_drafts_int32_indices_and_uint8_mask_are_read_as_positions_and_flags(path):
+    """A decode step hands on its one selection as the draft returned it: indices and a mask of other dtypes are
+    listed as int64 positions and bool flags, deciding as the draft that returns those."""
+    case = _rolling(S=8, tokens=40)
+    got = []
+    for approx in (Quest(page=4), NarrowQuest(page=4)):
+        rows = StepRows.build(torch.tensor([0, 1]), torch.tensor([40]), torch.tensor([0]), torch.tensor([7]))
+        settings = Settings(thresholds=(0.3,), window=8, window_align=1, approx=approx)
+        got.append(verify_and_count(case["query"][39:], case["out"][39:].clone(), case["cache"], LAYOUTS["cpu-vec"],
+                                    case["table"], case["block"], rows, settings, 0, case["scale"],
+                                    verifier=VERIFIERS[path]()))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert got[0][1].isfinite().all()
 
 
 def test_same_at_every_layer_is_refused_for_a_draft_that_reads_keys():
