@@ -137,11 +137,12 @@ def test_written_parts_are_every_part_the_step_fills():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size, page, window", [(16, 16, 64), (16, 4, 16), (8, 24, 48), (16, 32, 64),
-                                                      (16, 1, 8)])
+                                                      (16, 1, 8), (16, 16, 16)])
 def test_quest_pages_chosen_in_c_are_quests_own(dtype, block_size, page, window):
     """The CPU kernel that bounds Quest's pages straight from the summaries kept beside the cache and chooses them
     (native.quest_pages, what the listed verifier calls) lists the keys Quest's select lists from page_summaries,
-    slot for slot: pages within and across blocks, a page of one key, rows with fewer candidates than the budget, a
+    slot for slot: pages within and across blocks, a page of one key, a page of S keys (page 0 and the current one,
+    nothing ranked), rows with fewer candidates than the budget, a
     position at a page's first and last key, tied pages (the earlier first), a page whose bound is NaN (first), a
     query head of NaN (every bound NaN: the earliest pages), positions past the longest row's context clamped."""
     from alspec_eval.vllm import native

@@ -118,7 +118,7 @@ def test_snapkv_selects_for_the_rows_of_several_requests_at_once():
     cache, _ = batch.cache(check.LAYOUTS[0], 16, seed=1)
     request = torch.cat([torch.full((check.SPECULATED,), row) for row in range(len(batch.lengths))])
     groups = paged.Contexts.build(request, torch.cat(batch.pos), approx, cache).groups
-    assert approx.stacks_prepared and [len(group) for group, _, _ in groups] == [4]
+    assert approx.stacks_prepared and [len(g.group) for g in groups] == [4]
 
 
 @pytest.mark.parametrize("name", ["quest", "topk", "KnormPress", "snapkv"])

@@ -528,9 +528,6 @@ class Group:
     pos: torch.Tensor  # its rows' positions
     in_order: bool  # its rows are its requests, in order (a decode step): rows_in_order's, nothing indexed
 
-    def __iter__(self):  # (group, rows, local index), as the groups were
-        return iter((self.group, self.mine, self.local))
-
 
 @dataclass(frozen=True)
 class Contexts:

@@ -957,7 +957,8 @@ int alspec_quest_pages(const void *query, int64_t q_stride, int q_dtype, const v
                        uint8_t *valid) {
     enum { AHEAD = 4 }; /* pages whose summaries are asked for before they are read: the blocks lie anywhere */
     const int64_t group = heads / kv_heads, per_block = block_size / part, n = (others + 2) * page;
-    const int64_t ranked = pages > others ? pages : others, span = kv_heads * 2 * dim; /* a part's summaries */
+    /* the pages ranked (none where the budget is page 0 and the current one: page = S) */
+    const int64_t ranked = others == 0 ? 0 : pages > others ? pages : others, span = kv_heads * 2 * dim;
     const int64_t element = kept_dtype == FLOAT32 ? 4 : 2;
     const int direct = page == part && kept_dtype == FLOAT32; /* a page's summary read where it lies */
     int failed = 0;
