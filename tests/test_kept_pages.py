@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from alspec_eval.approx_check.paged import _write
+from alspec_eval.approximations import LayerInputs
 from alspec_eval.config import SpeculationConfig
 from alspec_eval.vllm import kept
 from alspec_eval.vllm.paged import CpuVecLayout, PlainLayout
 
 HEADS, DIM = 2, 8
+PRESS = {"knorm": "KnormPress", "cur": "CURPress"}  # kvpress's presses that keep a summary of each key
 
 
 class Engine:
@@ -33,18 +35,21 @@ class Engine:
         self.free = torch.randperm(blocks, generator=self.g).tolist()
         self.table = torch.zeros(4, blocks, dtype=torch.int32)
         self.keys: list[torch.Tensor] = [torch.empty(HEADS, 0, DIM, dtype=dtype) for _ in range(4)]
+        self.values: list[torch.Tensor] = [torch.empty(HEADS, 0, DIM, dtype=dtype) for _ in range(4)]
         self.kept = kept.allocate(approx, self.cache, layout)
 
     def share(self, row: int, source: int, blocks: int) -> None:
         """Row ``row`` starts with the first full ``blocks`` of ``source`` (the prefix cache)."""
         self.table[row, :blocks] = self.table[source, :blocks]
         self.keys[row] = self.keys[source][:, :blocks * self.block_size].clone()
+        self.values[row] = self.values[source][:, :blocks * self.block_size].clone()
 
     def release(self, row: int) -> None:
         """Row ``row`` leaves; its blocks go back to the free list (first to be handed out again)."""
         count = -(-self.keys[row].shape[1] // self.block_size)
         self.free = self.table[row, :count].tolist() + self.free
         self.keys[row] = torch.empty(HEADS, 0, DIM, dtype=self.dtype)
+        self.values[row] = torch.empty(HEADS, 0, DIM, dtype=self.dtype)
 
     def step(self, tokens: dict[int, int]) -> None:
         """One engine step: ``tokens[row]`` new keys for each row, written, then the written blocks summarized."""
@@ -52,12 +57,14 @@ class Engine:
         for row in rows:
             start = self.keys[row].shape[1]
             new = torch.randn(HEADS, tokens[row], DIM, generator=self.g).to(self.dtype)
+            value = torch.randn(HEADS, tokens[row], DIM, generator=self.g).to(self.dtype)
             for t in range(start, start + tokens[row]):
                 if t % self.block_size == 0:
                     self.table[row, t // self.block_size] = self.free.pop(0)
                 block = int(self.table[row, t // self.block_size])
-                _write(self.cache, self.layout, block, t % self.block_size, new[:, t - start], new[:, t - start])
+                _write(self.cache, self.layout, block, t % self.block_size, new[:, t - start], value[:, t - start])
             self.keys[row] = torch.cat([self.keys[row], new], 1)
+            self.values[row] = torch.cat([self.values[row], value], 1)
         lengths = torch.tensor([tokens.get(r, 0) for r in range(4)])
         seq_lens = torch.tensor([self.keys[r].shape[1] for r in range(4)])
         query_start_loc = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
@@ -72,7 +79,8 @@ class Engine:
                 continue
             got = self.approx.prepare_pages(kept.page_summaries(self.kept, self.approx, self.table, self.block_size,
                                                                 torch.tensor([row]), length))
-            want = self.approx.prepare(self.keys[row][None], torch.zeros(1, dtype=torch.long), 16)
+            layer = {"layer": LayerInputs(None, self.values[row][None])} if self.approx.reads_layer else {}
+            want = self.approx.prepare(self.keys[row][None], torch.zeros(1, dtype=torch.long), 16, **layer)
             for g, w in zip(tensors(got), tensors(want), strict=True):
                 assert torch.equal(g, w), (row, length)
 
@@ -84,9 +92,10 @@ def tensors(prepared) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize("layout, nhd", [(PlainLayout(), False), (PlainLayout(), True), (CpuVecLayout(), False)],
                          ids=["plain", "plain-nhd", "cpu-vec"])
-@pytest.mark.parametrize("block_size, page", [(16, 1), (16, 4), (16, 16), (8, 24), (16, 32), (8, "knorm")])
+@pytest.mark.parametrize("block_size, page", [(16, 1), (16, 4), (16, 16), (8, 24), (16, 32), (8, "knorm"),
+                                              (16, "cur")])
 def test_kept_bounds_follow_the_cache_step_by_step(layout, nhd, block_size, page):
-    approx = (SpeculationConfig(window=16, approx="kvpress:KnormPress").approx if page == "knorm" else
+    approx = (SpeculationConfig(window=16, approx=f"kvpress:{PRESS[page]}").approx if page in PRESS else
               SpeculationConfig(window=max(page, 16), approx="quest", approx_args=f"page:{page}").approx)
     engine = Engine(approx, layout, block_size, nhd=nhd)
     assert engine.cache.is_contiguous() != nhd
@@ -205,3 +214,27 @@ def test_kept_scores_ranked_in_c_are_kvpress_ranking():
     got = native.rank_kept(kept_scores, table, block_size, request, pos, keep, length, TIE)
     assert got is not None and torch.equal(got, want)
     assert native.rank_kept(kept_scores, table, block_size, request, pos, keep, keep - 1, TIE) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("args", ["num_sinks:2;local_window_size:4", "", "use_local_approximation:false;leverage_type:kv_avg"])
+def test_cur_selected_in_one_call_from_kept_norms_is_its_own_selection(dtype, args):
+    """CUR's selection straight from the norms kept beside the cache (select_kept: every row scored at once, then
+    ranked by the CPU kernel, what the listed verifier calls) keeps the keys its select keeps row by row from
+    page_summaries, key for key: rows of several lengths in one call (a shorter row's slots past its length hold
+    other blocks' norms), a request at several positions, positions inside a local window and at its last key, a row
+    with fewer keys than the budget, a window of zero norms (NaN scores)."""
+    approx = SpeculationConfig(window=8, approx="kvpress:CURPress", approx_args=args or None).approx
+    engine = Engine(approx, PlainLayout(), 16, blocks=60, dtype=dtype)
+    engine.step({0: 200, 1: 37, 2: 16, 3: 90})
+    engine.kept[int(engine.table[3, 1])] = 0  # row 3's keys 16 to 31: norms of zero
+    request = torch.tensor([0, 0, 1, 1, 2, 3, 0, 3])
+    pos = torch.tensor([199, 64, 36, 10, 15, 89, 3, 31])
+    length = int(pos.max()) + 1
+    prepared = approx.prepare_pages(kept.page_summaries(engine.kept, approx, engine.table, 16, request, length))
+    want = approx.select(None, torch.empty(len(pos), HEADS, length, DIM), torch.arange(len(pos)), pos,
+                         torch.zeros_like(pos), 8, (), prepared)
+    got = approx.select_kept(None, engine.kept, engine.table, 16, request, pos, 8, length)
+    assert got is not None and got[0].shape == (len(pos), HEADS, 16)
+    assert torch.equal(got[0], want[0])
+    assert approx.select_kept(None, engine.kept, engine.table, 16, request, pos, 8, 15) is None  # shorter than 2S

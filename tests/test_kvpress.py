@@ -389,3 +389,38 @@ def test_knorm_scores_its_keys_without_the_seeded_random_state():
     assert torch.equal(torch.get_rng_state(), before)
     want = drafts.score(approx.make_press(40, 40), None, None, keys, None, {})
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("args", ["", "num_sinks:2;local_window_size:5;leverage_type:key",
+                                  "use_local_approximation:false;leverage_type:value;num_sinks:0"])
+def test_cur_scores_from_its_keys_norms_are_kvpress_s_own(args):
+    """CURPress's draft scores a row from each key's and value's squared norms (what a paged cache keeps beside
+    them): bit for bit kvpress's call on the row's keys and values, in float32 and bfloat16, at lengths around its
+    local window and its sinks and past 4K; rows of several lengths scored in one call (junk past a shorter row's
+    length) score as each alone; and its select keeps what the press's own call on each row's keys keeps, on
+    left-padded rows. With use_random_leverage nothing is kept: the press is called."""
+    approx = SpeculationConfig(approx="kvpress:CURPress", approx_args=args or None, window=4).approx
+    g = torch.Generator().manual_seed(2)
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1, 2, 4, 5, 6, 15, 16, 17, 33, 4099):
+            keys = (3 * torch.randn(1, 3, n, 16, generator=g)).to(dtype)
+            values = torch.randn(1, 3, n, 16, generator=g).to(dtype)
+            want = drafts.score(approx.make_press(8, n), None, None, keys, values, {})
+            norms = approx.summarize(keys[0].transpose(0, 1)[:, None], values[0].transpose(0, 1)[:, None])
+            alone = approx.leverage(norms.transpose(0, 1)[None], [n])
+            junk = torch.cat([norms.transpose(0, 1)[None], torch.rand(1, 3, 9, 2, generator=g).to(dtype)], 2)
+            together = approx.leverage(torch.cat([junk, junk]), [n, n + 9])[:1, :, :n]
+            assert torch.equal(alone, want) and torch.equal(together, want), (dtype, n)
+    keys, values = torch.randn(2, 2, 50, 8, generator=g), torch.randn(2, 2, 50, 8, generator=g)
+    pad, rows = torch.tensor([0, 7]), torch.tensor([0, 1, 1, 0])
+    pos = torch.tensor([49, 42, 9, 3])
+    layer = drafts.LayerInputs(None, values)
+    got, _ = approx.select(None, keys, rows, pos, pad[rows], 4, (), approx.prepare(keys, pad, 4, None, layer))
+    each, _ = drafts.KeyScoredPress.select(approx, None, keys, rows, pos, pad[rows], 4, (), (layer, None))
+    assert torch.equal(got, each)
+    projected = SpeculationConfig(approx="kvpress:CURPress", approx_args="use_random_leverage:true", window=4).approx
+    assert projected.kept_page() is None
+    assert torch.equal(projected.select(None, keys, rows, pos, pad[rows], 4, (),
+                                        projected.prepare(keys, pad, 4, None, layer))[0],
+                       drafts.KeyScoredPress.select(projected, None, keys, rows, pos, pad[rows], 4, (),
+                                                    (layer, None))[0])

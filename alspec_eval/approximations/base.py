@@ -229,8 +229,9 @@ class Approximation:
         then gets the keys' shape only, as where ``reads_keys`` is False). None (the default): nothing is kept."""
         return None
 
-    def summarize(self, keys: torch.Tensor) -> torch.Tensor:
-        """Consecutive keys of one page, (..., n, Hkv, D), summarized: (..., Hkv, F)."""
+    def summarize(self, keys: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
+        """Consecutive keys of one page, (..., n, Hkv, D), summarized: (..., Hkv, F); ``values`` (the same shape),
+        for a draft that ``reads_layer``."""
         raise NotImplementedError
 
     def merge(self, parts: torch.Tensor) -> torch.Tensor:

@@ -290,7 +290,7 @@ class KeyAlonePress(KeyScoredPress):
     def kept_page(self) -> int:
         return 1
 
-    def summarize(self, keys: torch.Tensor) -> torch.Tensor:
+    def summarize(self, keys: torch.Tensor, values: None = None) -> torch.Tensor:
         """A page of one key, (..., 1, Hkv, D): its score, (..., Hkv, 1)."""
         return self.scores(keys.movedim(-3, -2).flatten(0, -4)).view(*keys.shape[:-3], keys.shape[-2], 1)
 
@@ -361,6 +361,99 @@ class ChunkPairPress(KeyScoredPress):
             have = kept["scores"] = (new[:, :settled] if have is None
                                      else torch.cat([have, new[:, self.n_sink:self.n_sink + settled - done]], -1))
         return torch.cat([have[:, :settled], have.new_ones(have.shape[0], length - settled)], -1)
+
+
+@dataclass(frozen=True)
+class LeveragePress(KeyScoredPress):
+    """kvpress's CURPress: a key's score is its squared key and value norms, each normalized over its local window of
+    ``local_window_size`` keys, combined (``leverage_type``), normalized over the row, the first ``num_sinks`` 1. A
+    key's norms read that key alone, so a paged cache keeps them beside it (``kept_page`` 1: every key's two norms,
+    written with it) and a step scores each row from its norms, reading no key or value; the windows and the row's
+    total are taken at every position from its own keys, in the press's operations and order (bit for bit its call
+    on the row's keys). With ``use_random_leverage`` the keys are projected first (a product whose rounding may
+    depend on how many keys are multiplied): then nothing is kept and the press is called on the keys."""
+
+    def check(self, window: int) -> None:
+        super().check(window)
+        kinds = typing.get_args(self.__dataclass_fields__["leverage_type"].type)
+        if self.leverage_type not in kinds:
+            raise ConfigError(f"approx=kvpress:CURPress: leverage_type:{self.leverage_type} is not one of the press's; "
+                              f"use one of {', '.join(f'leverage_type:{k}' for k in kinds)}")
+
+    def kept_page(self) -> int | None:
+        return None if self.use_random_leverage else 1
+
+    def summarize(self, keys: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
+        """A page of one key and its value, (..., 1, Hkv, D) each: their squared norms, (..., Hkv, 2)."""
+        return self.norms(keys.contiguous(), values.contiguous())[..., 0, :, :]
+
+    def norms(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Each key's and value's squared norm, as the press computes them (over the last dimension, contiguous):
+        (..., 2)."""
+        return torch.stack([(keys ** 2).sum(dim=-1), (values ** 2).sum(dim=-1)], -1)
+
+    def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: list[dict] | None = None,
+                layer: LayerInputs | None = None) -> Any:
+        if self.kept_page() is None:
+            return super().prepare(key, pad, window, observed, layer)
+        return self.norms(key, layer.value)  # (B, Hkv, L, 2): what prepare_pages makes of the kept norms
+
+    def prepare_pages(self, pages: torch.Tensor) -> torch.Tensor:
+        return pages
+
+    def leverage(self, norms: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """The press's scores of rows whose keys' and values' squared norms are ``norms`` (b, Hkv, n, 2), the first
+        ``lengths[i]`` of row i its own: (b, Hkv, n), a row's own bit for bit the press's call on its keys alone
+        (its windows summed over its own keys and the zeros the press pads them with, its total over its own)."""
+        k2, v2 = norms[..., 0].contiguous(), norms[..., 1].contiguous()
+        batch, heads, length = k2.shape
+        if self.use_local_approximation:
+            if min(lengths) < length:
+                beyond = torch.arange(length, device=norms.device) >= torch.tensor(lengths, device=norms.device)[
+                    :, None, None]
+                k2, v2 = k2.masked_fill(beyond, 0), v2.masked_fill(beyond, 0)
+            k2, v2 = self._windowed(k2), self._windowed(v2)
+        scores = {"key": lambda: k2, "value": lambda: v2, "kv_avg": lambda: (k2 + v2) / 2,
+                  "kv_product": lambda: k2 * v2}[self.leverage_type]()
+        total = torch.stack([scores[i, :, :n].sum(dim=-1, keepdim=True) for i, n in enumerate(lengths)])
+        scores = scores / total
+        scores[:, :, :self.num_sinks] = 1.0
+        return scores
+
+    def _windowed(self, norms: torch.Tensor) -> torch.Tensor:
+        """(b, Hkv, n) squared norms over their local windows' sums, as the press pads, sums and divides them."""
+        batch, heads, length = norms.shape
+        w = self.local_window_size
+        norms = torch.nn.functional.pad(norms, (0, (w - length % w) % w)).reshape(batch, heads, -1, w)
+        return (norms / norms.sum(dim=-1, keepdim=True)).reshape(batch, heads, -1)[:, :, :length]
+
+    def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+               pad: torch.Tensor, window: int, passed: tuple, prepared: Any) -> Selected:
+        """Each row's scores from its own norms up to its position (:meth:`leverage`), then every row ranked in one
+        call, each among its own keys."""
+        if self.kept_page() is None:
+            return super().select(query, key, rows, pos, pad, window, passed, prepared)
+        length = key.shape[2]
+        scored = torch.zeros(len(rows), key.shape[1], length, device=key.device)
+        for i, (row, p, a) in enumerate(zip(*map(semantics.host_values, (rows, pos, pad)))):
+            scored[i, :, a:a + p + 1] = self.leverage(prepared[row:row + 1, :, a:a + p + 1], [p + 1])[0]
+        return ranked(scored, 2 * window, _outside(length, pos, pad)), None
+
+    def select_kept(self, query: torch.Tensor, kept: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                    request: torch.Tensor, pos: torch.Tensor, window: int, length: int) -> Selected | None:
+        """Every row's norms read from the kept ones at once and scored together (:meth:`leverage`), then ranked by
+        the CPU kernel (each row's keys past its position last)."""
+        from ..vllm.kept import page_summaries
+        from ..vllm.native import rank_kept
+
+        if kept.device.type != "cpu" or length < 2 * window:
+            return None
+        scores = self.leverage(page_summaries(kept, self, block_table, block_size, request, length),
+                               (pos + 1).tolist())
+        rows = torch.arange(len(pos))
+        chosen = rank_kept(scores.float().transpose(1, 2).contiguous()[..., None], rows.to(torch.int32)[:, None],
+                           length, rows, pos, 2 * window, length, TIE)
+        return None if chosen is None else (chosen, None)
 
 
 @dataclass(frozen=True)
@@ -518,7 +611,7 @@ class TwoSinkPromptPress(PromptScoredPress):
 
 # Every press alspec-eval runs, by kvpress's name, with the kind of draft it runs as; the order is the reports'.
 PRESSES: dict[str, type[_PressDraft]] = {
-    "KnormPress": KeyAlonePress, "KeyDiffPress": KeysOnlyPress, "CURPress": KeyScoredPress,
+    "KnormPress": KeyAlonePress, "KeyDiffPress": KeysOnlyPress, "CURPress": LeveragePress,
     "LagKVPress": ChunkPairPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": SinkAndRecentPress,
     "CriticalKVPress": WrappingPress,
     "SnapKVPress": WindowedPromptPress, "PyramidKVPress": WindowedPromptPress,

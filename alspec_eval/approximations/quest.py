@@ -46,7 +46,7 @@ class Quest(Approximation):
     def kept_page(self) -> int:
         return self.page
 
-    def summarize(self, keys: torch.Tensor) -> torch.Tensor:
+    def summarize(self, keys: torch.Tensor, values: None = None) -> torch.Tensor:
         return torch.cat([keys.amin(-3), keys.amax(-3)], -1)
 
     def merge(self, parts: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """What a draft keeps of each page of keys beside vLLM's paged cache (``Approximation.kept_page``: Quest's bounds,
-kvpress's Knorm scores), so that a decode step reads each page's summary instead of its keys.
+kvpress's Knorm scores, CUR's squared norms), so that a decode step reads each page's summary instead of its keys.
 
 A layer's summaries are one tensor, (num_blocks, N / g, Hkv, F): per physical block of N keys, one summary per part
 of g = gcd(page, N) keys; a page is page / g parts, within a block or across blocks, merged when read. They follow
@@ -26,14 +26,14 @@ def part_size(approx: Any, block_size: int) -> int:
 
 def summarize_parts(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any, block: torch.Tensor,
                     part: torch.Tensor) -> None:
-    """Summarize parts ``part`` (n,) of physical blocks ``block`` (n,) from the keys the cache holds now, into
-    ``kept``; a part whose keys are not all written yet gets a summary no read uses."""
+    """Summarize parts ``part`` (n,) of physical blocks ``block`` (n,) from the keys (and, for a draft that
+    ``reads_layer``, the values) the cache holds now, into ``kept``; a part whose keys are not all written yet gets a summary no read uses."""
     heads, dim = kv_cache.shape[1], kv_cache.shape[-1] // 2
     size = kv_cache.shape[2] // kept.shape[1]
-    step = max(1, VERIFY_BUDGET // (2 * size * heads * dim * kv_cache.element_size()))  # keys and a copy
+    step = max(1, VERIFY_BUDGET // (4 * size * heads * dim * kv_cache.element_size()))  # keys, values, copies
     for lo in range(0, len(block), step):
         ids, at = block[lo:lo + step], part[lo:lo + step]
-        kept[ids, at] = approx.summarize(layout.parts(kv_cache, ids, at, size))
+        kept[ids, at] = approx.summarize(*layout.parts(kv_cache, ids, at, size, approx.reads_layer))
 
 
 def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any) -> torch.Tensor:
@@ -41,7 +41,8 @@ def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any) -> torch.Tensor:
     was configured, prefix-cached blocks among it)."""
     blocks, heads, size = kv_cache.shape[:3]
     g = part_size(approx, size)
-    probe = approx.summarize(kv_cache.new_zeros(1, g, heads, kv_cache.shape[-1] // 2))  # (1, Hkv, F)
+    blank = kv_cache.new_zeros(1, g, heads, kv_cache.shape[-1] // 2)
+    probe = approx.summarize(blank, blank if approx.reads_layer else None)  # (1, Hkv, F)
     kept = kv_cache.new_empty(blocks, size // g, heads, probe.shape[-1], dtype=probe.dtype)  # Knorm's: float32
     every = torch.arange(blocks * (size // g), device=kv_cache.device)
     summarize_parts(kept, approx, kv_cache, layout, every // (size // g), every % (size // g))
@@ -80,6 +81,10 @@ def page_summaries(kept: torch.Tensor, approx: Any, block_table: torch.Tensor, b
     (b, Hkv, length // page, F), what ``prepare_pages`` takes."""
     page, g = approx.kept_page(), block_size // kept.shape[1]
     pages = length // page
+    if g == page:  # a page is one part, within its block: whole blocks read, an index a block
+        ids = block_table[requests.to(block_table.device, non_blocking=True), :-(-pages * page // block_size)]
+        parts = kept.index_select(0, ids.flatten().long()).view(len(requests), -1, *kept.shape[2:])[:, :pages]
+        return parts.transpose(1, 2).contiguous()
     starts = torch.arange(pages * page // g, device=block_table.device) * g  # every part's first position
     ids = block_table[requests.to(block_table.device, non_blocking=True)[:, None], starts // block_size].long()
     rows = (ids * kept.shape[1] + starts % block_size // g).flatten()  # each part's row of the flattened summaries

@@ -74,10 +74,16 @@ class PlainLayout:
 
         return read(kv_cache[..., :dim]), read(kv_cache[..., dim:]) if values else None
 
-    def parts(self, kv_cache: torch.Tensor, block: torch.Tensor, part: torch.Tensor, size: int) -> torch.Tensor:
-        """The keys of part ``part`` (n,) of ``size`` keys of blocks ``block`` (n,): (n, size, Hkv, D)."""
+    def parts(self, kv_cache: torch.Tensor, block: torch.Tensor, part: torch.Tensor, size: int,
+              values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The keys (and values) of part ``part`` (n,) of ``size`` keys of blocks ``block`` (n,): (n, size, Hkv, D)
+        each."""
         dim = kv_cache.shape[-1] // 2
-        return kv_cache[..., :dim].unflatten(2, (-1, size))[block, :, part].transpose(1, 2)
+
+        def read(half: torch.Tensor) -> torch.Tensor:
+            return half.unflatten(2, (-1, size))[block, :, part].transpose(1, 2)
+
+        return read(kv_cache[..., :dim]), read(kv_cache[..., dim:]) if values else None
 
     def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,11 +142,16 @@ class CpuVecLayout:
         picked = flat[..., size * dim:].index_select(0, ids).view(rows, count, heads, size, dim).transpose(1, 2)
         return keys, picked.reshape(rows, heads, count * size, dim)
 
-    def parts(self, kv_cache: torch.Tensor, block: torch.Tensor, part: torch.Tensor, size: int) -> torch.Tensor:
+    def parts(self, kv_cache: torch.Tensor, block: torch.Tensor, part: torch.Tensor, size: int,
+              values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         blocks, heads, length, twice = kv_cache.shape
         dim = twice // 2
-        keys_t = kv_cache.view(blocks, heads, length * twice)[..., :length * dim].view(blocks, heads, dim, -1, size)
-        return keys_t[block, :, :, part].permute(0, 3, 1, 2)
+        flat = kv_cache.view(blocks, heads, length * twice)
+        keys_t = flat[..., :length * dim].view(blocks, heads, dim, -1, size)
+        keys = keys_t[block, :, :, part].permute(0, 3, 1, 2)
+        if not values:
+            return keys, None
+        return keys, flat[..., length * dim:].view(blocks, heads, -1, size, dim)[block, :, part].transpose(1, 2)
 
     def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
