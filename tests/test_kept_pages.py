@@ -69,7 +69,8 @@ class Engine:
         seq_lens = torch.tensor([self.keys[r].shape[1] for r in range(4)])
         query_start_loc = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
         written = kept.written_parts(query_start_loc, seq_lens, kept.part_size(self.approx, self.block_size))
-        kept.keep_written(self.kept, self.approx, self.cache, self.layout, self.table, written)
+        kept.keep_written(self.kept, self.approx, self.cache, self.layout,
+                          kept.written_blocks(self.table, written, self.kept.shape[1]))
 
     def check(self) -> None:
         """Every row's full pages: the kept summaries equal the draft's prepare on its contiguous keys, bit for bit."""

@@ -385,12 +385,12 @@ class LeveragePress(KeyScoredPress):
 
     def summarize(self, keys: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
         """A page of one key and its value, (..., 1, Hkv, D) each: their squared norms, (..., Hkv, 2)."""
-        return self.norms(keys.contiguous(), values.contiguous())[..., 0, :, :]
+        return self.norms(keys, values)[..., 0, :, :]
 
     def norms(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """Each key's and value's squared norm, as the press computes them (over the last dimension, contiguous):
-        (..., 2)."""
-        return torch.stack([(keys ** 2).sum(dim=-1), (values ** 2).sum(dim=-1)], -1)
+        """Each key's and value's squared norm, as the press computes them (each a sum over a contiguous last
+        dimension): (..., 2)."""
+        return (torch.stack([keys, values], -2) ** 2).sum(dim=-1)
 
     def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: list[dict] | None = None,
                 layer: LayerInputs | None = None) -> Any:
@@ -405,14 +405,15 @@ class LeveragePress(KeyScoredPress):
         """The press's scores of rows whose keys' and values' squared norms are ``norms`` (b, Hkv, n, 2), the first
         ``lengths[i]`` of row i its own: (b, Hkv, n), a row's own bit for bit the press's call on its keys alone
         (its windows summed over its own keys and the zeros the press pads them with, its total over its own)."""
-        k2, v2 = norms[..., 0].contiguous(), norms[..., 1].contiguous()
-        batch, heads, length = k2.shape
+        both = norms.transpose(-1, -2).contiguous()  # (b, Hkv, 2, n): the keys' norms, then the values'
+        length = both.shape[-1]
         if self.use_local_approximation:
             if min(lengths) < length:
                 beyond = torch.arange(length, device=norms.device) >= torch.tensor(lengths, device=norms.device)[
-                    :, None, None]
-                k2, v2 = k2.masked_fill(beyond, 0), v2.masked_fill(beyond, 0)
-            k2, v2 = self._windowed(k2), self._windowed(v2)
+                    :, None, None, None]
+                both = both.masked_fill(beyond, 0)
+            both = self._windowed(both)
+        k2, v2 = both.unbind(2)
         scores = {"key": lambda: k2, "value": lambda: v2, "kv_avg": lambda: (k2 + v2) / 2,
                   "kv_product": lambda: k2 * v2}[self.leverage_type]()
         total = torch.stack([scores[i, :, :n].sum(dim=-1, keepdim=True) for i, n in enumerate(lengths)])
@@ -421,11 +422,10 @@ class LeveragePress(KeyScoredPress):
         return scores
 
     def _windowed(self, norms: torch.Tensor) -> torch.Tensor:
-        """(b, Hkv, n) squared norms over their local windows' sums, as the press pads, sums and divides them."""
-        batch, heads, length = norms.shape
-        w = self.local_window_size
-        norms = torch.nn.functional.pad(norms, (0, (w - length % w) % w)).reshape(batch, heads, -1, w)
-        return (norms / norms.sum(dim=-1, keepdim=True)).reshape(batch, heads, -1)[:, :, :length]
+        """(..., n) squared norms over their local windows' sums, as the press pads, sums and divides them."""
+        length, w = norms.shape[-1], self.local_window_size
+        norms = torch.nn.functional.pad(norms, (0, (w - length % w) % w)).unflatten(-1, (-1, w))
+        return (norms / norms.sum(dim=-1, keepdim=True)).flatten(-2)[..., :length]
 
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: Any) -> Selected:

@@ -100,18 +100,19 @@ class WorkerState:
              step: Step) -> torch.Tensor:
         """Layer ``name``'s page summaries of a draft that keeps them (:mod:`.kept`), with the parts this step filled
         summarized again: made, from the whole cache, at the layer's first step after the driver configured it. The
-        parts filled are found once per step and copied to the device once."""
+        parts filled and their blocks are found once per step (per block table) and copied to the device once."""
         approx = self.settings.approx
         if name not in self.kept:
             self.kept[name] = kept.allocate(approx, kv_cache, layout)
             return self.kept[name]
         size = kept.part_size(approx, kv_cache.shape[2])
-        written = step.rows.plans.get(("written", size, str(block_table.device)))
-        if written is None:
+        plan = ("written", size, block_table.device.type, block_table.data_ptr())
+        blocks = step.rows.plans.get(plan)
+        if blocks is None:
             found = kept.written_parts(step.query_start_loc, step.seq_lens, size)
-            written = step.rows.plans[("written", size, str(block_table.device))] = tuple(
-                t.to(block_table.device) for t in found)
-        kept.keep_written(self.kept[name], approx, kv_cache, layout, block_table, written)
+            blocks = step.rows.plans[plan] = kept.written_blocks(
+                block_table, tuple(t.to(block_table.device) for t in found), kv_cache.shape[2] // size)
+        kept.keep_written(self.kept[name], approx, kv_cache, layout, blocks)
         return self.kept[name]
 
     def take(self) -> Taken:

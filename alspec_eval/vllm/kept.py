@@ -32,7 +32,7 @@ def summarize_parts(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, lay
     size = kv_cache.shape[2] // kept.shape[1]
     step = max(1, VERIFY_BUDGET // (4 * size * heads * dim * kv_cache.element_size()))  # keys, values, copies
     for lo in range(0, len(block), step):
-        ids, at = block[lo:lo + step], part[lo:lo + step]
+        ids, at = (block, part) if len(block) <= step else (block[lo:lo + step], part[lo:lo + step])
         kept[ids, at] = approx.summarize(*layout.parts(kv_cache, ids, at, size, approx.reads_layer))
 
 
@@ -64,15 +64,19 @@ def written_parts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
     return row, first[row] + offset
 
 
-def keep_written(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
-                 written: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Summarize again the parts the step filled (:func:`written_parts`, on the block table's device), found through
-    the block table (nothing read back)."""
+def written_blocks(block_table: torch.Tensor, written: tuple[torch.Tensor, torch.Tensor],
+                   per_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The physical block and the part within it of each part the step filled (:func:`written_parts`, on the block
+    table's device), found through the block table (nothing read back): the same at every layer that shares it."""
     row, part = written
-    if len(row):
-        per_block = kept.shape[1]
-        block = block_table[row, part // per_block].long()
-        summarize_parts(kept, approx, kv_cache, layout, block, part % per_block)
+    return block_table[row, part // per_block].long(), part % per_block
+
+
+def keep_written(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any,
+                 blocks: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Summarize again the parts the step filled, at their physical blocks (:func:`written_blocks`)."""
+    if len(blocks[0]):
+        summarize_parts(kept, approx, kv_cache, layout, *blocks)
 
 
 def page_summaries(kept: torch.Tensor, approx: Any, block_table: torch.Tensor, block_size: int,
