@@ -20,6 +20,7 @@ from alspec_eval.vllm.paged import CpuVecLayout, PlainLayout
 
 HEADS, DIM = 2, 8
 PRESS = {"knorm": "KnormPress", "cur": "CURPress"}  # kvpress's presses that keep a summary of each key
+LAYOUTS = [(PlainLayout(), False), (PlainLayout(), True), (CpuVecLayout(), False)]
 
 
 class Engine:
@@ -91,8 +92,7 @@ def tensors(prepared) -> tuple[torch.Tensor, ...]:
     return prepared if isinstance(prepared, tuple) else (prepared,)
 
 
-@pytest.mark.parametrize("layout, nhd", [(PlainLayout(), False), (PlainLayout(), True), (CpuVecLayout(), False)],
-                         ids=["plain", "plain-nhd", "cpu-vec"])
+@pytest.mark.parametrize("layout, nhd", LAYOUTS, ids=["plain", "plain-nhd", "cpu-vec"])
 @pytest.mark.parametrize("block_size, page", [(16, 1), (16, 4), (16, 16), (8, 24), (16, 32), (8, "knorm"),
                                               (16, "cur")])
 def test_kept_bounds_follow_the_cache_step_by_step(layout, nhd, block_size, page):
@@ -126,11 +126,16 @@ def test_knorm_keeps_float32_scores_of_a_bfloat16_cache():
     engine.check()
 
 
-def test_bounds_of_blocks_written_before_they_were_kept_are_made_from_the_cache():
-    """A draft configured on an engine whose cache already holds requests (the prefix cache) keeps their bounds from
-    the start: allocate summarizes every block as the cache holds it."""
-    approx = SpeculationConfig(window=16, approx="quest", approx_args="page:8").approx
-    engine = Engine(approx, PlainLayout(), 16)
+@pytest.mark.parametrize("layout, nhd", LAYOUTS, ids=["plain", "plain-nhd", "cpu-vec"])
+@pytest.mark.parametrize("draft", ["quest", "knorm", "cur"])
+def test_summaries_of_blocks_written_before_they_were_kept_are_made_from_the_cache(layout, nhd, draft, monkeypatch):
+    """A draft configured on an engine whose cache already holds requests (the prefix cache) keeps their summaries
+    from the start: allocate summarizes every block as the cache holds it (whole blocks read in place, a few at a
+    time here), as a step's parts are summarized."""
+    monkeypatch.setattr(kept, "CPU_CHUNK", 6000)  # a few blocks at a time
+    approx = (SpeculationConfig(window=16, approx=f"kvpress:{PRESS[draft]}").approx if draft in PRESS else
+              SpeculationConfig(window=16, approx="quest", approx_args="page:8").approx)
+    engine = Engine(approx, layout, 16, nhd=nhd)
     engine.step({0: 70, 1: 33})
     engine.kept = kept.allocate(approx, engine.cache, engine.layout)  # configured now
     engine.check()

@@ -446,8 +446,6 @@ class LeveragePress(KeyScoredPress):
         from ..vllm.kept import page_summaries
         from ..vllm.native import rank_kept
 
-        if kept.device.type != "cpu" or length < 2 * window:
-            return None
         scores = self.leverage(page_summaries(kept, self, block_table, block_size, request, length),
                                (pos + 1).tolist())
         rows = torch.arange(len(pos))

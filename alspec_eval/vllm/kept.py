@@ -19,6 +19,10 @@ import torch
 from .tiled import VERIFY_BUDGET
 
 
+CPU_CHUNK = 2**19  # bytes of a CPU cache's keys summarized at once when a layer's summaries are made: a chunk's
+# copies stay in the processor's caches (a chunk of VERIFY_BUDGET costs 2-4x as much for CUR's norms)
+
+
 def part_size(approx: Any, block_size: int) -> int:
     """Keys per kept part: the largest run that divides both the draft's page and the cache's block."""
     return math.gcd(approx.kept_page(), block_size)
@@ -41,12 +45,12 @@ def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any) -> torch.Tensor:
     was configured, prefix-cached blocks among it)."""
     blocks, heads, size = kv_cache.shape[:3]
     g = part_size(approx, size)
-    blank = kv_cache.new_zeros(1, g, heads, kv_cache.shape[-1] // 2)
-    probe = approx.summarize(blank, blank if approx.reads_layer else None)  # (1, Hkv, F)
-    kept = kv_cache.new_empty(blocks, size // g, heads, probe.shape[-1], dtype=probe.dtype)  # Knorm's: float32
-    every = torch.arange(blocks * (size // g), device=kv_cache.device)
-    summarize_parts(kept, approx, kv_cache, layout, every // (size // g), every % (size // g))
-    return kept
+    keys, values = layout.all_parts(kv_cache, g, approx.reads_layer)  # views: (blocks, N / g, g, Hkv, D)
+    budget = CPU_CHUNK if kv_cache.device.type == "cpu" else VERIFY_BUDGET
+    step = max(1, budget // (4 * size * heads * keys.shape[-1] * kv_cache.element_size()))  # blocks at once
+    parts = [approx.summarize(keys[lo:lo + step], None if values is None else values[lo:lo + step])
+             for lo in range(0, blocks, step)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)  # (blocks, N / g, Hkv, F); Knorm's: float32
 
 
 def written_parts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,

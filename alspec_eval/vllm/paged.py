@@ -85,6 +85,17 @@ class PlainLayout:
 
         return read(kv_cache[..., :dim]), read(kv_cache[..., dim:]) if values else None
 
+    def all_parts(self, kv_cache: torch.Tensor, size: int,
+                  values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every block's keys (and values) in parts of ``size``: (blocks, N / size, size, Hkv, D) views, nothing
+        copied."""
+        dim = kv_cache.shape[-1] // 2
+
+        def view(half: torch.Tensor) -> torch.Tensor:
+            return half.unflatten(2, (-1, size)).permute(0, 2, 3, 1, 4)
+
+        return view(kv_cache[..., :dim]), view(kv_cache[..., dim:]) if values else None
+
     def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Where the ``width`` consecutive slots from ``start`` of blocks ``block`` (both (T, c)) are, for
@@ -152,6 +163,16 @@ class CpuVecLayout:
         if not values:
             return keys, None
         return keys, flat[..., length * dim:].view(blocks, heads, -1, size, dim)[block, :, part].transpose(1, 2)
+
+    def all_parts(self, kv_cache: torch.Tensor, size: int,
+                  values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        blocks, heads, length, twice = kv_cache.shape
+        dim = twice // 2
+        flat = kv_cache.view(blocks, heads, length * twice)
+        keys = flat[..., :length * dim].view(blocks, heads, dim, -1, size).permute(0, 3, 4, 1, 2)
+        if not values:
+            return keys, None
+        return keys, flat[..., length * dim:].view(blocks, heads, -1, size, dim).permute(0, 2, 3, 1, 4)
 
     def chunk_rows(self, shape: torch.Size, block: torch.Tensor, start: torch.Tensor,
                    width: int) -> tuple[torch.Tensor, torch.Tensor]:
