@@ -1,9 +1,10 @@
-"""Quest's page bounds and Knorm's key scores kept beside a paged cache (alspec_eval.vllm.kept) as an engine keeps them: made from the whole
-cache when the draft is configured, then the parts each step fills summarized again. After every step, every
-request's full pages have the summaries the draft's own ``prepare`` computes from its contiguous keys, bit for bit: through
-prompts prefilled in chunks, decode steps, a prefix shared by two requests, a block freed and written by another
-request, pages of one key, pages within a block and across blocks, in both layouts (the plain one also as the non-contiguous view of
-an NHD allocation, FlashAttention's default on CUDA). Torch only, no vLLM."""
+"""Quest's page bounds, Knorm's key scores and CUR's squared norms kept beside a paged cache (alspec_eval.vllm.kept)
+as an engine keeps them: made from the cache when the draft is configured (on a CPU worker, a block's when a step
+first holds it), then the parts each step fills summarized again. After every step, every request's full pages have
+the summaries the draft's own ``prepare`` computes from its contiguous keys, bit for bit: through prompts prefilled
+in chunks, decode steps, a prefix shared by two requests, a block freed and written by another request, pages of one
+key, pages within a block and across blocks, in both layouts (the plain one also as the non-contiguous view of an
+NHD allocation, FlashAttention's default on CUDA). Torch only, no vLLM."""
 
 from __future__ import annotations
 
@@ -73,9 +74,10 @@ class Engine:
         kept.keep_written(self.kept, self.approx, self.cache, self.layout,
                           kept.written_blocks(self.table, written, self.kept.shape[1]))
 
-    def check(self) -> None:
-        """Every row's full pages: the kept summaries equal the draft's prepare on its contiguous keys, bit for bit."""
-        for row in range(4):
+    def check(self, rows: list[int] | None = None) -> None:
+        """Every row's full pages (of ``rows``, None: all): the kept summaries equal the draft's prepare on its
+        contiguous keys, bit for bit."""
+        for row in range(4) if rows is None else rows:
             length = self.keys[row].shape[1]
             if length < self.approx.kept_page():
                 continue
@@ -223,7 +225,8 @@ def test_kept_scores_ranked_in_c_are_kvpress_ranking():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("args", ["num_sinks:2;local_window_size:4", "", "use_local_approximation:false;leverage_type:kv_avg"])
+@pytest.mark.parametrize("args", ["num_sinks:2;local_window_size:4", "",
+                                  "use_local_approximation:false;leverage_type:kv_avg"])
 def test_cur_selected_in_one_call_from_kept_norms_is_its_own_selection(dtype, args):
     """CUR's selection straight from the norms kept beside the cache (select_kept: every row scored at once, then
     ranked by the CPU kernel, what the listed verifier calls) keeps the keys its select keeps row by row from
@@ -236,11 +239,76 @@ def test_cur_selected_in_one_call_from_kept_norms_is_its_own_selection(dtype, ar
     engine.kept[int(engine.table[3, 1])] = 0  # row 3's keys 16 to 31: norms of zero
     request = torch.tensor([0, 0, 1, 1, 2, 3, 0, 3])
     pos = torch.tensor([199, 64, 36, 10, 15, 89, 3, 31])
+    from alspec_eval.approximations.kvpress import _outside, ranked
+
+    def own(pos: torch.Tensor, length: int) -> torch.Tensor:  # row by row from page_summaries, ranked in torch
+        prepared = approx.prepare_pages(kept.page_summaries(engine.kept, approx, engine.table, 16, request, length))
+        scored = torch.zeros(len(pos), HEADS, length)
+        for i, p in enumerate(pos.tolist()):
+            scored[i, :, :p + 1] = approx.leverage(prepared[i:i + 1, :, :p + 1], [p + 1])[0]
+        return ranked(scored, 16, _outside(length, pos, torch.zeros_like(pos)))
+
     length = int(pos.max()) + 1
-    prepared = approx.prepare_pages(kept.page_summaries(engine.kept, approx, engine.table, 16, request, length))
-    want = approx.select(None, torch.empty(len(pos), HEADS, length, DIM), torch.arange(len(pos)), pos,
-                         torch.zeros_like(pos), 8, (), prepared)
     got = approx.select_kept(None, engine.kept, engine.table, 16, request, pos, 8, length)
-    assert got is not None and got[0].shape == (len(pos), HEADS, 16)
-    assert torch.equal(got[0], want[0])
-    assert approx.select_kept(None, engine.kept, engine.table, 16, request, pos, 8, 15) is None  # shorter than 2S
+    assert got[0].shape == (len(pos), HEADS, 16)
+    assert torch.equal(got[0], own(pos, length))
+    short = pos.clamp(max=14)  # contexts read to 15 keys, fewer than 2S: ranked in torch
+    assert torch.equal(approx.select_kept(None, engine.kept, engine.table, 16, request, short, 8, 15)[0],
+                       own(short, 15))
+
+
+@pytest.mark.parametrize("layout", [PlainLayout(), CpuVecLayout()], ids=["plain", "cpu-vec"])
+@pytest.mark.parametrize("draft", ["quest", "cur"])
+def test_a_cpu_worker_makes_a_blocks_summaries_at_the_first_step_that_holds_it(layout, draft, monkeypatch):
+    """On the CPU a worker makes a block's summaries at the first step whose requests hold it, at every layer, not
+    the whole cache's at its configuration: requests written before the draft was configured (the prefix cache),
+    one of them first held steps later, a block freed and written by a new request, a request that starts from
+    another's blocks. After every step, both layers' summaries of each held request's full pages are the draft's
+    prepare on its keys, bit for bit; each block is made once per layer, and a block no step held never."""
+    from types import SimpleNamespace
+
+    from alspec_eval.vllm.backend import WorkerState
+    from alspec_eval.vllm.paged import Settings
+
+    approx = (SpeculationConfig(window=16, approx=f"kvpress:{PRESS[draft]}").approx if draft in PRESS else
+              SpeculationConfig(window=16, approx="quest", approx_args="page:8").approx)
+    engine = Engine(approx, layout, 16, blocks=60)
+    engine.step({0: 70, 1: 33, 2: 40})  # written before the configuration
+    state = WorkerState(settings=Settings((0.0,), 16, 1, approx))
+    table = torch.zeros_like(engine.table)  # the step's rows, in vLLM's persistent block table
+    made: dict[str, list[int]] = {"a": [], "b": []}  # layer "c" first runs at the third step
+    summarize = kept.summarize_blocks
+
+    def step(tokens: dict[int, int]) -> None:
+        engine.step(tokens)
+        rows = sorted(tokens)
+        table[:len(rows)] = engine.table[rows]
+        lengths = torch.tensor([tokens[r] for r in rows])
+        ran = SimpleNamespace(rows=SimpleNamespace(plans={}),
+                              seq_lens=torch.tensor([engine.keys[r].shape[1] for r in rows]),
+                              query_start_loc=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
+        for name in made:
+            monkeypatch.setattr(kept, "summarize_blocks", lambda k, a, c, lay, blocks, name=name: (
+                made[name].extend([] if blocks is None else blocks.tolist()), summarize(k, a, c, lay, blocks)))
+            state.keep(name, engine.cache, layout, table, ran)
+        for name in made:
+            engine_kept, engine.kept = engine.kept, state.kept[name]
+            engine.check(rows)
+            engine.kept = engine_kept
+
+    def blocks_of(row: int) -> list[int]:
+        return engine.table[row, :-(-engine.keys[row].shape[1] // 16)].tolist()
+
+    step({0: 1, 1: 1})
+    assert sorted(made["a"]) == sorted(blocks_of(0) + blocks_of(1)) == sorted(made["b"])
+    step({0: 1, 1: 1})
+    made["c"] = []
+    step({2: 1, 0: 1})  # row 2, written before the configuration, first held now
+    assert sorted(made["a"]) == sorted(blocks_of(0) + blocks_of(1) + blocks_of(2)) == sorted(made["b"])
+    assert sorted(made["c"]) == sorted(made["a"])  # a layer first run now makes what the others hold
+    engine.release(1)
+    step({3: 40, 0: 1})  # row 3 writes row 1's freed blocks
+    engine.share(1, 0, 4)
+    step({1: 5, 3: 1})  # a request that starts from row 0's first four blocks
+    assert sorted(made["a"]) == sorted(set(made["a"])) == sorted(made["b"]) == sorted(made["c"])  # once a layer
+    assert set(made["a"]) < set(range(60))  # blocks no step held: never made

@@ -166,6 +166,22 @@ def ranked(scores: torch.Tensor, keep: int, outside: torch.Tensor | None = None)
     return _first(_after(_groups(order.values), outside, order.indices, length), order.indices, keep, length)
 
 
+def ranked_rows(scores: torch.Tensor, keep: int, pos: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """:func:`ranked` of rows of (r, Hkv, L) scores, each among its own keys [pad, pad + pos]: on the CPU, where no row
+    is left-padded (vLLM's contexts), in one call of the C kernel that ranks kept scores (``native.rank_kept``, key
+    for key kvpress's ranking: tests/test_kept_pages.py), else in torch."""
+    length = scores.shape[-1]
+    if scores.device.type == "cpu" and not any(semantics.host_values(pad)):
+        from ..vllm.native import rank_kept
+
+        rows = torch.arange(len(scores))
+        chosen = rank_kept(scores.float().transpose(1, 2).contiguous()[..., None], rows.to(torch.int32)[:, None],
+                           length, rows, torch.tensor(semantics.host_values(pos)), keep, length, TIE)
+        if chosen is not None:
+            return chosen
+    return ranked(scores, keep, _outside(length, pos, pad))
+
+
 def _after(group: torch.Tensor, outside: torch.Tensor | None, index: torch.Tensor, length: int) -> torch.Tensor:
     """The groups of keys at ``index``, those ``outside`` moved past every group (there are at most L)."""
     return group if outside is None else group + outside.gather(-1, index) * (length + 1)
@@ -259,7 +275,7 @@ class KeyScoredPress(_PressDraft):
             values = None if layer.value is None else layer.value[row:row + 1, :, a:a + p + 1]
             scored[i, :, a:a + p + 1] = self.row_scores(keys, values, window, layer.module,
                                                         None if kept is None else kept[row])
-        return ranked(scored, 2 * window, _outside(length, pos, pad)), None
+        return ranked_rows(scored, 2 * window, pos, pad), None
 
     def row_scores(self, keys: torch.Tensor, values: torch.Tensor, window: int, module: torch.nn.Module | None,
                    kept: dict | None) -> torch.Tensor:
@@ -437,21 +453,17 @@ class LeveragePress(KeyScoredPress):
         scored = torch.zeros(len(rows), key.shape[1], length, device=key.device)
         for i, (row, p, a) in enumerate(zip(*map(semantics.host_values, (rows, pos, pad)))):
             scored[i, :, a:a + p + 1] = self.leverage(prepared[row:row + 1, :, a:a + p + 1], [p + 1])[0]
-        return ranked(scored, 2 * window, _outside(length, pos, pad)), None
+        return ranked_rows(scored, 2 * window, pos, pad), None
 
     def select_kept(self, query: torch.Tensor, kept: torch.Tensor, block_table: torch.Tensor, block_size: int,
                     request: torch.Tensor, pos: torch.Tensor, window: int, length: int) -> Selected | None:
-        """Every row's norms read from the kept ones at once and scored together (:meth:`leverage`), then ranked by
-        the CPU kernel (each row's keys past its position last)."""
+        """Every row's norms read from the kept ones at once, scored together (:meth:`leverage`) and ranked (on the
+        CPU by the C kernel: :func:`ranked_rows`)."""
         from ..vllm.kept import page_summaries
-        from ..vllm.native import rank_kept
 
         scores = self.leverage(page_summaries(kept, self, block_table, block_size, request, length),
                                (pos + 1).tolist())
-        rows = torch.arange(len(pos))
-        chosen = rank_kept(scores.float().transpose(1, 2).contiguous()[..., None], rows.to(torch.int32)[:, None],
-                           length, rows, pos, 2 * window, length, TIE)
-        return None if chosen is None else (chosen, None)
+        return ranked_rows(scores, 2 * window, pos, torch.zeros_like(pos)), None
 
 
 @dataclass(frozen=True)

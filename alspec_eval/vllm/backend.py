@@ -43,6 +43,8 @@ class WorkerState:
     backend: str | None = None  # the platform backend that gives A (provenance)
     verifier: Verifier | None = None  # how this engine verifies (verifiers.choose), chosen at its first layer call
     kept: dict[str, torch.Tensor] = field(default_factory=dict)  # per layer, a draft's page summaries (kept.py)
+    # per block table (its buffer) of a CPU cache: the physical blocks whose summaries every layer holds
+    summarized: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def step(self, common: Any) -> Step | None:
         """The step's speculating tokens and the tokens in an observation window, built once per step by the
@@ -99,12 +101,31 @@ class WorkerState:
     def keep(self, name: str, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
              step: Step) -> torch.Tensor:
         """Layer ``name``'s page summaries of a draft that keeps them (:mod:`.kept`), with the parts this step filled
-        summarized again: made, from the whole cache, at the layer's first step after the driver configured it. The
-        parts filled and their blocks are found once per step (per block table) and copied to the device once."""
+        summarized again. On a GPU every block's are made at the layer's first step after the driver configured the
+        draft. On the CPU a block's are made at the first step that holds it, at every layer (found once a step:
+        the blocks the step's requests hold that no step held before), so a configuration costs the blocks in use,
+        not the whole cache. The parts filled and their blocks are found once per step (per block table) and copied
+        to the device once."""
         approx = self.settings.approx
-        if name not in self.kept:
-            self.kept[name] = kept.allocate(approx, kv_cache, layout)
-            return self.kept[name]
+        if kv_cache.device.type != "cpu":
+            if name not in self.kept:
+                self.kept[name] = kept.allocate(approx, kv_cache, layout)
+                return self.kept[name]
+        else:
+            done = self.summarized.get(block_table.data_ptr())
+            if done is None:
+                done = self.summarized[block_table.data_ptr()] = torch.zeros(kv_cache.shape[0], dtype=torch.bool)
+            missing = step.rows.plans.get(("unsummarized", block_table.data_ptr()))
+            if missing is None:  # the step's first layer
+                held = kept.held_blocks(block_table, step.seq_lens, kv_cache.shape[2])
+                missing = step.rows.plans[("unsummarized", block_table.data_ptr())] = held[~done[held]]
+                done[missing] = True
+            if name not in self.kept:  # what the other layers hold already (nothing after a configuration)
+                earlier = done.clone()
+                earlier[missing] = False
+                self.kept[name] = kept.allocate(approx, kv_cache, layout, earlier.nonzero().squeeze(1))
+            if len(missing):
+                kept.summarize_blocks(self.kept[name], approx, kv_cache, layout, missing)
         size = kept.part_size(approx, kv_cache.shape[2])
         plan = ("written", size, block_table.device.type, block_table.data_ptr())
         blocks = step.rows.plans.get(plan)

@@ -31,7 +31,8 @@ def part_size(approx: Any, block_size: int) -> int:
 def summarize_parts(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any, block: torch.Tensor,
                     part: torch.Tensor) -> None:
     """Summarize parts ``part`` (n,) of physical blocks ``block`` (n,) from the keys (and, for a draft that
-    ``reads_layer``, the values) the cache holds now, into ``kept``; a part whose keys are not all written yet gets a summary no read uses."""
+    ``reads_layer``, the values) the cache holds now, into ``kept``; a part whose keys are not all written yet gets a
+    summary no read uses."""
     heads, dim = kv_cache.shape[1], kv_cache.shape[-1] // 2
     size = kv_cache.shape[2] // kept.shape[1]
     step = max(1, VERIFY_BUDGET // (4 * size * heads * dim * kv_cache.element_size()))  # keys, values, copies
@@ -40,17 +41,40 @@ def summarize_parts(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, lay
         kept[ids, at] = approx.summarize(*layout.parts(kv_cache, ids, at, size, approx.reads_layer))
 
 
-def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any) -> torch.Tensor:
-    """A layer's summaries, every part of its cache summarized as it holds it now (what vLLM wrote before the draft
-    was configured, prefix-cached blocks among it)."""
-    blocks, heads, size = kv_cache.shape[:3]
+def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any, blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """A layer's summaries: those of physical blocks ``blocks`` (host) made from the cache as it holds them now, the
+    others left to :func:`summarize_blocks`; None: every block's (what vLLM wrote before the draft was configured,
+    prefix-cached blocks among it)."""
+    blocks_all, heads, size = kv_cache.shape[:3]
     g = part_size(approx, size)
-    keys, values = layout.all_parts(kv_cache, g, approx.reads_layer)  # views: (blocks, N / g, g, Hkv, D)
+    blank = kv_cache.new_zeros(1, g, heads, kv_cache.shape[-1] // 2)
+    probe = approx.summarize(blank, blank if approx.reads_layer else None)  # (1, Hkv, F)
+    kept = kv_cache.new_empty(blocks_all, size // g, heads, probe.shape[-1], dtype=probe.dtype)  # Knorm's: float32
+    summarize_blocks(kept, approx, kv_cache, layout, blocks)
+    return kept
+
+
+def summarize_blocks(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, layout: Any,
+                     blocks: torch.Tensor | None) -> None:
+    """Summarize every part of physical blocks ``blocks`` (host; None: every block) from the cache as it holds them
+    now, read in place (``all_parts``) a few blocks at a time."""
+    heads, size = kv_cache.shape[1:3]
+    keys, values = layout.all_parts(kv_cache, size // kept.shape[1], approx.reads_layer)  # (blocks, N / g, g, Hkv, D)
     budget = CPU_CHUNK if kv_cache.device.type == "cpu" else VERIFY_BUDGET
     step = max(1, budget // (4 * size * heads * keys.shape[-1] * kv_cache.element_size()))  # blocks at once
-    parts = [approx.summarize(keys[lo:lo + step], None if values is None else values[lo:lo + step])
-             for lo in range(0, blocks, step)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)  # (blocks, N / g, Hkv, F); Knorm's: float32
+    count = kv_cache.shape[0] if blocks is None else len(blocks)
+    for lo in range(0, count, step):
+        ids = slice(lo, lo + step) if blocks is None else blocks[lo:lo + step].to(kv_cache.device)
+        kept[ids] = approx.summarize(keys[ids], None if values is None else values[ids])
+
+
+def held_blocks(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The physical blocks a step's requests hold (every block of each one's first ``seq_lens`` keys), once each:
+    the blocks a step may read summaries of (host)."""
+    count = -(-seq_lens.long() // block_size)
+    width = int(count.max()) if len(count) else 0
+    held = torch.arange(width) < count[:, None]
+    return block_table[:len(seq_lens), :width][held].long().unique()
 
 
 def written_parts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,

@@ -33,7 +33,8 @@ class ALSpecWorker:
         state.records.clear()
         state.dumps.clear()
         state.verifier = None  # chosen again for this draft at the next speculating layer
-        state.kept.clear()  # a draft's page summaries: made again from the whole cache at the next step
+        state.kept.clear()  # a draft's page summaries: made again from the cache from the next step on
+        state.summarized.clear()
         if self.device.type == "cpu":  # type: ignore[attr-defined]
             native.library()  # built (or found in the cache) here, so that no engine step pays the compiler
         layers = self.vllm_config.compilation_config.static_forward_context  # type: ignore[attr-defined]
