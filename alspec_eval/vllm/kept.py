@@ -5,8 +5,10 @@ A layer's summaries are one tensor, (num_blocks, N / g, Hkv, F): per physical bl
 of g = gcd(page, N) keys; a page is page / g parts, within a block or across blocks, merged when read. They follow
 the cache: the parts a step fills are summarized again after the platform's backend has written them
 (:func:`keep_written`), so prefix-shared blocks share their summaries, and a block vLLM frees and hands to another
-request is summarized again when that request writes it. A part only counts once all its keys are written, which is
-true of every page a draft reads (full pages before the current one). Torch only, no vLLM.
+request is summarized again when that request writes it. What the cache held before the draft was configured is
+summarized a block at a time (:func:`summarize_blocks`): every block at once, or, on a CPU worker, each at the first
+step that holds it. A part only counts once all its keys are written, which is true of every page a draft reads
+(full pages before the current one). Torch only, no vLLM.
 """
 
 from __future__ import annotations
