@@ -31,7 +31,7 @@ def draft(name: str):
 
 
 IN_VLLM = APPROXIMATIONS + [p for p in PRESSES if p not in HF_ONLY]
-KEPT = ["quest", "KnormPress"]  # the drafts that keep page summaries beside vLLM's cache (kept_page)
+KEPT = ["quest", "KnormPress", "CURPress"]  # the drafts that keep page summaries beside vLLM's cache (kept_page)
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES)
@@ -154,7 +154,7 @@ def _reads(monkeypatch) -> list[int]:
 def test_only_drafts_that_read_keys_read_contexts_once_observed(monkeypatch, name):
     """Past the prompt's observation, a draft that declares ``reads_keys = False`` (SnapKV's family: its keys come
     from the prompt's scores and the position; the presses that rank by position or by chance) reads no context from the paged cache, nor does one that keeps page
-    summaries beside it (Quest, Knorm); every other selecting draft reads each request's once a layer, however many of its
+    summaries beside it (Quest, Knorm, CUR); every other selecting draft reads each request's once a layer, however many of its
     positions speculate."""
     approx = draft(name)
     if approx.keys_by_position:
@@ -206,8 +206,8 @@ def _pages_of_other_request(summaries):
 @pytest.mark.parametrize("broken", [_pages_shifted, _pages_of_other_request])
 @pytest.mark.parametrize("name", KEPT)
 def test_kept_pages_read_wrong_are_caught(monkeypatch, broken, name):
-    """Quest and Knorm prepare from the page summaries kept beside the cache (vllm.kept: bounds, scores): read from
-    the wrong part or request, they select other keys than from a contiguous cache."""
+    """Quest, Knorm and CUR prepare from the page summaries kept beside the cache (vllm.kept: bounds, scores, norms):
+    read from the wrong part or request, they select other keys than from a contiguous cache."""
     monkeypatch.setattr(paged, "page_summaries", broken(paged.page_summaries))
     found = check.paged_equals_contiguous(draft(name), 4, 2, 16, WINDOW)
     assert len(found) == 4 and all("positions select other keys" in line for line in found), found
