@@ -446,9 +446,11 @@ class LeveragePress(KeyScoredPress):
     def select(self, query: torch.Tensor, key: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
                pad: torch.Tensor, window: int, passed: tuple, prepared: Any) -> Selected:
         """Each row's scores from its own norms up to its position (:meth:`leverage`), then every row ranked in one
-        call, each among its own keys."""
+        call, each among its own keys. Rows without left padding (vLLM's contexts) are scored together."""
         if self.kept_page() is None:
             return super().select(query, key, rows, pos, pad, window, passed, prepared)
+        if not any(semantics.host_values(pad)):
+            return self._ranked(semantics.rows_of(prepared, rows), pos, window), None
         length = key.shape[2]
         scored = torch.zeros(len(rows), key.shape[1], length, device=key.device)
         for i, (row, p, a) in enumerate(zip(*map(semantics.host_values, (rows, pos, pad)))):
@@ -457,13 +459,16 @@ class LeveragePress(KeyScoredPress):
 
     def select_kept(self, query: torch.Tensor, kept: torch.Tensor, block_table: torch.Tensor, block_size: int,
                     request: torch.Tensor, pos: torch.Tensor, window: int, length: int) -> Selected | None:
-        """Every row's norms read from the kept ones at once, scored together (:meth:`leverage`) and ranked (on the
-        CPU by the C kernel: :func:`ranked_rows`)."""
+        """Every row's norms read from the kept ones at once, scored together and ranked (on the CPU by the C
+        kernel: :func:`ranked_rows`)."""
         from ..vllm.kept import page_summaries
 
-        scores = self.leverage(page_summaries(kept, self, block_table, block_size, request, length),
-                               (pos + 1).tolist())
-        return ranked_rows(scores, 2 * window, pos, torch.zeros_like(pos)), None
+        return self._ranked(page_summaries(kept, self, block_table, block_size, request, length), pos, window), None
+
+    def _ranked(self, norms: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
+        """The 2S best keys of rows whose keys from 0 have ``norms`` (r, Hkv, L, 2), each scored to its position."""
+        scores = self.leverage(norms, [p + 1 for p in semantics.host_values(pos)])
+        return ranked_rows(scores, 2 * window, pos, torch.zeros_like(pos))
 
 
 @dataclass(frozen=True)

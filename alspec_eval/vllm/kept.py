@@ -22,7 +22,7 @@ from .tiled import VERIFY_BUDGET
 
 
 CPU_CHUNK = 2**19  # bytes of a CPU cache's keys summarized at once when a layer's summaries are made: a chunk's
-# copies stay in the processor's caches (a chunk of VERIFY_BUDGET costs 2-4x as much for CUR's norms)
+# copies stay in the processor's caches (a chunk of VERIFY_BUDGET cost 2-5x as much for CUR's norms here)
 
 
 def part_size(approx: Any, block_size: int) -> int:
