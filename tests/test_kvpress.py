@@ -424,3 +424,26 @@ def test_cur_scores_from_its_keys_norms_are_kvpress_s_own(args):
                                         projected.prepare(keys, pad, 4, None, layer))[0],
                        drafts.KeyScoredPress.select(projected, None, keys, rows, pos, pad[rows], 4, (),
                                                     (layer, None))[0])
+
+
+def test_keydiff_scores_as_kvpress_s_own_call_with_its_common_passes_taken_once():
+    """KeyDiff's draft scores a row with kvpress's normalize-then-cosine operations, the norm and unit keys they share
+    taken once: bit for bit the press's own call, in float32 and bfloat16, at lengths 1 to past 4K, on a row sliced
+    out of a left-padded batch (as both engines hand it), with keys of norm 0, between F.normalize's eps and the
+    cosine's, and below both, and a row whose mean unit key is shorter than the cosine's eps."""
+    approx = make_approximation("kvpress:KeyDiffPress")
+    g = torch.Generator().manual_seed(4)
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1, 2, 3, 17, 64, 4099):
+            batch = (3 * torch.randn(2, 3, n + 9, 64, generator=g)).to(dtype)
+            for keys in (batch[1:, :, 9:], batch[:1, :, :n]):
+                if n >= 4:
+                    keys = keys.clone()
+                    keys[0, 0, 1], keys[0, 1, 2], keys[0, 2, 3] = 0, keys[0, 1, 2] * 1e-10, keys[0, 2, 3] * 1e-20
+                want = drafts.score(approx.make_press(8, n), None, None, keys, None, {})[0]
+                got = approx.row_scores(keys, None, 4, None, None)
+                assert got.dtype == want.dtype and torch.equal(got, want), (dtype, n)
+        key = batch[0, :, :1]
+        cancelled = torch.cat([key, -key, key * 1e-22], 1)[None]  # mean unit key: a third of the last's, below eps
+        want = drafts.score(approx.make_press(8, 3), None, None, cancelled, None, {})[0]
+        assert torch.equal(approx.row_scores(cancelled, None, 4, None, None), want), dtype

@@ -325,7 +325,7 @@ class LayerInputs:
     rotary embedding module."""
 
     module: torch.nn.Module | None  # None inside vLLM, whose layer has no HF module (drafts that read it: hf_only)
-    value: torch.Tensor | None  # None for a draft that reads no value (kvpress.KeysOnlyPress)
+    value: torch.Tensor | None  # None for a draft that reads no value (kvpress.MeanKeyPress: KeyDiff)
     hidden_states: torch.Tensor | None = None
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
     rotary_emb: torch.nn.Module | None = None  # the model's rotary embedding module, where it has one

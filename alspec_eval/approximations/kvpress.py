@@ -50,6 +50,7 @@ SEED = 0  # presses that draw random numbers (Random, LeverageScore's sketch) dr
 # alone separates such scores: Knorm's norms of one token's keys at layer 0 (its key before RoPE is the token's
 # own; the rotation keeps the norm) differ by an ulp or two with how an engine rotates, 2^-16 is 128 ulps
 TIE = 2.0 ** -16
+COSINE_EPS, NORMALIZE_EPS = 1e-8, 1e-12  # the defaults of F.cosine_similarity and F.normalize, as KeyDiff calls them
 
 
 def import_kvpress() -> Any:
@@ -328,15 +329,30 @@ class KeyAlonePress(KeyScoredPress):
 
 
 @dataclass(frozen=True)
-class KeysOnlyPress(KeyScoredPress):
-    """A key-only press whose score reads every key and no value (KeyDiff: each key against the layer's mean key):
-    vLLM reads no value for it."""
+class MeanKeyPress(KeyScoredPress):
+    """KeyDiff: a key's score is minus its cosine with the row's mean unit key, so a new key moves every score and a
+    step reads every key, and no value (vLLM reads none for it). Scored with kvpress's operations in their order, bit
+    for bit its ``F.normalize`` then ``F.cosine_similarity`` (tests/test_kvpress.py), their common passes taken once:
+    each key's norm, and its unit key, which both divide by the same norm unless the key is shorter than the cosine's
+    eps."""
 
     reads_layer = False
 
     def prepare(self, key: torch.Tensor, pad: torch.Tensor, window: int, observed: list[dict] | None = None,
                 layer: LayerInputs | None = None) -> tuple[LayerInputs, list[dict] | None]:
         return LayerInputs(None, None), observed
+
+    def row_scores(self, keys: torch.Tensor, values: torch.Tensor, window: int, module: torch.nn.Module | None,
+                   kept: dict | None) -> torch.Tensor:
+        norm = torch.linalg.vector_norm(keys, 2, -1, keepdim=True)
+        unit = keys / norm.clamp_min(COSINE_EPS)  # cosine_similarity's x / max(|x|, eps)
+        short = norm < COSINE_EPS
+        normalized = unit  # F.normalize's x / max(|x|, its own eps), where no key is shorter than the cosine's eps
+        if keys.device.type != "cpu" or bool(short.any()):  # the check reads a flag back: on the CPU only
+            normalized = torch.where(short, keys / norm.clamp_min(NORMALIZE_EPS), unit)
+        anchor = normalized.mean(2, keepdim=True)
+        along = anchor / torch.linalg.vector_norm(anchor, 2, -1, keepdim=True).clamp_min(COSINE_EPS)
+        return -(unit * along).sum(-1)[0]
 
 
 @dataclass(frozen=True)
@@ -626,7 +642,7 @@ class TwoSinkPromptPress(PromptScoredPress):
 
 # Every press alspec-eval runs, by kvpress's name, with the kind of draft it runs as; the order is the reports'.
 PRESSES: dict[str, type[_PressDraft]] = {
-    "KnormPress": KeyAlonePress, "KeyDiffPress": KeysOnlyPress, "CURPress": LeveragePress,
+    "KnormPress": KeyAlonePress, "KeyDiffPress": MeanKeyPress, "CURPress": LeveragePress,
     "LagKVPress": ChunkPairPress, "RandomPress": PositionRankedPress, "StreamingLLMPress": SinkAndRecentPress,
     "CriticalKVPress": WrappingPress,
     "SnapKVPress": WindowedPromptPress, "PyramidKVPress": WindowedPromptPress,
