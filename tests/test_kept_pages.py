@@ -312,3 +312,45 @@ def test_a_cpu_worker_makes_a_blocks_summaries_at_the_first_step_that_holds_it(l
     step({1: 5, 3: 1})  # a request that starts from row 0's first four blocks
     assert sorted(made["a"]) == sorted(set(made["a"])) == sorted(made["b"]) == sorted(made["c"])  # once a layer
     assert set(made["a"]) < set(range(60))  # blocks no step held: never made
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_summaries_are_kept_only_up_to_half_the_bytes_of_the_keys(dtype):
+    """A draft keeps its summaries of a cache only where they take at most ``kept.SHARE`` of its keys' bytes: Quest's
+    bounds (2D numbers a page) of pages of 4 keys, exactly half, are kept, of 2 keys (the keys' size) and 1 not;
+    Knorm's float32 scores and CUR's norms always. A worker's layer then keeps nothing and reads keys."""
+    from types import SimpleNamespace
+
+    from alspec_eval.vllm.backend import WorkerState
+    from alspec_eval.vllm.paged import Settings
+
+    cache = torch.zeros(10, HEADS, 16, 2 * DIM, dtype=dtype)
+    keys = cache.numel() // 2 * cache.element_size()
+    for page, share in ((16, 1 / 8), (8, 1 / 4), (4, 1 / 2), (2, 1), (1, 2)):
+        approx = SpeculationConfig(window=16, approx="quest", approx_args=f"page:{page}").approx
+        assert kept.summary_bytes(approx, cache) == share * keys
+        assert kept.keeps(approx, cache) == (share <= 0.5), page
+        state = WorkerState(settings=Settings((0.0,), 16, 1, approx))
+        step = SimpleNamespace(rows=SimpleNamespace(plans={}), seq_lens=torch.tensor([20]),
+                               query_start_loc=torch.tensor([0, 1]))
+        got = state.keep("a", cache, PlainLayout(), torch.arange(10, dtype=torch.int32)[None], step)
+        assert (got is None) == (share > 0.5) and (state.kept["a"] is None) == (share > 0.5), page
+    for press in PRESS.values():
+        approx = SpeculationConfig(window=16, approx=f"kvpress:{press}").approx
+        assert kept.keeps(approx, cache) and kept.summary_bytes(approx, cache) < keys / 2
+
+
+def test_summaries_a_device_has_no_room_for_name_their_share_of_the_cache_and_the_fix(monkeypatch):
+    """vLLM sizes a GPU's KV cache to the memory it may use, and the summaries come after: where they do not fit, the
+    error names the draft, their share of the cache (Quest's pages of 8 keys: 2D numbers a page, 1/8 of the keys and
+    values) and the engine argument that leaves room."""
+    approx = SpeculationConfig(window=16, approx="quest", approx_args="page:8").approx
+    cache = torch.zeros(10, HEADS, 16, 2 * DIM)
+
+    def full(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", full)
+    with pytest.raises(torch.OutOfMemoryError, match=r"approx=quest keeps summaries .* 12\.5% of its size, .*Tried "
+                                                     r"to allocate 2\.00 GiB.*lower gpu_memory_utilization"):
+        kept.allocate(approx, cache, PlainLayout())

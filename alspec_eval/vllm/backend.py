@@ -42,7 +42,7 @@ class WorkerState:
     dumps: list[dict[str, Any]] = field(default_factory=list)  # Settings.dump: what an outside reference reads
     backend: str | None = None  # the platform backend that gives A (provenance)
     verifier: Verifier | None = None  # how this engine verifies (verifiers.choose), chosen at its first layer call
-    kept: dict[str, torch.Tensor] = field(default_factory=dict)  # per layer, a draft's page summaries (kept.py)
+    kept: dict[str, torch.Tensor | None] = field(default_factory=dict)  # per layer, a draft's summaries (kept.py)
     # per block table (its buffer) of a CPU cache: the physical blocks whose summaries every layer holds
     summarized: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -99,14 +99,19 @@ class WorkerState:
         return layout_for(self.backend, getattr(layer, "isa", None) if self.backend == "CPU_ATTN" else None)
 
     def keep(self, name: str, kv_cache: torch.Tensor, layout: Any, block_table: torch.Tensor,
-             step: Step) -> torch.Tensor:
+             step: Step) -> torch.Tensor | None:
         """Layer ``name``'s page summaries of a draft that keeps them (:mod:`.kept`), with the parts this step filled
-        summarized again. On a GPU every block's are made at the layer's first step after the driver configured the
+        summarized again; None where they would take more than :data:`.kept.SHARE` of the keys (the layer reads
+        keys). On a GPU every block's are made at the layer's first step after the driver configured the
         draft. On the CPU a block's are made at the first step that holds it, at every layer (found once a step:
         the blocks the step's requests hold that no step held before), so a configuration costs the blocks in use,
         not the whole cache. The parts filled and their blocks are found once per step (per block table) and copied
         to the device once."""
         approx = self.settings.approx
+        if name not in self.kept and not kept.keeps(approx, kv_cache):
+            self.kept[name] = None
+        if name in self.kept and self.kept[name] is None:
+            return None
         if kv_cache.device.type != "cpu":
             if name not in self.kept:
                 self.kept[name] = kept.allocate(approx, kv_cache, layout)

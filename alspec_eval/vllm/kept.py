@@ -25,6 +25,10 @@ CPU_CHUNK = 2**19  # bytes of a CPU cache's keys summarized at once when a layer
 # copies stay in the processor's caches (a chunk of VERIFY_BUDGET cost 2-5x as much for CUR's norms here)
 
 
+SHARE = 0.5  # the most of the keys' bytes a layer's summaries may take: past it (Quest's bounds of pages under 4 keys) a
+# step reads no fewer bytes of summaries than of keys, and the cache beside vLLM's would grow by half or more
+
+
 def part_size(approx: Any, block_size: int) -> int:
     """Keys per kept part: the largest run that divides both the draft's page and the cache's block."""
     return math.gcd(approx.kept_page(), block_size)
@@ -43,15 +47,41 @@ def summarize_parts(kept: torch.Tensor, approx: Any, kv_cache: torch.Tensor, lay
         kept[ids, at] = approx.summarize(*layout.parts(kv_cache, ids, at, size, approx.reads_layer))
 
 
-def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any, blocks: torch.Tensor | None = None) -> torch.Tensor:
-    """A layer's summaries: those of physical blocks ``blocks`` (host) made from the cache as it holds them now, the
-    others left to :func:`summarize_blocks`; None: every block's (what vLLM wrote before the draft was configured,
-    prefix-cached blocks among it)."""
+def summaries(approx: Any, kv_cache: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype of a layer's summaries of ``kv_cache``: (num_blocks, N / g, Hkv, F), the draft's dtype
+    (Knorm's scores: float32)."""
     blocks_all, heads, size = kv_cache.shape[:3]
     g = part_size(approx, size)
     blank = kv_cache.new_zeros(1, g, heads, kv_cache.shape[-1] // 2)
     probe = approx.summarize(blank, blank if approx.reads_layer else None)  # (1, Hkv, F)
-    kept = kv_cache.new_empty(blocks_all, size // g, heads, probe.shape[-1], dtype=probe.dtype)  # Knorm's: float32
+    return (blocks_all, size // g, heads, probe.shape[-1]), probe.dtype
+
+
+def summary_bytes(approx: Any, kv_cache: torch.Tensor) -> int:
+    shape, dtype = summaries(approx, kv_cache)
+    return math.prod(shape) * dtype.itemsize
+
+
+def keeps(approx: Any, kv_cache: torch.Tensor) -> bool:
+    """Whether a draft that declares ``kept_page`` keeps its summaries of this cache: where they take at most
+    :data:`SHARE` of the keys' bytes; else a step reads keys, as for any draft."""
+    keys = kv_cache.numel() // 2 * kv_cache.element_size()
+    return summary_bytes(approx, kv_cache) <= SHARE * keys
+
+
+def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any, blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """A layer's summaries: those of physical blocks ``blocks`` (host) made from the cache as it holds them now, the
+    others left to :func:`summarize_blocks`; None: every block's (what vLLM wrote before the draft was configured,
+    prefix-cached blocks among it)."""
+    shape, dtype = summaries(approx, kv_cache)
+    try:
+        kept = kv_cache.new_empty(shape, dtype=dtype)
+    except torch.OutOfMemoryError as err:  # a GPU's: vLLM sized its KV cache to the memory it was allowed
+        share = summary_bytes(approx, kv_cache) / (kv_cache.numel() * kv_cache.element_size())
+        raise torch.OutOfMemoryError(
+            f"approx={approx.name} keeps summaries beside vLLM's KV cache, {share:.1%} of its size, outside vLLM's "
+            f"memory profile, and the device has no room left for them ({err}); leave that much: start the engine "
+            "with a lower gpu_memory_utilization (or kv_cache_memory_bytes)") from err
     summarize_blocks(kept, approx, kv_cache, layout, blocks)
     return kept
 
