@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import importlib
 import math
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -55,9 +56,12 @@ COSINE_EPS, NORMALIZE_EPS = 1e-8, 1e-12  # the defaults of F.cosine_similarity a
 
 def import_kvpress() -> Any:
     """The ``kvpress`` package, imported with transformers' attention functions as they were before: its
-    ``__init__`` wraps every one of them (``patch_attention_functions``)."""
+    ``__init__`` wraps every one of them (``patch_attention_functions``), once: imported, it is taken as it is (a
+    press made at every layer and step, as Knorm's summaries are, pays no restoring)."""
     from ..compat import attention_functions_kept
 
+    if "kvpress" in sys.modules:
+        return sys.modules["kvpress"]
     try:
         with attention_functions_kept():
             return importlib.import_module("kvpress")
