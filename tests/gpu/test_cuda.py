@@ -1,6 +1,7 @@
 """On a CUDA GPU (skipped without one): the Triton speculative decode against the torch reference in float16 and
 bfloat16 (GQA, left padding, window_align 1 and 32), and `--model alspec` in bfloat16 with kernel=auto (Triton)
-deciding as kernel=model except within bfloat16 rounding of lambda. The wall-time ratio is a benchmark:
+deciding as kernel=model except within bfloat16 rounding of lambda; KeyDiff's scores as kvpress's own call there (the
+GPU's branch reads no flag back). The wall-time ratio is a benchmark:
 `python benchmarks/bench_adapter.py --device cuda --dtype bfloat16 --kernel auto` (and `--kernel sdpa`)."""
 
 from __future__ import annotations
@@ -65,3 +66,21 @@ def test_alspec_on_cuda_bfloat16_triton_decides_as_sdpa():
     torch.testing.assert_close(ratios_b[:upto][same], ratios_a[:upto][same], atol=1e-2, rtol=2e-2)
     if len(differ):
         assert abs(float(ratios_a[upto]) - 0.3) <= 0.02 * 0.3, "a decision away from lambda differs"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keydiff_scores_on_the_gpu_are_kvpress_s_own_call(dtype):
+    """Off the CPU KeyDiff's draft makes F.normalize's unit keys apart whether or not a key is shorter than the
+    cosine's eps (no flag read back): still bit for bit the press's call on the GPU, with and without such keys."""
+    from alspec_eval.approximations import kvpress as drafts, make_approximation
+
+    approx = make_approximation("kvpress:KeyDiffPress")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for n in (1, 17, 4099):
+        keys = (3 * torch.randn(1, 4, n + 5, 128, generator=g, device="cuda")).to(dtype)[:, :, 5:]
+        for short in (False, True):
+            if short and n > 3:
+                keys = keys.clone()
+                keys[0, 0, 1], keys[0, 1, 2] = 0, keys[0, 1, 2] * 1e-10
+            want = drafts.score(approx.make_press(8, n), None, None, keys, None, {})[0]
+            assert torch.equal(approx.row_scores(keys, None, 4, None, None), want), (dtype, n, short)
