@@ -25,8 +25,8 @@ CPU_CHUNK = 2**19  # bytes of a CPU cache's keys summarized at once when a layer
 # copies stay in the processor's caches (a chunk of VERIFY_BUDGET cost 2-5x as much for CUR's norms here)
 
 
-SHARE = 0.5  # the most of the keys' bytes a layer's summaries may take: past it (Quest's bounds of pages under 4 keys) a
-# step reads no fewer bytes of summaries than of keys, and the cache beside vLLM's would grow by half or more
+SHARE = 0.5  # the most of the keys' bytes a layer's summaries may take: past it (Quest's bounds of pages under 4
+# keys) a step reads no fewer bytes of summaries than of keys, and the cache beside vLLM's would grow by half or more
 
 
 def part_size(approx: Any, block_size: int) -> int:
