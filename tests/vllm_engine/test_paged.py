@@ -614,17 +614,20 @@ def _content_drafts() -> list[tuple[str, dict]]:
 
 
 CONTENT_DRAFTS = _content_drafts()
+UNKEPT_QUEST = ("quest", {"page": 2})  # summaries as large as the keys: not kept, the keys read as any draft's
 
 
 def _listed_against_gathered(step: dict, approx: Approximation, lam: float, rows: StepRows | None = None,
                              atol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """Both ways on one layer of ``step`` (build_step's keys, or a _rolling case's): the same codes and measures,
     d/n and committed outputs to float32 rounding; returns the listed way's codes and d/n. A draft that keeps page
-    summaries (Quest, Knorm) selects from them, as the engine's do (the listed way in C where the draft offers it)."""
+    summaries (Quest, Knorm) selects from them, as the engine's do (the listed way in C where the draft offers it),
+    where the engine keeps them (``kept.keeps``: Quest's pages of 2 keys are not, and read keys)."""
     from alspec_eval.vllm import kept as kept_pages
 
     got = {}
-    summaries = None if approx.kept_page() is None else kept_pages.allocate(approx, step["cache"], step["layout"])
+    keeps = approx.kept_page() is not None and kept_pages.keeps(approx, step["cache"])
+    summaries = kept_pages.allocate(approx, step["cache"], step["layout"]) if keeps else None
     for path in ("listed", "gathered"):
         fresh = rows or StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5),
                                        seeds=torch.tensor([7, 2**32 - 5, 0, 123_456_789, 99]))
@@ -644,7 +647,8 @@ def _listed_against_gathered(step: dict, approx: Approximation, lam: float, rows
     return codes, ratios
 
 
-@pytest.mark.parametrize("name,args", CONTENT_DRAFTS, ids=[n for n, _ in CONTENT_DRAFTS])
+@pytest.mark.parametrize("name,args", [*CONTENT_DRAFTS, UNKEPT_QUEST],
+                         ids=[*(n for n, _ in CONTENT_DRAFTS), "quest-p2"])
 def test_listed_kernel_decides_every_draft_as_gathered(name, args):
     """Every content draft on the CPU layout (build_step's prefill, decode rows and a chunk; shared and shuffled
     blocks, garbage in every unread slot), verified by the listed kernel: the gathered path's decisions at a lambda
