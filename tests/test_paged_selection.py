@@ -96,7 +96,8 @@ def test_a_reader_that_gets_the_cache_wrong_is_caught(monkeypatch, broken, name)
     assert len(found) == 4 and all("positions select other keys" in line for line in found), found
 
 
-@pytest.mark.parametrize("window, page", [(16, 4), (24, 24), (32, 32)])  # pages smaller and larger than a block
+# pages smaller and larger than a block; pages of 1 and 2 keys, whose bounds are not kept (the keys read instead)
+@pytest.mark.parametrize("window, page", [(16, 1), (16, 2), (16, 4), (24, 24), (32, 32)])
 def test_quest_pages_across_blocks_select_as_from_a_contiguous_cache(window, page):
     approx = SpeculationConfig(window=window, approx="quest", approx_args=f"page:{page}").approx
     batch = check.Batch(4, 2, 16, window)

@@ -17,7 +17,7 @@ import torch
 from ..approximations import Approximation, LayerInputs, Site, draw_inputs, selection
 from ..semantics import request_seed
 from ..vllm import native
-from ..vllm.kept import allocate
+from ..vllm.kept import allocate, keeps
 from ..vllm.paged import (CpuVecLayout, PlainLayout, PromptRows, Prompts, Settings, observation_first, observe_layer,
                           selected_positions)
 
@@ -83,7 +83,7 @@ class Batch:
         pos = torch.cat(self.pos)
         query = torch.cat([q[p] for q, p in zip(self.queries, self.pos)])
         observed = {row: prompts.observed.get((row, 0)) for row in range(len(self.lengths))}
-        kept = allocate(approx, cache, layout) if approx.kept_page() else None  # as the engine keeps them
+        kept = allocate(approx, cache, layout) if approx.kept_page() and keeps(approx, cache) else None  # as vLLM
         scorer = functools.partial(native.key_scores, cache, table) if native.usable(layout, cache) else None
         positions, valid, log_weight, _ = selected_positions(query, cache, layout, table, block_size, request, pos,
                                                              settings, observed, kept=kept,
