@@ -83,7 +83,7 @@ class Batch:
         pos = torch.cat(self.pos)
         query = torch.cat([q[p] for q, p in zip(self.queries, self.pos)])
         observed = {row: prompts.observed.get((row, 0)) for row in range(len(self.lengths))}
-        kept = allocate(approx, cache, layout) if approx.kept_page() and keeps(approx, cache) else None  # as vLLM
+        kept = allocate(approx, cache, layout) if keeps(approx, cache) else None  # as vLLM keeps them
         scorer = functools.partial(native.key_scores, cache, table) if native.usable(layout, cache) else None
         positions, valid, log_weight, _ = selected_positions(query, cache, layout, table, block_size, request, pos,
                                                              settings, observed, kept=kept,

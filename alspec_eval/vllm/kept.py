@@ -63,10 +63,10 @@ def summary_bytes(approx: Any, kv_cache: torch.Tensor) -> int:
 
 
 def keeps(approx: Any, kv_cache: torch.Tensor) -> bool:
-    """Whether a draft that declares ``kept_page`` keeps its summaries of this cache: where they take at most
+    """Whether a draft keeps summaries of this cache: where it declares ``kept_page`` and they take at most
     :data:`SHARE` of the keys' bytes; else a step reads keys, as for any draft."""
     keys = kv_cache.numel() // 2 * kv_cache.element_size()
-    return summary_bytes(approx, kv_cache) <= SHARE * keys
+    return bool(approx.kept_page()) and summary_bytes(approx, kv_cache) <= SHARE * keys
 
 
 def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any, blocks: torch.Tensor | None = None) -> torch.Tensor:
@@ -77,7 +77,7 @@ def allocate(approx: Any, kv_cache: torch.Tensor, layout: Any, blocks: torch.Ten
     try:
         kept = kv_cache.new_empty(shape, dtype=dtype)
     except torch.OutOfMemoryError as err:  # a GPU's: vLLM sized its KV cache to the memory it was allowed
-        share = summary_bytes(approx, kv_cache) / (kv_cache.numel() * kv_cache.element_size())
+        share = math.prod(shape) * dtype.itemsize / (kv_cache.numel() * kv_cache.element_size())
         raise torch.OutOfMemoryError(
             f"approx={approx.name} keeps summaries beside vLLM's KV cache, {share:.1%} of its size, outside vLLM's "
             f"memory profile, and the device has no room left for them ({err}); leave that much: start the engine "

@@ -626,7 +626,7 @@ def _listed_against_gathered(step: dict, approx: Approximation, lam: float, rows
     from alspec_eval.vllm import kept as kept_pages
 
     got = {}
-    keeps = approx.kept_page() is not None and kept_pages.keeps(approx, step["cache"])
+    keeps = kept_pages.keeps(approx, step["cache"])
     summaries = kept_pages.allocate(approx, step["cache"], step["layout"]) if keeps else None
     for path in ("listed", "gathered"):
         fresh = rows or StepRows.build(step["qsl"], step["seq_lens"], step["starts"], torch.arange(5),
