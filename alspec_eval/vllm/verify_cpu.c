@@ -25,6 +25,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) || defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 enum { FLOAT32 = 0, BFLOAT16 = 1 };
 
@@ -826,34 +829,95 @@ int alspec_verify_listed(const void *query, int64_t q_stride, void *exact, int64
     return failed ? -1 : 0;
 }
 
+#ifdef __AVX2__
+/* An 8 x 8 tile of 4-byte elements transposed in registers: in's rows ``in_stride`` apart to out's ``out_stride``
+ * apart (element by element, the tile's 64 loads and stores are what the copy costs). */
+static inline void transpose8(const float *in, int64_t in_stride, float *out, int64_t out_stride) {
+    __m256 r[8], t[8], s[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in + i * in_stride);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(out + i * out_stride, _mm256_permute2f128_ps(s[i], s[i + 4], 0x20));
+        _mm256_storeu_ps(out + (i + 4) * out_stride, _mm256_permute2f128_ps(s[i], s[i + 4], 0x31));
+    }
+}
+#endif
+
+#ifdef __SSE2__
+/* The same for 2-byte elements (bfloat16), in SSE2's 16-byte registers. */
+static inline void transpose8_16(const uint16_t *in, int64_t in_stride, uint16_t *out, int64_t out_stride) {
+    __m128i r[8], a[8], b[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm_loadu_si128((const __m128i *)(in + i * in_stride));
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm_unpacklo_epi16(r[i], r[i + 1]);
+        a[i + 1] = _mm_unpackhi_epi16(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        b[i] = _mm_unpacklo_epi32(a[i], a[i + 2]);
+        b[i + 1] = _mm_unpackhi_epi32(a[i], a[i + 2]);
+        b[i + 2] = _mm_unpacklo_epi32(a[i + 1], a[i + 3]);
+        b[i + 3] = _mm_unpackhi_epi32(a[i + 1], a[i + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        _mm_storeu_si128((__m128i *)(out + 2 * i * out_stride), _mm_unpacklo_epi64(b[i], b[i + 4]));
+        _mm_storeu_si128((__m128i *)(out + (2 * i + 1) * out_stride), _mm_unpackhi_epi64(b[i], b[i + 4]));
+    }
+}
+#endif
+
+/* One block's transposed keys (D x N) made whole (N x D): in 8 x 8 register tiles (4-byte elements where AVX2 is
+ * built in, 2-byte ones where SSE2 is), what remains (every element, where neither is) one at a time. A block is at
+ * most tens of KB, within the core's caches, so the element-wise way needs no tiling of its own. */
+static void untranspose(const void *in, void *out, int64_t block_size, int64_t dim, int64_t element) {
+    int64_t tiled_o = 0, tiled_d = 0; /* [0, tiled_o) x [0, tiled_d) done in registers */
+#ifdef __AVX2__
+    if (element == 4) {
+        tiled_o = block_size / 8 * 8, tiled_d = dim / 8 * 8;
+        for (int64_t o = 0; o < tiled_o; o += 8)
+            for (int64_t d = 0; d < tiled_d; d += 8)
+                transpose8((const float *)in + d * block_size + o, block_size, (float *)out + o * dim + d, dim);
+    }
+#endif
+#ifdef __SSE2__
+    if (element == 2) {
+        tiled_o = block_size / 8 * 8, tiled_d = dim / 8 * 8;
+        for (int64_t o = 0; o < tiled_o; o += 8)
+            for (int64_t d = 0; d < tiled_d; d += 8)
+                transpose8_16((const uint16_t *)in + d * block_size + o, block_size, (uint16_t *)out + o * dim + d,
+                              dim);
+    }
+#endif
+    for (int64_t o = 0; o < block_size; ++o)
+        for (int64_t d = o < tiled_o ? tiled_d : 0; d < dim; ++d) {
+            if (element == 4)
+                ((uint32_t *)out)[o * dim + d] = ((const uint32_t *)in)[d * block_size + o];
+            else
+                ((uint16_t *)out)[o * dim + d] = ((const uint16_t *)in)[d * block_size + o];
+        }
+}
+
 /* Whole blocks' keys (and values) as the drafts read a context: ids (rows, count) physical blocks; keys out (rows,
- * Hkv, count N, D), each block's transposed (D x N) keys made whole (N x D) in tiles of 16 x 16 elements; values out
- * (NULL: not read) the same shape, each block's (N x D) values copied. Elements of ``element`` bytes (4 or 2), moved,
- * never converted: torch's index_select and permuted copy, in one pass. */
+ * Hkv, count N, D), each block's transposed (D x N) keys made whole (N x D) (untranspose); values out (NULL: not
+ * read) the same shape, each block's (N x D) values copied. Elements of ``element`` bytes (4 or 2), moved, never
+ * converted: torch's index_select and permuted copy, in one pass. */
 void alspec_read_blocks(const void *cache, int64_t kv_heads, int64_t block_size, int64_t dim, int64_t element,
                         const int64_t *ids, int64_t rows, int64_t count, void *keys, void *values) {
-    enum { T = 16 };
     const int64_t block_elems = 2 * block_size * dim, span = block_size * dim;
 #pragma omp parallel for schedule(static)
     for (int64_t work = 0; work < rows * kv_heads * count; ++work) {
         const int64_t r = work / (kv_heads * count), h = work / count % kv_heads, b = work % count;
         const int64_t from = (ids[r * count + b] * kv_heads + h) * block_elems;
         const int64_t to = ((r * kv_heads + h) * count + b) * span;
-        for (int64_t d0 = 0; d0 < dim; d0 += T)
-            for (int64_t o0 = 0; o0 < block_size; o0 += T) {
-                const int64_t d1 = d0 + T < dim ? d0 + T : dim, o1 = o0 + T < block_size ? o0 + T : block_size;
-                if (element == 4) {
-                    const uint32_t *in = (const uint32_t *)cache + from;
-                    uint32_t *out = (uint32_t *)keys + to;
-                    for (int64_t o = o0; o < o1; ++o)
-                        for (int64_t d = d0; d < d1; ++d) out[o * dim + d] = in[d * block_size + o];
-                } else {
-                    const uint16_t *in = (const uint16_t *)cache + from;
-                    uint16_t *out = (uint16_t *)keys + to;
-                    for (int64_t o = o0; o < o1; ++o)
-                        for (int64_t d = d0; d < d1; ++d) out[o * dim + d] = in[d * block_size + o];
-                }
-            }
+        untranspose((const char *)cache + from * element, (char *)keys + to * element, block_size, dim, element);
         if (values)
             memcpy((char *)values + to * element, (const char *)cache + (from + span) * element,
                    (size_t)(span * element));

@@ -1263,11 +1263,12 @@ def test_lagkv_reads_no_context_once_its_stores_hold_the_settled_scores(monkeypa
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("size,dim", [(16, 8), (32, 24), (128, 64)])
+@pytest.mark.parametrize("size,dim", [(16, 8), (32, 24), (128, 64), (12, 20), (3, 5)])
 def test_cpu_blocks_read_in_one_pass_are_torch_s(dtype, size, dim):
-    """CPU_ATTN's whole blocks read by the C kernel (keys transposed back in tiles of 16, values copied) are torch's
-    index_select and permuted copy, bit for bit: blocks repeated and in any order, a head dim and a block size that
-    are not multiples of a tile, with and without the values; and the kernel is what reads them."""
+    """CPU_ATTN's whole blocks read by the C kernel (keys transposed back in 8 x 8 register tiles where it can, the
+    rest one by one; values copied) are torch's index_select and permuted copy, bit for bit: blocks repeated and in
+    any order, a head dim and a block size that are not multiples of a tile (12 x 20: a tile and an edge each way;
+    3 x 5: no tile), with and without the values; and the kernel is what reads them."""
     layout = CpuVecLayout()
     cache = torch.randn(40, 3, size, 2 * dim, generator=torch.Generator().manual_seed(1)).to(dtype)
     ids = torch.randint(0, 40, (4, 7), generator=torch.Generator().manual_seed(2))
