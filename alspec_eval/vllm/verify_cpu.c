@@ -209,7 +209,17 @@ void alspec_exp(const float *x, float *y, int64_t n) {
  * the hot loops run from registers and L1 at the FMA units' rate rather than the loads'. A tile reads the union of
  * its rows' ranges; rows join while that union is at most 5/4 of the longest row's keys. Every score and every
  * channel of P @ V is still one chain of fmas over its own row's keys in their order, so tiling changes no bit. */
-enum { TILE_QUERIES = 48, MOST_TILE_ROWS = 16, KEY_VECTORS = 4, MOST_QUERIES = 6, CHANNEL_VECTORS = 8 };
+enum { TILE_QUERIES = 48, MOST_TILE_ROWS = 16, MOST_QUERIES = 6 };
+/* How many LANES-wide vectors a tile keeps: score_tile's keys per query, weigh_tile's channels per query. With
+ * AVX-512 a vector is one of 32 registers (6 queries x 4 = 24 accumulators); elsewhere it takes two or more of 16
+ * (AVX2's), and tiles that size would spill their accumulators to memory at every key, so they take a quarter. */
+#ifdef __AVX512F__
+#define KEY_VECTORS 4
+#define CHANNEL_VECTORS 8
+#else
+#define KEY_VECTORS 1
+#define CHANNEL_VECTORS 2
+#endif
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -250,8 +260,10 @@ static void score_run(const int qs, int64_t padded, const float *q, int64_t dim,
         score_tile(NQ, NK, q + g * dim, dim, cache, keys + j, block_size, dtype, out + g * stride + j, stride, left); \
         break;
             switch (qs * 8 + nk) {
-                SCORE(3, 1) SCORE(3, 2) SCORE(3, 3) SCORE(3, 4) SCORE(4, 1) SCORE(4, 2) SCORE(4, 3) SCORE(4, 4)
-                SCORE(6, 1) SCORE(6, 2) SCORE(6, 3) SCORE(6, 4)
+                SCORE(3, 1) SCORE(4, 1) SCORE(6, 1)
+#if KEY_VECTORS == 4
+                SCORE(3, 2) SCORE(3, 3) SCORE(3, 4) SCORE(4, 2) SCORE(4, 3) SCORE(4, 4) SCORE(6, 2) SCORE(6, 3) SCORE(6, 4)
+#endif
             }
 #undef SCORE
         }
@@ -267,7 +279,13 @@ static inline int query_block(int64_t queries) {
 }
 
 /* Queries of one P @ V pass at ``chunks`` x LANES channels: as many as keep their accumulators in registers. */
-static inline int pv_queries(int chunks) { return chunks <= 4 ? 6 : chunks <= 6 ? 4 : 3; }
+static inline int pv_queries(int chunks) {
+#if CHANNEL_VECTORS == 8
+    return chunks <= 4 ? 6 : chunks <= 6 ? 4 : 3;
+#else
+    return chunks <= 1 ? 6 : 3;
+#endif
+}
 
 /* acc[i] (chunks x LANES channels) += w[i][j] v_j over a run of keys (values ``dim`` apart from ``values``), keys in
  * order: nq x chunks independent chains in registers. */
@@ -295,8 +313,11 @@ static void weigh_run(int slots, int chunks, float *const *acc, const float *con
 #define WEIGH(S, C) \
     case S * 16 + C: weigh_tile(S, C, acc, w, cache, values, dim, run, dtype); break;
     switch (slots * 16 + chunks) {
-        WEIGH(6, 1) WEIGH(6, 2) WEIGH(6, 3) WEIGH(6, 4) WEIGH(4, 5) WEIGH(4, 6)
-        WEIGH(3, 1) WEIGH(3, 2) WEIGH(3, 3) WEIGH(3, 4) WEIGH(3, 5) WEIGH(3, 6) WEIGH(3, 7) WEIGH(3, 8)
+        WEIGH(6, 1) WEIGH(3, 1) WEIGH(3, 2)
+#if CHANNEL_VECTORS == 8
+        WEIGH(6, 2) WEIGH(6, 3) WEIGH(6, 4) WEIGH(4, 5) WEIGH(4, 6)
+        WEIGH(3, 3) WEIGH(3, 4) WEIGH(3, 5) WEIGH(3, 6) WEIGH(3, 7) WEIGH(3, 8)
+#endif
     }
 #undef WEIGH
 }
