@@ -77,7 +77,13 @@ static void prefetch(const void *cache, const int32_t *row_table, const int64_t 
     }
 }
 
-enum { LANES = 16 }; /* keys (or channels) a vector register holds; sums go in LANES partial sums, fixed order */
+/* Keys (or channels) a vector register holds; sums go in LANES partial sums, fixed order. Without AVX-512, a register
+ * of 8 floats (AVX2's): GCC lowers a wider vector type there through memory, op by op (7x slower P @ V). */
+#ifdef __AVX512F__
+enum { LANES = 16 };
+#else
+enum { LANES = 8 };
+#endif
 
 /* e^x for x <= 0 (a softmax's s - max), within about 1 ulp of expf; below -87.3 it gives about float32's smallest
  * normal (about 1.2e-38) where expf gives a denormal or 0, which no sum of probabilities (the max's alone is 1)
@@ -101,8 +107,8 @@ static inline float exp_nonpositive(float x) {
     return y * two_n;
 }
 
-typedef float lanes_f32 __attribute__((vector_size(LANES * 4)));  /* GCC and Clang vectors: one register where */
-typedef uint16_t lanes_u16 __attribute__((vector_size(LANES * 2))); /* the CPU has 16 float lanes, else split */
+typedef float lanes_f32 __attribute__((vector_size(LANES * 4)));  /* GCC and Clang vectors: one register of */
+typedef uint16_t lanes_u16 __attribute__((vector_size(LANES * 2))); /* AVX-512 or AVX2 (split where narrower) */
 typedef uint32_t lanes_u32 __attribute__((vector_size(LANES * 4)));
 
 static inline lanes_f32 lanes_at(const void *base, int64_t i, int dtype) { /* LANES consecutive values as float32 */
@@ -211,8 +217,8 @@ void alspec_exp(const float *x, float *y, int64_t n) {
  * channel of P @ V is still one chain of fmas over its own row's keys in their order, so tiling changes no bit. */
 enum { TILE_QUERIES = 48, MOST_TILE_ROWS = 16, MOST_QUERIES = 6 };
 /* How many LANES-wide vectors a tile keeps: score_tile's keys per query, weigh_tile's channels per query. With
- * AVX-512 a vector is one of 32 registers (6 queries x 4 = 24 accumulators); elsewhere it takes two or more of 16
- * (AVX2's), and tiles that size would spill their accumulators to memory at every key, so they take a quarter. */
+ * AVX-512 a vector is one of 32 registers (6 queries x 4 = 24 accumulators); AVX2 has 16, and tiles that size would
+ * spill their accumulators to memory at every key, so they take a quarter. */
 #ifdef __AVX512F__
 #define KEY_VECTORS 4
 #define CHANNEL_VECTORS 8

@@ -572,7 +572,7 @@ def test_cpu_kernel_exponential_is_within_an_ulp_of_exp():
                    torch.tensor([0.0, -0.0, -1e-30, -87.33, -88.0, -1000.0, -math.inf], dtype=torch.float64)]).float()
     y, one_by_one = torch.empty_like(x), torch.empty_like(x)
     native.library().alspec_exp(x.data_ptr(), y.data_ptr(), len(x))
-    for at in range(0, 64 * 15, 15):  # fewer than LANES a call: the scalar tail
+    for at in range(0, 64 * 15, 15):  # 15 a call: a vector of LANES (8 or 16) and the scalar tail, or the tail alone
         native.library().alspec_exp(x[at:].data_ptr(), one_by_one[at:].data_ptr(), 15)
     assert torch.equal(y[:64 * 15], one_by_one[:64 * 15])
     exact = x.double().exp()
